@@ -1,0 +1,4 @@
+//! ratekeeper: one shared, exact rate limit for every worker that calls an LLM API.
+
+pub mod config;
+pub mod proto;

@@ -1,0 +1,113 @@
+//! Stable numeric error codes: clients map them to exception types and never
+//! parse the human-readable message that travels beside them.
+
+use serde::{Deserialize, Serialize};
+
+/// Why a request failed. The numbers are part of the wire format and never
+/// change meaning; new codes are only ever added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[repr(u16)]
+pub enum ErrorCode {
+    /// `Hello` named a protocol version this daemon does not speak. Fatal.
+    UnsupportedVersion = 1,
+    /// The first frame on a connection was not `Hello`. Fatal.
+    HelloRequired = 2,
+    /// The declared frame length exceeds [`crate::proto::MAX_FRAME_LEN`]. Fatal.
+    FrameTooLarge = 3,
+    /// The payload did not decode: unknown tag, truncated field, trailing bytes.
+    MalformedMessage = 4,
+    /// A well-formed request whose fields are not acceptable (zero request id,
+    /// a name above the length bound, a zero cost, a second `Hello`).
+    InvalidRequest = 5,
+    /// The named limit is not in the daemon's configuration.
+    UnknownLimit = 6,
+    /// The named priority class is not configured, or does not apply to the limit.
+    UnknownPriority = 7,
+    /// The cost exceeds what one of the limit's buckets can ever hold.
+    CostExceedsCapacity = 8,
+    /// The request id is already used by an unanswered request on this connection.
+    DuplicateRequestId = 9,
+    /// The connection already has the maximum number of unanswered requests.
+    TooManyInFlight = 10,
+    /// The lease is unknown: never granted, already reported or released, or expired.
+    UnknownLease = 11,
+    /// The acquire was cancelled by a `Cancel` request before it was granted.
+    Cancelled = 12,
+    /// The bucket store (Redis) failed or timed out and the failure policy denies.
+    StoreUnavailable = 13,
+    /// The daemon is draining for shutdown and takes no new work.
+    ShuttingDown = 14,
+    /// A bug in the daemon; the message says what.
+    Internal = 15,
+    /// The request asks for something this build does not provide.
+    Unsupported = 16,
+}
+
+impl ErrorCode {
+    /// Every code, in numeric order.
+    pub const ALL: [ErrorCode; 16] = [
+        Self::UnsupportedVersion,
+        Self::HelloRequired,
+        Self::FrameTooLarge,
+        Self::MalformedMessage,
+        Self::InvalidRequest,
+        Self::UnknownLimit,
+        Self::UnknownPriority,
+        Self::CostExceedsCapacity,
+        Self::DuplicateRequestId,
+        Self::TooManyInFlight,
+        Self::UnknownLease,
+        Self::Cancelled,
+        Self::StoreUnavailable,
+        Self::ShuttingDown,
+        Self::Internal,
+        Self::Unsupported,
+    ];
+
+    /// The number carried on the wire.
+    pub fn as_u16(self) -> u16 {
+        self as u16
+    }
+
+    /// The code for a wire number, if this build knows it.
+    pub fn from_u16(code: u16) -> Option<Self> {
+        Self::ALL.iter().copied().find(|known| known.as_u16() == code)
+    }
+
+    /// Whether sending the same request again later can succeed.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Self::TooManyInFlight | Self::StoreUnavailable | Self::ShuttingDown
+        )
+    }
+
+    /// Whether the daemon closes the connection after sending this error.
+    pub fn closes_connection(self) -> bool {
+        matches!(
+            self,
+            Self::UnsupportedVersion | Self::HelloRequired | Self::FrameTooLarge
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_through_their_numbers() {
+        for code in ErrorCode::ALL {
+            assert_eq!(ErrorCode::from_u16(code.as_u16()), Some(code));
+        }
+        assert_eq!(ErrorCode::from_u16(0), None);
+        assert_eq!(ErrorCode::from_u16(17), None);
+    }
+
+    #[test]
+    fn numbers_are_dense_from_one() {
+        let numbers: Vec<u16> = ErrorCode::ALL.iter().map(|c| c.as_u16()).collect();
+        let expected: Vec<u16> = (1..=ErrorCode::ALL.len() as u16).collect();
+        assert_eq!(numbers, expected);
+    }
+}

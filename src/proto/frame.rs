@@ -1,0 +1,175 @@
+//! Framing: a `u32` little-endian payload length, then a bincode 2 payload in
+//! the fixed-width little-endian layout (`bincode::config::legacy()`).
+
+use bincode::config::{Configuration, Fixint, LittleEndian, Limit};
+use bincode::{Decode, Encode};
+
+use super::{LENGTH_PREFIX_LEN, MAX_FRAME_LEN};
+
+/// The bincode configuration of every payload. The limit bounds what one
+/// decode may allocate: without it a 12-byte payload declaring a string of
+/// 2^40 bytes would make bincode try to allocate it and abort the process.
+type WireConfig = Configuration<LittleEndian, Fixint, Limit<{ MAX_FRAME_LEN as usize }>>;
+
+const fn wire_config() -> WireConfig {
+    bincode::config::legacy().with_limit::<{ MAX_FRAME_LEN as usize }>()
+}
+
+/// Why bytes could not be turned into a message.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FrameError {
+    /// The length prefix declares more than the maximum. The stream cannot be
+    /// resynchronised without reading that many bytes, so it must be closed.
+    #[error("frame of {declared} bytes exceeds the maximum of {max} bytes")]
+    TooLarge { declared: u32, max: u32 },
+    /// The payload is not a valid message. The frame boundary is intact, so
+    /// the connection can go on with the next frame.
+    #[error("malformed message: {0}")]
+    Malformed(String),
+}
+
+/// Finds the first complete frame in `buffer`.
+///
+/// Returns `Ok(None)` while more bytes are needed, or the payload and the
+/// number of bytes the whole frame occupies. The declared length is checked
+/// against [`MAX_FRAME_LEN`] before anything is buffered for it.
+pub fn split_frame(buffer: &[u8]) -> Result<Option<(&[u8], usize)>, FrameError> {
+    let Some(prefix) = buffer.first_chunk::<LENGTH_PREFIX_LEN>() else {
+        return Ok(None);
+    };
+    let declared = u32::from_le_bytes(*prefix);
+    if declared > MAX_FRAME_LEN {
+        return Err(FrameError::TooLarge {
+            declared,
+            max: MAX_FRAME_LEN,
+        });
+    }
+    let frame_len = LENGTH_PREFIX_LEN + declared as usize;
+    Ok(buffer
+        .get(LENGTH_PREFIX_LEN..frame_len)
+        .map(|payload| (payload, frame_len)))
+}
+
+/// Decodes one payload that must hold exactly one `T` and nothing after it.
+pub fn decode_payload<T: Decode<()>>(payload: &[u8]) -> Result<T, FrameError> {
+    let (message, consumed) = bincode::decode_from_slice(payload, wire_config())
+        .map_err(|error| FrameError::Malformed(error.to_string()))?;
+    if consumed != payload.len() {
+        return Err(FrameError::Malformed(format!(
+            "{} trailing bytes after the message",
+            payload.len() - consumed
+        )));
+    }
+    Ok(message)
+}
+
+/// The request id of a payload that failed to decode, so the error can be
+/// addressed to the request; every client frame starts with its `u64` id.
+pub fn request_id_hint(payload: &[u8]) -> Option<u64> {
+    payload.first_chunk::<8>().map(|id| u64::from_le_bytes(*id))
+}
+
+/// Appends `message` to `out` as one frame (length prefix and payload).
+pub fn encode_frame<T: Encode>(message: &T, out: &mut Vec<u8>) -> Result<(), FrameError> {
+    let start = out.len();
+    out.extend_from_slice(&[0; LENGTH_PREFIX_LEN]);
+    bincode::encode_into_std_write(message, out, wire_config())
+        .map_err(|error| FrameError::Malformed(error.to_string()))?;
+    let payload_len = out.len() - start - LENGTH_PREFIX_LEN;
+    match u32::try_from(payload_len) {
+        Ok(len) if len <= MAX_FRAME_LEN => {
+            out[start..start + LENGTH_PREFIX_LEN].copy_from_slice(&len.to_le_bytes());
+            Ok(())
+        }
+        _ => {
+            out.truncate(start);
+            Err(FrameError::TooLarge {
+                declared: u32::try_from(payload_len).unwrap_or(u32::MAX),
+                max: MAX_FRAME_LEN,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{ClientFrame, Request};
+
+    fn ping_frame() -> Vec<u8> {
+        let mut bytes = Vec::new();
+        let frame = ClientFrame {
+            request_id: 7,
+            request: Request::Ping,
+        };
+        encode_frame(&frame, &mut bytes).unwrap();
+        bytes
+    }
+
+    #[test]
+    fn ping_has_the_documented_layout() {
+        // length 12 | request id 7 | variant index 7 (Ping)
+        assert_eq!(hex(&ping_frame()), "0c000000070000000000000007000000");
+    }
+
+    #[test]
+    fn partial_frames_need_more_bytes() {
+        let bytes = ping_frame();
+        for end in 0..bytes.len() {
+            assert_eq!(split_frame(&bytes[..end]), Ok(None), "prefix of {end} bytes");
+        }
+        let (payload, used) = split_frame(&bytes).unwrap().unwrap();
+        assert_eq!(used, bytes.len());
+        assert_eq!(payload, &bytes[LENGTH_PREFIX_LEN..]);
+    }
+
+    #[test]
+    fn oversized_length_is_refused_before_buffering() {
+        let declared = MAX_FRAME_LEN + 1;
+        assert_eq!(
+            split_frame(&declared.to_le_bytes()),
+            Err(FrameError::TooLarge {
+                declared,
+                max: MAX_FRAME_LEN
+            })
+        );
+    }
+
+    #[test]
+    fn hostile_string_length_is_an_error_not_an_allocation() {
+        // request id 1, Hello, protocol 1, client name claiming 2^40 bytes.
+        let mut payload = 1u64.to_le_bytes().to_vec();
+        payload.extend_from_slice(&0u32.to_le_bytes());
+        payload.extend_from_slice(&1u16.to_le_bytes());
+        payload.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        let result = decode_payload::<ClientFrame>(&payload);
+        assert!(matches!(result, Err(FrameError::Malformed(_))), "{result:?}");
+    }
+
+    #[test]
+    fn trailing_bytes_are_malformed() {
+        let mut bytes = ping_frame();
+        bytes.push(0);
+        let error = decode_payload::<ClientFrame>(&bytes[LENGTH_PREFIX_LEN..]).unwrap_err();
+        assert_eq!(
+            error,
+            FrameError::Malformed("1 trailing bytes after the message".into())
+        );
+    }
+
+    #[test]
+    fn unknown_tag_is_malformed_and_keeps_its_request_id() {
+        let mut payload = 9u64.to_le_bytes().to_vec();
+        payload.extend_from_slice(&200u32.to_le_bytes());
+        assert!(matches!(
+            decode_payload::<ClientFrame>(&payload),
+            Err(FrameError::Malformed(_))
+        ));
+        assert_eq!(request_id_hint(&payload), Some(9));
+        assert_eq!(request_id_hint(&payload[..7]), None);
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}

@@ -1,0 +1,172 @@
+//! Every message of the protocol, as Rust types.
+//!
+//! Field order is wire order: bincode writes struct fields in declaration
+//! order and enum variants as a `u32` index in declaration order, so adding,
+//! removing or reordering anything here changes the protocol and needs a new
+//! [`super::PROTOCOL_VERSION`] and new vectors.
+
+use bincode::{Decode, Encode};
+use serde::{Deserialize, Serialize};
+
+/// A frame sent by a client: one request and the id its answer will carry.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct ClientFrame {
+    /// Chosen by the client, non-zero, unique among its unanswered requests.
+    pub request_id: u64,
+    pub request: Request,
+}
+
+/// A frame sent by the daemon: the answer to the request with `request_id`,
+/// or a connection-level error when `request_id` is zero.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct ServerFrame {
+    pub request_id: u64,
+    pub response: Response,
+}
+
+/// What a client can ask.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub enum Request {
+    /// Must be the first frame of every connection.
+    Hello {
+        protocol_version: u16,
+        /// Shown in the daemon's logs, e.g. `"celery-worker-3 pid=4711"`.
+        client_name: String,
+    },
+    /// Reserve `cost` in every bucket of `limit`, waiting up to `max_wait_ms`.
+    Acquire(Acquire),
+    /// Settle a granted lease with the usage the provider reported.
+    Report {
+        lease: u64,
+        input_tokens: u64,
+        output_tokens: u64,
+    },
+    /// Give a granted lease back unused: the provider was never called.
+    Release { lease: u64 },
+    /// Abandon the unanswered `Acquire` with this request id on this connection.
+    Cancel { request_id: u64 },
+    /// Count the tokens `cost` would reserve on `limit`, reserving nothing.
+    Estimate { limit: String, cost: Cost },
+    /// Levels of one limit's buckets, or of every limit when `limit` is `None`.
+    Status { limit: Option<String> },
+    /// Liveness check; answered with `Pong`.
+    Ping,
+}
+
+/// The fields of an acquire request.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct Acquire {
+    /// A limit name from the daemon's configuration.
+    pub limit: String,
+    /// Draw also from this tenant's share, when the limit declares one.
+    pub tenant: Option<String>,
+    /// A priority class name; `None` is the configured default class.
+    pub priority: Option<String>,
+    pub cost: Cost,
+    /// Longest acceptable wait; `None` takes the priority class default.
+    pub max_wait_ms: Option<u64>,
+}
+
+/// What a request will consume.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub enum Cost {
+    /// Token counts known to the client. Limits without separate input and
+    /// output buckets reserve the sum.
+    Tokens {
+        input_tokens: u64,
+        output_tokens: u64,
+    },
+    /// Chat messages for the daemon to count with the limit's tokenizer.
+    Messages(ChatRequest),
+}
+
+/// A chat completion request, as far as counting its tokens needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    /// The request's tool definitions as JSON text, if any.
+    pub tools_json: Option<String>,
+    /// The request's `max_tokens`; `None` takes the limit's default.
+    pub max_output_tokens: Option<u64>,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub name: Option<String>,
+    /// The text content; a plain string content is one part.
+    pub content: Vec<String>,
+    /// The message's tool calls as JSON text, if any.
+    pub tool_calls_json: Option<String>,
+}
+
+/// What the daemon answers.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub enum Response {
+    /// Answer to `Hello`: the version in use and the bounds this daemon enforces.
+    Hello {
+        protocol_version: u16,
+        /// Daemon name and version, e.g. `"ratekeeper 0.1.0"`.
+        server: String,
+        max_frame_len: u32,
+        max_in_flight: u32,
+    },
+    /// The cost is reserved; call the provider now, then `Report` or `Release`.
+    Granted {
+        lease: u64,
+        /// Tokens reserved in the limit's token buckets.
+        tokens: u64,
+        /// How long the daemon held the answer back so the reservation was due.
+        waited_ms: u64,
+    },
+    /// Not granted within `max_wait_ms`; nothing was reserved.
+    Denied {
+        /// Earliest delay after which the same acquire can be granted.
+        retry_after_ms: u64,
+        /// The bucket that refused, e.g. `"tokens"`, `"requests"`, `"tenant"`.
+        bucket: String,
+    },
+    /// Answer to `Report`: tokens given back (negative: debited for an overrun).
+    Settled { tokens_returned: i64 },
+    /// Answer to `Release`: tokens given back.
+    Released { tokens_returned: u64 },
+    /// Answer to `Cancel`: whether an unanswered acquire with that id existed.
+    Cancelled { found: bool },
+    /// Answer to `Estimate`: what an acquire with that cost would reserve.
+    Estimated {
+        input_tokens: u64,
+        output_tokens: u64,
+    },
+    /// Answer to `Status`.
+    Status {
+        /// `"embedded"` (per-process) or `"redis"` (shared by every sidecar).
+        store: String,
+        limits: Vec<LimitStatus>,
+    },
+    /// Answer to `Ping`.
+    Pong,
+    /// The request failed; see [`super::ErrorCode`] for `code`.
+    Error { code: u16, message: String },
+}
+
+/// The state of one configured limit.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct LimitStatus {
+    pub name: String,
+    /// Acquires this daemon is currently holding back until their reservation is due.
+    pub waiters: u64,
+    pub buckets: Vec<BucketStatus>,
+}
+
+/// The state of one bucket of a limit.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct BucketStatus {
+    /// `"tokens"`, `"requests"`, `"input_tokens"`, `"output_tokens"`.
+    pub name: String,
+    pub capacity: u64,
+    /// Whole units available now; negative while reservations are waiting.
+    pub level: i64,
+    /// Refill rate in units per minute.
+    pub per_minute: u64,
+}
