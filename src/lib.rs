@@ -1,4 +1,5 @@
 //! ratekeeper: one shared, exact rate limit for every worker that calls an LLM API.
 
 pub mod config;
+pub mod limiter;
 pub mod proto;

@@ -1,0 +1,232 @@
+//! The in-memory store: the zero-config default, where limits hold for this
+//! process only.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use async_trait::async_trait;
+
+use super::bucket::{self, BucketSpec, BucketState, Draw};
+use super::{Adjustment, Decision, Store, StoreError, decision_from_plan};
+
+/// Milliseconds on some monotonic clock.
+pub trait Clock: Send + Sync + 'static {
+    fn now_ms(&self) -> i64;
+}
+
+/// Milliseconds since the store was created.
+#[derive(Debug)]
+pub struct MonotonicClock(Instant);
+
+impl Clock for MonotonicClock {
+    fn now_ms(&self) -> i64 {
+        self.0.elapsed().as_millis() as i64
+    }
+}
+
+/// Fewest entries before the store looks for full buckets to forget.
+const SWEEP_MIN_ENTRIES: usize = 1024;
+
+/// A remembered bucket and the time it will be full again (its "expiry").
+#[derive(Clone, Copy)]
+struct Entry {
+    state: BucketState,
+    full_at_ms: i64,
+}
+
+/// Buckets in a map under one mutex; no await happens while it is held.
+pub struct EmbeddedStore {
+    clock: Arc<dyn Clock>,
+    buckets: Mutex<Buckets>,
+}
+
+struct Buckets {
+    states: HashMap<String, Entry>,
+    /// Size at which the next sweep runs; doubling keeps sweeps amortised O(1).
+    sweep_at: usize,
+}
+
+impl EmbeddedStore {
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(MonotonicClock(Instant::now())))
+    }
+
+    /// A store driven by `clock`; tests step a manual clock.
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        EmbeddedStore {
+            clock,
+            buckets: Mutex::new(Buckets {
+                states: HashMap::new(),
+                sweep_at: SWEEP_MIN_ENTRIES,
+            }),
+        }
+    }
+
+    /// Buckets currently remembered (full ones are forgotten over time, as
+    /// Redis expires their keys).
+    pub fn bucket_count(&self) -> usize {
+        self.lock().states.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Buckets> {
+        // A panic while holding the lock cannot leave a half-written state:
+        // every update is a single insert of a computed value.
+        self.buckets.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Default for EmbeddedStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Buckets {
+    fn current(&self, spec: &BucketSpec, now_ms: i64) -> BucketState {
+        match self.states.get(&spec.key) {
+            Some(entry) => entry.state.refilled(spec, now_ms),
+            None => BucketState::full(spec, now_ms),
+        }
+    }
+
+    fn store(&mut self, spec: &BucketSpec, state: BucketState) {
+        let full_at_ms = state.updated_ms.saturating_add(state.ms_until_full(spec));
+        self.states
+            .insert(spec.key.clone(), Entry { state, full_at_ms });
+    }
+
+    /// Forgets buckets that are full by `now_ms` once the map has doubled:
+    /// an absent bucket is full, so this loses nothing and bounds memory
+    /// under any tenant churn.
+    fn sweep_if_large(&mut self, now_ms: i64) {
+        if self.states.len() < self.sweep_at {
+            return;
+        }
+        self.states.retain(|_, entry| entry.full_at_ms > now_ms);
+        self.sweep_at = (self.states.len() * 2).max(SWEEP_MIN_ENTRIES);
+    }
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    fn kind(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError> {
+        let now = self.clock.now_ms();
+        let mut buckets = self.lock();
+        let states: Vec<BucketState> = draws
+            .iter()
+            .map(|draw| buckets.current(&draw.bucket, now))
+            .collect();
+        let plan = bucket::plan(draws, &states, max_wait_ms);
+        if let bucket::Plan::Grant { .. } = plan {
+            for (draw, state) in draws.iter().zip(bucket::commit(draws, &states)) {
+                buckets.store(&draw.bucket, state);
+            }
+            buckets.sweep_if_large(now);
+        }
+        decision_from_plan(draws, plan)
+    }
+
+    async fn adjust(&self, adjustments: &[Adjustment]) -> Result<(), StoreError> {
+        let now = self.clock.now_ms();
+        let mut buckets = self.lock();
+        for adjustment in adjustments {
+            let state = buckets
+                .current(&adjustment.bucket, now)
+                .adjusted(&adjustment.bucket, adjustment.tokens);
+            buckets.store(&adjustment.bucket, state);
+        }
+        Ok(())
+    }
+
+    async fn levels(&self, specs: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
+        let now = self.clock.now_ms();
+        let buckets = self.lock();
+        Ok(specs
+            .iter()
+            .map(|spec| buckets.current(spec, now).tokens())
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    use super::*;
+
+    #[derive(Default)]
+    struct ManualClock(AtomicI64);
+
+    impl Clock for ManualClock {
+        fn now_ms(&self) -> i64 {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    fn bucket(key: &str, capacity: u64) -> BucketSpec {
+        BucketSpec {
+            key: key.into(),
+            capacity,
+            per_minute: 60_000,
+        }
+    }
+
+    fn draw(key: &str, capacity: u64, cost: u64) -> Draw {
+        Draw {
+            bucket: bucket(key, capacity),
+            cost,
+            floor: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_bucket_leaves_the_others_untouched() {
+        let store = EmbeddedStore::with_clock(Arc::new(ManualClock::default()));
+        let tokens = draw("tokens", 1000, 100);
+        let requests = draw("requests", 1, 1);
+        let both = [tokens.clone(), requests.clone()];
+        assert_eq!(
+            store.acquire(&both, 0).await.unwrap(),
+            Decision::Granted { wait_ms: 0 }
+        );
+        // The request bucket is empty: refused, and tokens keep 900.
+        assert!(matches!(
+            store.acquire(&both, 0).await.unwrap(),
+            Decision::Denied { bucket: 1, .. }
+        ));
+        let levels = store
+            .levels(&[tokens.bucket, requests.bucket])
+            .await
+            .unwrap();
+        assert_eq!(levels, vec![900, 0]);
+    }
+
+    #[tokio::test]
+    async fn full_buckets_are_forgotten_when_the_map_grows() {
+        let clock = Arc::new(ManualClock::default());
+        let store = EmbeddedStore::with_clock(clock.clone());
+        for tenant in 1..SWEEP_MIN_ENTRIES {
+            let key = format!("tenant:{tenant}");
+            store.acquire(&[draw(&key, 1000, 10)], 0).await.unwrap();
+        }
+        // 10 tokens refill in 10 ms; after that every bucket is full again.
+        clock.0.store(11, Ordering::SeqCst);
+        store.acquire(&[draw("fresh", 1000, 10)], 0).await.unwrap();
+        assert_eq!(store.bucket_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn impossible_costs_are_errors() {
+        let store = EmbeddedStore::new();
+        let result = store.acquire(&[draw("tokens", 100, 101)], u64::MAX).await;
+        assert!(matches!(
+            result,
+            Err(StoreError::CostExceedsCapacity { cost: 101, capacity: 100, .. })
+        ));
+    }
+}

@@ -1,0 +1,83 @@
+//! Where bucket levels live: the [`Store`] trait, its implementations and the
+//! pure arithmetic they share.
+//!
+//! A store knows buckets, not limits: the dispatcher turns an acquire into one
+//! [`Draw`] per bucket, and a store reserves in all of them or in none.
+
+pub mod bucket;
+pub mod embedded;
+
+use async_trait::async_trait;
+
+pub use bucket::{BucketSpec, BucketState, Draw, Plan};
+pub use embedded::EmbeddedStore;
+
+/// A store's verdict on one acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Reserved in every bucket; the reservation is due after `wait_ms`.
+    Granted { wait_ms: u64 },
+    /// Nothing reserved; `bucket` indexes the draw that needs the longest wait.
+    Denied { retry_after_ms: u64, bucket: usize },
+}
+
+/// A change to one bucket's level: positive refunds, negative debits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adjustment {
+    pub bucket: BucketSpec,
+    pub tokens: i64,
+}
+
+/// Why a store could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A cost that no wait can satisfy; callers check capacity first, so
+    /// reaching this is a caller bug or a config changed underneath.
+    #[error("a cost of {cost} tokens can never fit in bucket {key} (capacity {capacity})")]
+    CostExceedsCapacity {
+        key: String,
+        cost: u64,
+        capacity: u64,
+    },
+    /// The backing service failed or timed out.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Bucket levels shared by whoever uses the same store.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// `"embedded"` or `"redis"`, as shown by `status`.
+    fn kind(&self) -> &'static str;
+
+    /// Reserves every draw's cost if all fit within `max_wait_ms`, else none.
+    async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError>;
+
+    /// Applies refunds and debits (settling or releasing a lease).
+    async fn adjust(&self, adjustments: &[Adjustment]) -> Result<(), StoreError>;
+
+    /// Whole tokens available now in each bucket, in order.
+    async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError>;
+}
+
+/// Turns a [`Plan`] into the store's answer.
+pub(crate) fn decision_from_plan(draws: &[Draw], plan: Plan) -> Result<Decision, StoreError> {
+    match plan {
+        Plan::Grant { wait_ms } => Ok(Decision::Granted { wait_ms }),
+        Plan::Deny {
+            retry_after_ms,
+            bucket,
+        } => Ok(Decision::Denied {
+            retry_after_ms,
+            bucket,
+        }),
+        Plan::Impossible { bucket } => {
+            let draw = &draws[bucket];
+            Err(StoreError::CostExceedsCapacity {
+                key: draw.bucket.key.clone(),
+                cost: draw.cost.saturating_add(draw.floor),
+                capacity: draw.bucket.capacity,
+            })
+        }
+    }
+}
