@@ -1,5 +1,8 @@
 //! ratekeeper: one shared, exact rate limit for every worker that calls an LLM API.
 
+pub mod client;
 pub mod config;
+pub mod dispatch;
 pub mod limiter;
 pub mod proto;
+pub mod server;

@@ -1,1 +1,375 @@
-fn main() {}
+//! The `ratekeeper` binary: parses the command line, loads the config, sets
+//! up logging and signals, and hands over to the library.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use futures_util::StreamExt;
+
+use ratekeeper::client::Client;
+use ratekeeper::config::{self, Config};
+use ratekeeper::dispatch::Dispatcher;
+use ratekeeper::limiter::{EmbeddedStore, Store};
+use ratekeeper::proto::{Acquire, Cost, ErrorCode, Request, Response};
+use ratekeeper::server::{self, ServerSettings};
+
+/// Exit code of `acquire` when the request was denied (rate limited).
+const EXIT_DENIED: u8 = 3;
+
+const EXIT_CODES: &str = "Exit codes: 0 success, 1 failure (bad config, daemon unreachable, \
+error answer), 2 usage error.";
+
+#[derive(Parser)]
+#[command(
+    name = "ratekeeper",
+    version,
+    about = "One shared, exact rate limit for every worker that calls an LLM API.",
+    long_about = "ratekeeper is a sidecar daemon: workers ask it over a Unix socket for tokens \
+before calling an LLM provider, and every sidecar draws from the same buckets in Redis \
+(or, without Redis, from buckets in this process).",
+    after_help = EXIT_CODES
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon.
+    #[command(
+        after_help = "The config is validated exactly as by check-config before anything \
+starts. SIGTERM or SIGINT drains in-flight requests and removes the socket.\n\n\
+Exit codes: 0 clean shutdown, 1 invalid config or socket unavailable."
+    )]
+    Serve {
+        /// TOML config file; without one the daemon serves no limits.
+        #[arg(long, short, env = "RATEKEEPER_CONFIG")]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        logging: LoggingArgs,
+    },
+    /// Validate a config file and print the effective configuration.
+    #[command(
+        after_help = "Every mistake is reported with its line and column. Environment \
+overrides (RATEKEEPER_SOCKET, RATEKEEPER_REDIS_URL) apply as in serve.\n\n\
+Exit codes: 0 valid, 1 invalid or unreadable."
+    )]
+    CheckConfig {
+        /// The TOML config file to check.
+        file: PathBuf,
+    },
+    /// Show every limit's buckets: level, capacity, rate and waiters.
+    #[command(after_help = EXIT_CODES)]
+    Status {
+        #[command(flatten)]
+        socket: SocketArgs,
+        /// Show only this limit.
+        #[arg(long)]
+        limit: Option<String>,
+    },
+    /// Check that the daemon answers.
+    #[command(after_help = EXIT_CODES)]
+    Ping {
+        #[command(flatten)]
+        socket: SocketArgs,
+    },
+    /// Acquire tokens from a limit, for shell scripts and debugging.
+    #[command(
+        after_help = "Prints the decision. Without --report or --release the reservation \
+is kept when the command exits, as for any worker that disconnects after its grant: use it \
+before a provider call made by the script itself.\n\n\
+Exit codes: 0 granted, 3 denied (rate limited), 1 error, 2 usage error."
+    )]
+    Acquire {
+        #[command(flatten)]
+        socket: SocketArgs,
+        /// The limit to draw from.
+        limit: String,
+        /// Tokens to reserve (prompt plus maximum output).
+        #[arg(long)]
+        tokens: u64,
+        /// Longest acceptable wait in milliseconds (default: the priority class's).
+        #[arg(long, value_name = "MS")]
+        max_wait: Option<u64>,
+        /// Also draw from this tenant's share.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Priority class (default: the configured default class).
+        #[arg(long)]
+        priority: Option<String>,
+        /// Settle the lease with this actual usage right after the grant.
+        #[arg(long, value_name = "USED")]
+        report: Option<u64>,
+        /// Give the reservation back right after the grant (a dry run).
+        #[arg(long, conflicts_with = "report")]
+        release: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct SocketArgs {
+    /// Path of the daemon's Unix socket.
+    #[arg(long, short, env = config::ENV_SOCKET, default_value = "/tmp/ratekeeper.sock")]
+    socket: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct LoggingArgs {
+    /// Log format on stderr.
+    #[arg(long, env = "RATEKEEPER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Log filter, e.g. `info` or `ratekeeper=debug` (overridden by RUST_LOG).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(runtime_error) => {
+            eprintln!("ratekeeper: cannot start the async runtime: {runtime_error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(failure) => {
+            eprintln!("ratekeeper: {failure:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve { config, logging } => serve(config.as_deref(), &logging).await,
+        Command::CheckConfig { file } => {
+            let config = load_config(Some(&file))?;
+            print!("{}", config.to_effective_toml());
+            eprintln!("{}: valid", file.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { socket, limit } => status(&socket.socket, limit).await,
+        Command::Ping { socket } => {
+            let client = connect(&socket.socket).await?;
+            let started = std::time::Instant::now();
+            match client.call(Request::Ping).await? {
+                Response::Pong => {
+                    println!(
+                        "pong from {} in {:?}",
+                        socket.socket.display(),
+                        started.elapsed()
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                other => bail!("unexpected answer to Ping: {other:?}"),
+            }
+        }
+        Command::Acquire {
+            socket,
+            limit,
+            tokens,
+            max_wait,
+            tenant,
+            priority,
+            report,
+            release,
+        } => {
+            let request = Acquire {
+                limit,
+                tenant,
+                priority,
+                cost: Cost::Tokens {
+                    input_tokens: tokens,
+                    output_tokens: 0,
+                },
+                max_wait_ms: max_wait,
+            };
+            acquire(&socket.socket, request, report, release).await
+        }
+    }
+}
+
+fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
+    config::load(path, |name| std::env::var(name).ok()).context("invalid configuration")
+}
+
+async fn serve(config_path: Option<&Path>, logging: &LoggingArgs) -> anyhow::Result<ExitCode> {
+    let config = load_config(config_path)?;
+    init_logging(logging)?;
+    let store: Arc<dyn Store> = match &config.redis {
+        Some(redis) => bail!(
+            "a Redis store is configured ({}), but this build has only the embedded store; \
+             remove the [redis] section to run with per-process limits",
+            config::mask_redis_url(&redis.url)
+        ),
+        None => {
+            tracing::warn!(
+                "no [redis] configured: using the embedded store, so limits hold for this \
+                 process only; configure redis.url to share them across sidecars"
+            );
+            Arc::new(EmbeddedStore::new())
+        }
+    };
+    let listener = server::bind(&config.server.socket, config.server.socket_mode)?;
+    tracing::info!(
+        socket = %config.server.socket.display(),
+        store = store.kind(),
+        limits = config.limits.len(),
+        version = env!("CARGO_PKG_VERSION"),
+        "listening"
+    );
+    let settings = ServerSettings {
+        socket_path: config.server.socket.clone(),
+        allowed_uids: config.server.allowed_uids.clone(),
+        allowed_gids: config.server.allowed_gids.clone(),
+        drain_timeout: Duration::from_millis(config.server.drain_timeout_ms),
+    };
+    let dispatcher = Arc::new(Dispatcher::new(Arc::new(config), store));
+    server::run(listener, dispatcher, settings, shutdown_signal()?).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Completes on the first SIGTERM or SIGINT. SIGHUP is logged and ignored
+/// until config reload exists, rather than killing the daemon.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook_tokio::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .context("cannot install signal handlers")?;
+    Ok(async move {
+        while let Some(signal) = signals.next().await {
+            if signal == SIGHUP {
+                tracing::warn!(
+                    "SIGHUP received: config reload is not supported yet; restart to apply a new config"
+                );
+                continue;
+            }
+            tracing::info!(signal, "shutdown requested");
+            return;
+        }
+    })
+}
+
+fn init_logging(logging: &LoggingArgs) -> anyhow::Result<()> {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&logging.log_level))
+        .context("invalid --log-level")?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match logging.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+    Ok(())
+}
+
+async fn connect(socket: &Path) -> anyhow::Result<Client> {
+    let name = format!("ratekeeper-cli pid={}", std::process::id());
+    Ok(Client::connect(socket, &name).await?)
+}
+
+async fn status(socket: &Path, limit: Option<String>) -> anyhow::Result<ExitCode> {
+    let client = connect(socket).await?;
+    match client.call(Request::Status { limit }).await? {
+        Response::Status { store, limits } => {
+            println!("store: {store}");
+            println!(
+                "{:<24} {:<9} {:>14} {:>14} {:>14} {:>8}",
+                "LIMIT", "BUCKET", "LEVEL", "CAPACITY", "PER MINUTE", "WAITERS"
+            );
+            for limit in limits {
+                for bucket in &limit.buckets {
+                    println!(
+                        "{:<24} {:<9} {:>14} {:>14} {:>14} {:>8}",
+                        limit.name,
+                        bucket.name,
+                        bucket.level,
+                        bucket.capacity,
+                        bucket.per_minute,
+                        limit.waiters
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        other => answer_failure(other),
+    }
+}
+
+async fn acquire(
+    socket: &Path,
+    request: Acquire,
+    report: Option<u64>,
+    release: bool,
+) -> anyhow::Result<ExitCode> {
+    let client = connect(socket).await?;
+    match client.call(Request::Acquire(request)).await? {
+        Response::Granted {
+            lease,
+            tokens,
+            waited_ms,
+        } => {
+            println!("granted lease={lease} tokens={tokens} waited_ms={waited_ms}");
+            let settle = match report {
+                Some(used) => Some(Request::Report {
+                    lease,
+                    input_tokens: used,
+                    output_tokens: 0,
+                }),
+                None if release => Some(Request::Release { lease }),
+                None => None,
+            };
+            if let Some(settle) = settle {
+                match client.call(settle).await? {
+                    Response::Settled { tokens_returned } => {
+                        println!("settled lease={lease} tokens_returned={tokens_returned}")
+                    }
+                    Response::Released { tokens_returned } => {
+                        println!("released lease={lease} tokens_returned={tokens_returned}")
+                    }
+                    other => return answer_failure(other),
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Response::Denied {
+            retry_after_ms,
+            bucket,
+        } => {
+            println!("denied bucket={bucket} retry_after_ms={retry_after_ms}");
+            Ok(ExitCode::from(EXIT_DENIED))
+        }
+        other => answer_failure(other),
+    }
+}
+
+fn answer_failure(response: Response) -> anyhow::Result<ExitCode> {
+    match response {
+        Response::Error { code, message } => {
+            let name = ErrorCode::from_u16(code)
+                .map(|code| format!("{code:?}"))
+                .unwrap_or_else(|| "unknown".to_string());
+            bail!("error {code} ({name}): {message}")
+        }
+        other => bail!("unexpected answer: {other:?}"),
+    }
+}

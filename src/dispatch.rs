@@ -1,0 +1,579 @@
+//! Request → limiter → response. Owns the lease table and the waits; does no
+//! socket I/O, so the server, tests and any future transport share it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, LimitConfig, PriorityClass};
+use crate::limiter::{Adjustment, BucketSpec, Decision, Draw, Store, StoreError};
+use crate::proto::{
+    Acquire, BucketStatus, Cost, ErrorCode, LimitStatus, MAX_NAME_LEN, Request, Response,
+};
+
+/// Longest `max_wait_ms` an acquire may ask for. Also bounds how far below
+/// zero a level can go, which keeps the Lua arithmetic exact in doubles.
+pub const MAX_WAIT_MS: u64 = 3_600_000;
+
+/// Identifies the connection that owns a lease.
+pub type ConnectionId = u64;
+
+/// The role of a bucket within a limit; its name is what `Denied` and
+/// `status` show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BucketRole {
+    Tokens,
+    Requests,
+    Tenant,
+}
+
+impl BucketRole {
+    fn name(self) -> &'static str {
+        match self {
+            BucketRole::Tokens => "tokens",
+            BucketRole::Requests => "requests",
+            BucketRole::Tenant => "tenant",
+        }
+    }
+
+    /// Whether usage reports settle this bucket (requests are spent once
+    /// the provider is called, whatever the usage).
+    fn settles_with_usage(self) -> bool {
+        !matches!(self, BucketRole::Requests)
+    }
+}
+
+/// A granted reservation awaiting its report or release.
+#[derive(Debug)]
+struct Lease {
+    owner: ConnectionId,
+    tokens: u64,
+    draws: Vec<(BucketRole, Draw)>,
+}
+
+/// Answers requests against one configuration and one store.
+pub struct Dispatcher {
+    config: Arc<Config>,
+    store: Arc<dyn Store>,
+    leases: Mutex<HashMap<u64, Lease>>,
+    next_lease: AtomicU64,
+    /// Acquires currently held back until their reservation is due, per limit.
+    waiters: HashMap<String, AtomicU64>,
+    draining: AtomicBool,
+}
+
+/// The error response for `code`.
+pub fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+    Response::Error {
+        code: code.as_u16(),
+        message: message.into(),
+    }
+}
+
+impl Dispatcher {
+    pub fn new(config: Arc<Config>, store: Arc<dyn Store>) -> Self {
+        let waiters = config
+            .limits
+            .iter()
+            .map(|limit| (limit.name.clone(), AtomicU64::new(0)))
+            .collect();
+        Dispatcher {
+            config,
+            store,
+            leases: Mutex::new(HashMap::new()),
+            next_lease: AtomicU64::new(1),
+            waiters,
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// New acquires are refused with `ShuttingDown` from now on; reports and
+    /// releases of leases already granted are still settled.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Leases not yet reported or released.
+    pub fn open_leases(&self) -> usize {
+        self.lock_leases().len()
+    }
+
+    /// Forgets the leases of a closed connection, keeping their reservations:
+    /// the provider was probably called and the tokens spent. Returns how
+    /// many were forgotten.
+    pub fn connection_closed(&self, connection: ConnectionId) -> usize {
+        let mut leases = self.lock_leases();
+        let before = leases.len();
+        leases.retain(|_, lease| lease.owner != connection);
+        before - leases.len()
+    }
+
+    /// Answers one request. `cancel` fires when the client cancels the
+    /// request or its connection closes; a waiting acquire then returns its
+    /// reservation. `Hello` and `Cancel` belong to the connection, not here.
+    pub async fn handle(
+        &self,
+        connection: ConnectionId,
+        request: Request,
+        cancel: CancellationToken,
+    ) -> Response {
+        match request {
+            Request::Acquire(acquire) => self.acquire(connection, acquire, cancel).await,
+            Request::Report {
+                lease,
+                input_tokens,
+                output_tokens,
+            } => {
+                self.report(lease, input_tokens.saturating_add(output_tokens))
+                    .await
+            }
+            Request::Release { lease } => self.release(lease).await,
+            Request::Estimate { limit, cost } => self.estimate(&limit, &cost),
+            Request::Status { limit } => self.status(limit.as_deref()).await,
+            Request::Ping => Response::Pong,
+            Request::Hello { .. } => error(
+                ErrorCode::InvalidRequest,
+                "Hello is only valid as the first frame of a connection",
+            ),
+            Request::Cancel { .. } => error(
+                ErrorCode::Internal,
+                "Cancel must be handled by the connection",
+            ),
+        }
+    }
+
+    async fn acquire(
+        &self,
+        connection: ConnectionId,
+        acquire: Acquire,
+        cancel: CancellationToken,
+    ) -> Response {
+        if self.draining.load(Ordering::SeqCst) {
+            return error(
+                ErrorCode::ShuttingDown,
+                "the daemon is shutting down and takes no new acquires",
+            );
+        }
+        let plan = match self.plan_acquire(&acquire) {
+            Ok(plan) => plan,
+            Err(response) => return response,
+        };
+        let draws: Vec<Draw> = plan.draws.iter().map(|(_, draw)| draw.clone()).collect();
+        let decision = match self.store.acquire(&draws, plan.max_wait_ms).await {
+            Ok(decision) => decision,
+            Err(store_error) => return store_error_response(&acquire.limit, store_error),
+        };
+        let wait_ms = match decision {
+            Decision::Granted { wait_ms } => wait_ms,
+            Decision::Denied {
+                retry_after_ms,
+                bucket,
+            } => {
+                return Response::Denied {
+                    retry_after_ms,
+                    bucket: plan.draws[bucket].0.name().to_string(),
+                };
+            }
+        };
+        let started = Instant::now();
+        if !self.wait_until_due(&acquire.limit, wait_ms, &cancel).await {
+            let refunds = plan
+                .draws
+                .iter()
+                .map(|(_, draw)| Adjustment {
+                    bucket: draw.bucket.clone(),
+                    tokens: draw.cost as i64,
+                })
+                .collect::<Vec<_>>();
+            if let Err(store_error) = self.store.adjust(&refunds).await {
+                tracing::warn!(limit = %acquire.limit, %store_error, "could not return a cancelled reservation");
+            }
+            return if self.draining.load(Ordering::SeqCst) {
+                error(
+                    ErrorCode::ShuttingDown,
+                    "the daemon shut down before the reservation was due; it was returned",
+                )
+            } else {
+                error(
+                    ErrorCode::Cancelled,
+                    "the acquire was cancelled before it was granted; its reservation was returned",
+                )
+            };
+        }
+        let lease = self.next_lease.fetch_add(1, Ordering::Relaxed);
+        self.lock_leases().insert(
+            lease,
+            Lease {
+                owner: connection,
+                tokens: plan.tokens,
+                draws: plan.draws,
+            },
+        );
+        Response::Granted {
+            lease,
+            tokens: plan.tokens,
+            waited_ms: started.elapsed().as_millis() as u64,
+        }
+    }
+
+    /// Sleeps `wait_ms` unless cancelled first; true when the wait completed.
+    async fn wait_until_due(&self, limit: &str, wait_ms: u64, cancel: &CancellationToken) -> bool {
+        if cancel.is_cancelled() {
+            return false;
+        }
+        if wait_ms == 0 {
+            return true;
+        }
+        let waiters = &self.waiters[limit];
+        waiters.fetch_add(1, Ordering::Relaxed);
+        let completed = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => false,
+            _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => true,
+        };
+        waiters.fetch_sub(1, Ordering::Relaxed);
+        completed
+    }
+
+    /// Validates an acquire and turns it into one draw per bucket.
+    fn plan_acquire(&self, acquire: &Acquire) -> Result<AcquirePlan, Response> {
+        check_name("limit", &acquire.limit)?;
+        if let Some(tenant) = &acquire.tenant {
+            check_name("tenant", tenant)?;
+        }
+        if let Some(priority) = &acquire.priority {
+            check_name("priority", priority)?;
+        }
+        let limit = self.find_limit(&acquire.limit)?;
+        let class = self.find_class(limit, acquire.priority.as_deref())?;
+        let tokens = token_cost(&acquire.cost)?;
+        let max_wait_ms = acquire.max_wait_ms.unwrap_or(class.max_wait_ms);
+        if max_wait_ms > MAX_WAIT_MS {
+            return Err(error(
+                ErrorCode::InvalidRequest,
+                format!("max_wait_ms {max_wait_ms} exceeds the maximum of {MAX_WAIT_MS}"),
+            ));
+        }
+        if let Some(largest) = limit.max_request_tokens.filter(|&largest| tokens > largest) {
+            return Err(error(
+                ErrorCode::CostExceedsCapacity,
+                format!(
+                    "a cost of {tokens} tokens exceeds max_request_tokens = {largest} of limit \"{}\"",
+                    limit.name
+                ),
+            ));
+        }
+        let mut draws = vec![(BucketRole::Tokens, draw(class, token_bucket(limit), tokens))];
+        if let Some(requests) = request_bucket(limit) {
+            draws.push((BucketRole::Requests, draw(class, requests, 1)));
+        }
+        // A tenant on a limit without a share is accepted and draws nothing
+        // extra, so clients can always send their tenant.
+        if let Some(bucket) = (acquire.tenant.as_deref()).and_then(|t| tenant_bucket(limit, t)) {
+            draws.push((BucketRole::Tenant, draw(class, bucket, tokens)));
+        }
+        for (role, draw) in &draws {
+            if draw.cost + draw.floor > draw.bucket.capacity {
+                let reserved = if draw.floor > 0 {
+                    format!(
+                        " less {} kept for classes above \"{}\"",
+                        draw.floor, class.name
+                    )
+                } else {
+                    String::new()
+                };
+                return Err(error(
+                    ErrorCode::CostExceedsCapacity,
+                    format!(
+                        "a cost of {} can never be granted: the {} bucket of limit \"{}\" holds at most {}{reserved}",
+                        draw.cost,
+                        role.name(),
+                        limit.name,
+                        draw.bucket.capacity
+                    ),
+                ));
+            }
+        }
+        Ok(AcquirePlan {
+            tokens,
+            max_wait_ms,
+            draws,
+        })
+    }
+
+    async fn report(&self, lease_id: u64, used_tokens: u64) -> Response {
+        let Some(lease) = self.take_lease(lease_id) else {
+            return unknown_lease(lease_id);
+        };
+        let returned = lease.tokens as i64 - used_tokens.min(i64::MAX as u64) as i64;
+        if returned != 0 {
+            let adjustments: Vec<Adjustment> = lease
+                .draws
+                .iter()
+                .filter(|(role, _)| role.settles_with_usage())
+                .map(|(_, draw)| Adjustment {
+                    bucket: draw.bucket.clone(),
+                    tokens: returned,
+                })
+                .collect();
+            if let Err(store_error) = self.store.adjust(&adjustments).await {
+                return error(
+                    ErrorCode::StoreUnavailable,
+                    format!("lease {lease_id} could not be settled: {store_error}"),
+                );
+            }
+        }
+        Response::Settled {
+            tokens_returned: returned,
+        }
+    }
+
+    async fn release(&self, lease_id: u64) -> Response {
+        let Some(lease) = self.take_lease(lease_id) else {
+            return unknown_lease(lease_id);
+        };
+        let adjustments: Vec<Adjustment> = lease
+            .draws
+            .iter()
+            .map(|(_, draw)| Adjustment {
+                bucket: draw.bucket.clone(),
+                tokens: draw.cost as i64,
+            })
+            .collect();
+        if let Err(store_error) = self.store.adjust(&adjustments).await {
+            return error(
+                ErrorCode::StoreUnavailable,
+                format!("lease {lease_id} could not be released: {store_error}"),
+            );
+        }
+        Response::Released {
+            tokens_returned: lease.tokens,
+        }
+    }
+
+    fn estimate(&self, limit: &str, cost: &Cost) -> Response {
+        if let Err(response) = check_name("limit", limit).and_then(|()| self.find_limit(limit)) {
+            return response;
+        }
+        match cost {
+            Cost::Tokens {
+                input_tokens,
+                output_tokens,
+            } => Response::Estimated {
+                input_tokens: *input_tokens,
+                output_tokens: *output_tokens,
+            },
+            Cost::Messages(_) => messages_unsupported(),
+        }
+    }
+
+    async fn status(&self, only: Option<&str>) -> Response {
+        let limits: Vec<&LimitConfig> = match only {
+            Some(name) => match self.find_limit(name) {
+                Ok(limit) => vec![limit],
+                Err(response) => return response,
+            },
+            None => self.config.limits.iter().collect(),
+        };
+        let mut statuses = Vec::with_capacity(limits.len());
+        for limit in limits {
+            let mut buckets = vec![(BucketRole::Tokens, token_bucket(limit))];
+            if let Some(requests) = request_bucket(limit) {
+                buckets.push((BucketRole::Requests, requests));
+            }
+            let specs: Vec<BucketSpec> = buckets.iter().map(|(_, spec)| spec.clone()).collect();
+            let levels = match self.store.levels(&specs).await {
+                Ok(levels) => levels,
+                Err(store_error) => return store_error_response(&limit.name, store_error),
+            };
+            statuses.push(LimitStatus {
+                name: limit.name.clone(),
+                waiters: self.waiters[&limit.name].load(Ordering::Relaxed),
+                buckets: buckets
+                    .into_iter()
+                    .zip(levels)
+                    .map(|((role, spec), level)| BucketStatus {
+                        name: role.name().to_string(),
+                        capacity: spec.capacity,
+                        level,
+                        per_minute: spec.per_minute,
+                    })
+                    .collect(),
+            });
+        }
+        Response::Status {
+            store: self.store.kind().to_string(),
+            limits: statuses,
+        }
+    }
+
+    fn find_limit(&self, name: &str) -> Result<&LimitConfig, Response> {
+        self.config.limit(name).ok_or_else(|| {
+            let known: Vec<&str> = self.config.limits.iter().map(|l| l.name.as_str()).collect();
+            error(
+                ErrorCode::UnknownLimit,
+                format!(
+                    "no limit named \"{name}\" is configured (configured: {})",
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            )
+        })
+    }
+
+    fn find_class(
+        &self,
+        limit: &LimitConfig,
+        name: Option<&str>,
+    ) -> Result<&PriorityClass, Response> {
+        let name = name.unwrap_or(&self.config.default_priority);
+        let class = self.config.priority(name).ok_or_else(|| {
+            error(
+                ErrorCode::UnknownPriority,
+                format!("no priority class named \"{name}\" is configured"),
+            )
+        })?;
+        match &class.limits {
+            Some(limits) if !limits.iter().any(|l| *l == limit.name) => Err(error(
+                ErrorCode::UnknownPriority,
+                format!(
+                    "priority class \"{name}\" does not apply to limit \"{}\"",
+                    limit.name
+                ),
+            )),
+            _ => Ok(class),
+        }
+    }
+
+    fn take_lease(&self, lease: u64) -> Option<Lease> {
+        self.lock_leases().remove(&lease)
+    }
+
+    fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Lease>> {
+        // Every update is a single insert or remove, so a poisoned map is whole.
+        self.leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A validated acquire: what to reserve where.
+struct AcquirePlan {
+    tokens: u64,
+    max_wait_ms: u64,
+    draws: Vec<(BucketRole, Draw)>,
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), Response> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(error(
+            ErrorCode::InvalidRequest,
+            format!(
+                "{what} name of {} bytes exceeds the maximum of {MAX_NAME_LEN}",
+                name.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn token_cost(cost: &Cost) -> Result<u64, Response> {
+    match cost {
+        Cost::Tokens {
+            input_tokens,
+            output_tokens,
+        } => match input_tokens.checked_add(*output_tokens) {
+            Some(0) => Err(error(
+                ErrorCode::InvalidRequest,
+                "a cost must be at least one token",
+            )),
+            Some(total) => Ok(total),
+            None => Err(error(
+                ErrorCode::CostExceedsCapacity,
+                "input_tokens + output_tokens overflows 64 bits",
+            )),
+        },
+        Cost::Messages(_) => Err(messages_unsupported()),
+    }
+}
+
+fn messages_unsupported() -> Response {
+    error(
+        ErrorCode::Unsupported,
+        "counting tokens from messages is not available in this release; send Cost::Tokens",
+    )
+}
+
+fn unknown_lease(lease: u64) -> Response {
+    error(
+        ErrorCode::UnknownLease,
+        format!(
+            "lease {lease} is unknown: never granted, already reported or released, or its connection closed"
+        ),
+    )
+}
+
+fn store_error_response(limit: &str, store_error: StoreError) -> Response {
+    match store_error {
+        StoreError::CostExceedsCapacity { .. } => error(
+            ErrorCode::CostExceedsCapacity,
+            format!("limit \"{limit}\": {store_error}"),
+        ),
+        StoreError::Unavailable(_) => error(
+            ErrorCode::StoreUnavailable,
+            format!("limit \"{limit}\": {store_error}"),
+        ),
+    }
+}
+
+fn draw(class: &PriorityClass, bucket: BucketSpec, cost: u64) -> Draw {
+    let floor = (class.reserved_fraction * bucket.capacity as f64).ceil() as u64;
+    Draw {
+        bucket,
+        cost,
+        floor,
+    }
+}
+
+/// Keys share the limit's hash tag so one acquire's buckets live in one
+/// Redis Cluster slot.
+fn bucket_key(limit: &LimitConfig, suffix: &str) -> String {
+    format!("ratekeeper:{{{}}}:{suffix}", limit.name)
+}
+
+fn token_bucket(limit: &LimitConfig) -> BucketSpec {
+    BucketSpec {
+        key: bucket_key(limit, "tokens"),
+        capacity: limit.burst_tokens,
+        per_minute: limit.tokens_per_minute,
+    }
+}
+
+fn request_bucket(limit: &LimitConfig) -> Option<BucketSpec> {
+    let per_minute = limit.requests_per_minute?;
+    Some(BucketSpec {
+        key: bucket_key(limit, "requests"),
+        capacity: limit.burst_requests.unwrap_or(per_minute),
+        per_minute,
+    })
+}
+
+fn tenant_bucket(limit: &LimitConfig, tenant: &str) -> Option<BucketSpec> {
+    let share = limit.tenant_share?;
+    let scaled = |value: u64| ((value as f64 * share).floor() as u64).max(1);
+    Some(BucketSpec {
+        key: bucket_key(limit, &format!("tenant:{tenant}")),
+        capacity: scaled(limit.burst_tokens),
+        per_minute: scaled(limit.tokens_per_minute),
+    })
+}

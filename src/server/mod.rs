@@ -1,0 +1,128 @@
+//! The Unix-socket server: accepts connections, checks peer credentials,
+//! serves each connection in its own task and drains on shutdown.
+
+mod connection;
+pub mod listener;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::dispatch::Dispatcher;
+use connection::ConnectionContext;
+pub use listener::{BindError, bind};
+
+/// How long refunds may take once the drain deadline cancelled what waited.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+
+/// What the server needs besides its listener.
+pub struct ServerSettings {
+    /// Removed when the server stops, so clients fail fast instead of hanging.
+    pub socket_path: PathBuf,
+    /// Peers whose uid (or gid) is not listed are refused; empty lists allow all.
+    pub allowed_uids: Vec<u32>,
+    pub allowed_gids: Vec<u32>,
+    /// How long in-flight requests may take to finish after `shutdown` fires.
+    pub drain_timeout: Duration,
+}
+
+/// Serves `listener` until `shutdown` completes, then drains: refuses new
+/// acquires, stops accepting, removes the socket file, lets in-flight
+/// requests finish within the drain timeout and cancels (refunding) the rest.
+pub async fn run(
+    listener: UnixListener,
+    dispatcher: Arc<Dispatcher>,
+    settings: ServerSettings,
+    shutdown: impl Future<Output = ()>,
+) {
+    let requests = TaskTracker::new();
+    let cancel_all = CancellationToken::new();
+    let mut next_connection = 1u64;
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(accept_error) => {
+                    // Out of file descriptors and the like: wait, don't spin.
+                    tracing::error!(%accept_error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let id = next_connection;
+        next_connection += 1;
+        if !peer_allowed(&stream, &settings, id) {
+            continue;
+        }
+        let context = ConnectionContext {
+            id,
+            dispatcher: dispatcher.clone(),
+            cancel: cancel_all.child_token(),
+            requests: requests.clone(),
+        };
+        tokio::spawn(connection::serve(stream, context));
+    }
+
+    tracing::info!(
+        in_flight = requests.len(),
+        drain_timeout_ms = settings.drain_timeout.as_millis() as u64,
+        "shutting down: no new acquires, draining in-flight requests"
+    );
+    dispatcher.begin_drain();
+    drop(listener);
+    listener::remove_socket(&settings.socket_path);
+    requests.close();
+    if tokio::time::timeout(settings.drain_timeout, requests.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            still_waiting = requests.len(),
+            "drain timeout passed; cancelling waiting acquires and returning their reservations"
+        );
+        cancel_all.cancel();
+        let _ = tokio::time::timeout(CANCEL_GRACE, requests.wait()).await;
+    }
+    tracing::info!(open_leases = dispatcher.open_leases(), "stopped");
+}
+
+fn peer_allowed(stream: &UnixStream, settings: &ServerSettings, connection: u64) -> bool {
+    let credentials = match stream.peer_cred() {
+        Ok(credentials) => credentials,
+        Err(cred_error) => {
+            tracing::warn!(connection, %cred_error, "refusing a connection whose peer credentials cannot be read");
+            return false;
+        }
+    };
+    let uid_ok =
+        settings.allowed_uids.is_empty() || settings.allowed_uids.contains(&credentials.uid());
+    let gid_ok =
+        settings.allowed_gids.is_empty() || settings.allowed_gids.contains(&credentials.gid());
+    if uid_ok && gid_ok {
+        tracing::debug!(
+            connection,
+            uid = credentials.uid(),
+            gid = credentials.gid(),
+            pid = credentials.pid(),
+            "connection opened"
+        );
+        true
+    } else {
+        tracing::warn!(
+            connection,
+            uid = credentials.uid(),
+            gid = credentials.gid(),
+            pid = credentials.pid(),
+            "refusing a connection from a peer not in allowed_uids/allowed_gids"
+        );
+        false
+    }
+}
