@@ -80,10 +80,7 @@ impl BucketState {
         let elapsed = (now_ms - self.updated_ms).max(0);
         let refill = elapsed.saturating_mul(spec.units_per_ms());
         BucketState {
-            level: self
-                .level
-                .saturating_add(refill)
-                .min(spec.capacity_units()),
+            level: self.level.saturating_add(refill).min(spec.capacity_units()),
             updated_ms: self.updated_ms.max(now_ms),
         }
     }
@@ -194,15 +191,51 @@ mod tests {
         let cases: &[(i64, u64, u64, u64, Plan)] = &[
             (100, 40, 0, 0, Plan::Grant { wait_ms: 0 }),
             (100, 100, 0, 0, Plan::Grant { wait_ms: 0 }),
-            (100, 101, 0, 0, Plan::Deny { retry_after_ms: 1, bucket: 0 }),
+            (
+                100,
+                101,
+                0,
+                0,
+                Plan::Deny {
+                    retry_after_ms: 1,
+                    bucket: 0,
+                },
+            ),
             (100, 101, 0, 1, Plan::Grant { wait_ms: 1 }),
             (0, 50, 0, 50, Plan::Grant { wait_ms: 50 }),
-            (0, 50, 0, 49, Plan::Deny { retry_after_ms: 1, bucket: 0 }),
+            (
+                0,
+                50,
+                0,
+                49,
+                Plan::Deny {
+                    retry_after_ms: 1,
+                    bucket: 0,
+                },
+            ),
             (-30, 50, 0, 100, Plan::Grant { wait_ms: 80 }),
-            (-30, 50, 0, 20, Plan::Deny { retry_after_ms: 60, bucket: 0 }),
+            (
+                -30,
+                50,
+                0,
+                20,
+                Plan::Deny {
+                    retry_after_ms: 60,
+                    bucket: 0,
+                },
+            ),
             // A floor of 20 held for higher classes: usable level is 80.
             (100, 80, 20, 0, Plan::Grant { wait_ms: 0 }),
-            (100, 81, 20, 0, Plan::Deny { retry_after_ms: 1, bucket: 0 }),
+            (
+                100,
+                81,
+                20,
+                0,
+                Plan::Deny {
+                    retry_after_ms: 1,
+                    bucket: 0,
+                },
+            ),
             // Cost above capacity (or above capacity less the floor) never fits.
             (1000, 1001, 0, u64::MAX, Plan::Impossible { bucket: 0 }),
             (1000, 900, 101, u64::MAX, Plan::Impossible { bucket: 0 }),
@@ -244,13 +277,27 @@ mod tests {
     #[test]
     fn multi_bucket_takes_the_longest_wait_and_names_the_refuser() {
         let draws = [
-            Draw { bucket: spec(1000), cost: 10, floor: 0 },
-            Draw { bucket: spec(1000), cost: 10, floor: 0 },
+            Draw {
+                bucket: spec(1000),
+                cost: 10,
+                floor: 0,
+            },
+            Draw {
+                bucket: spec(1000),
+                cost: 10,
+                floor: 0,
+            },
         ];
-        assert_eq!(plan(&draws, &[at(5), at(-20)], 100), Plan::Grant { wait_ms: 30 });
+        assert_eq!(
+            plan(&draws, &[at(5), at(-20)], 100),
+            Plan::Grant { wait_ms: 30 }
+        );
         assert_eq!(
             plan(&draws, &[at(5), at(-20)], 10),
-            Plan::Deny { retry_after_ms: 20, bucket: 1 }
+            Plan::Deny {
+                retry_after_ms: 20,
+                bucket: 1
+            }
         );
         let after = commit(&draws, &[at(5), at(-20)]);
         assert_eq!(after, vec![at(-5), at(-30)]);

@@ -72,7 +72,9 @@ impl EmbeddedStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, Buckets> {
         // A panic while holding the lock cannot leave a half-written state:
         // every update is a single insert of a computed value.
-        self.buckets.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.buckets
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -226,7 +228,11 @@ mod tests {
         let result = store.acquire(&[draw("tokens", 100, 101)], u64::MAX).await;
         assert!(matches!(
             result,
-            Err(StoreError::CostExceedsCapacity { cost: 101, capacity: 100, .. })
+            Err(StoreError::CostExceedsCapacity {
+                cost: 101,
+                capacity: 100,
+                ..
+            })
         ));
     }
 }

@@ -71,7 +71,10 @@ impl ErrorCode {
 
     /// The code for a wire number, if this build knows it.
     pub fn from_u16(code: u16) -> Option<Self> {
-        Self::ALL.iter().copied().find(|known| known.as_u16() == code)
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|known| known.as_u16() == code)
     }
 
     /// Whether sending the same request again later can succeed.

@@ -1,7 +1,7 @@
 //! Framing: a `u32` little-endian payload length, then a bincode 2 payload in
 //! the fixed-width little-endian layout (`bincode::config::legacy()`).
 
-use bincode::config::{Configuration, Fixint, LittleEndian, Limit};
+use bincode::config::{Configuration, Fixint, Limit, LittleEndian};
 use bincode::{Decode, Encode};
 
 use super::{LENGTH_PREFIX_LEN, MAX_FRAME_LEN};
@@ -116,7 +116,11 @@ mod tests {
     fn partial_frames_need_more_bytes() {
         let bytes = ping_frame();
         for end in 0..bytes.len() {
-            assert_eq!(split_frame(&bytes[..end]), Ok(None), "prefix of {end} bytes");
+            assert_eq!(
+                split_frame(&bytes[..end]),
+                Ok(None),
+                "prefix of {end} bytes"
+            );
         }
         let (payload, used) = split_frame(&bytes).unwrap().unwrap();
         assert_eq!(used, bytes.len());
@@ -143,7 +147,10 @@ mod tests {
         payload.extend_from_slice(&1u16.to_le_bytes());
         payload.extend_from_slice(&(1u64 << 40).to_le_bytes());
         let result = decode_payload::<ClientFrame>(&payload);
-        assert!(matches!(result, Err(FrameError::Malformed(_))), "{result:?}");
+        assert!(
+            matches!(result, Err(FrameError::Malformed(_))),
+            "{result:?}"
+        );
     }
 
     #[test]
