@@ -6,12 +6,30 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
 
 /// Environment variable overriding `server.socket`.
 pub const ENV_SOCKET: &str = "RATEKEEPER_SOCKET";
 /// Environment variable overriding `redis.url`.
 pub const ENV_REDIS_URL: &str = "RATEKEEPER_REDIS_URL";
+
+/// Longest limit or priority class name, in bytes.
+pub const MAX_NAME_LEN: usize = 128;
+/// Largest `tokens_per_minute` / `requests_per_minute`.
+pub const MAX_RATE_PER_MINUTE: u64 = 1_000_000_000;
+/// Largest `burst_tokens` / `burst_requests`.
+pub const MAX_BURST: u64 = 10_000_000_000;
+/// Largest `max_wait_ms` of a priority class (one hour).
+pub const MAX_WAIT_MS: u64 = 3_600_000;
+/// Largest `server.socket_mode`.
+pub const MAX_SOCKET_MODE: u32 = 0o777;
+/// Longest socket path, in bytes (`sun_path` minus the terminating NUL).
+#[cfg(target_os = "linux")]
+pub const MAX_SOCKET_PATH_LEN: usize = 107;
+/// Longest socket path, in bytes (`sun_path` minus the terminating NUL).
+#[cfg(not(target_os = "linux"))]
+pub const MAX_SOCKET_PATH_LEN: usize = 103;
 
 /// The validated, effective configuration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -140,10 +158,1469 @@ impl Config {
 
 /// Loads and validates the configuration: the file when given (defaults
 /// otherwise), then the environment overrides read through `env`.
+///
+/// Every problem found is reported, one per line, each as
+/// `FILE:LINE:COLUMN: CONTEXT: MESSAGE` (or `VARIABLE: MESSAGE` for a bad
+/// environment override).
 pub fn load(
     path: Option<&Path>,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Config, ConfigError> {
-    let _ = (path, env);
-    Ok(Config::default())
+    let parsed = match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            parse(&text, &path.display().to_string())
+        }
+        None => Ok(Config::default()),
+    };
+    match parsed {
+        Ok(mut config) => {
+            let errors = apply_env(&mut config, &env);
+            if errors.is_empty() {
+                Ok(config)
+            } else {
+                Err(ConfigError::Invalid(errors.join("\n")))
+            }
+        }
+        Err(mut errors) => {
+            // Still check the overrides, so one run shows every problem.
+            errors.extend(apply_env(&mut Config::default(), &env));
+            Err(ConfigError::Invalid(errors.join("\n")))
+        }
+    }
+}
+
+/// Parses and validates configuration text (no environment overrides).
+/// `origin` names the source in messages, normally the file's path.
+pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
+    parse(text, origin).map_err(|errors| ConfigError::Invalid(errors.join("\n")))
+}
+
+/// `url` with its password (if any) replaced by `****`: in the userinfo
+/// (`redis://user:pass@host` → `redis://user:****@host`) and in `pass=` /
+/// `password=` query parameters. A URL without a password is returned
+/// unchanged.
+pub fn mask_redis_url(url: &str) -> String {
+    const MASK: &str = "****";
+    let (prefix, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let authority_len = if prefix.is_empty() {
+        0
+    } else {
+        rest.find(['/', '?', '#']).unwrap_or(rest.len())
+    };
+    let (authority, tail) = rest.split_at(authority_len);
+
+    let mut out = String::with_capacity(url.len());
+    out.push_str(prefix);
+    match authority.rfind('@') {
+        Some(at) => {
+            let (userinfo, host) = authority.split_at(at);
+            match userinfo.split_once(':') {
+                Some((user, password)) if !password.is_empty() => {
+                    out.push_str(user);
+                    out.push(':');
+                    out.push_str(MASK);
+                }
+                _ => out.push_str(userinfo),
+            }
+            out.push_str(host);
+        }
+        None => out.push_str(authority),
+    }
+
+    // Query parameters carrying a password (`unix:///run/redis.sock?pass=x`).
+    let Some(q) = tail.find('?') else {
+        out.push_str(tail);
+        return out;
+    };
+    let (before_query, query_and_fragment) = tail.split_at(q + 1);
+    out.push_str(before_query);
+    let (query, fragment) = match query_and_fragment.find('#') {
+        Some(f) => query_and_fragment.split_at(f),
+        None => (query_and_fragment, ""),
+    };
+    for (i, param) in query.split('&').enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        match param.split_once('=') {
+            Some((key, value))
+                if !value.is_empty()
+                    && (key.eq_ignore_ascii_case("pass")
+                        || key.eq_ignore_ascii_case("password")) =>
+            {
+                out.push_str(key);
+                out.push('=');
+                out.push_str(MASK);
+            }
+            _ => out.push_str(param),
+        }
+    }
+    out.push_str(fragment);
+    out
+}
+
+impl Config {
+    /// The effective configuration (every default filled in) as TOML, in the
+    /// file format [`load`] reads, with the Redis password masked. This is
+    /// what `ratekeeper check-config` prints.
+    pub fn to_effective_toml(&self) -> String {
+        let view = EffectiveFile {
+            default_priority: &self.default_priority,
+            server: EffectiveServer {
+                socket: self.server.socket.to_string_lossy().into_owned(),
+                socket_mode: format!("{:04o}", self.server.socket_mode),
+                allowed_uids: &self.server.allowed_uids,
+                allowed_gids: &self.server.allowed_gids,
+                drain_timeout_ms: self.server.drain_timeout_ms,
+            },
+            redis: self.redis.as_ref().map(|redis| EffectiveRedis {
+                url: mask_redis_url(&redis.url),
+            }),
+            limits: &self.limits,
+            priorities: &self.priorities,
+        };
+        match toml::to_string(&view) {
+            Ok(text) => text,
+            // Only reachable for a hand-built `Config` with numbers TOML
+            // cannot hold (above i64::MAX); `load` never produces one.
+            Err(err) => format!("# cannot render the effective configuration: {err}\n"),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct EffectiveFile<'a> {
+    default_priority: &'a str,
+    server: EffectiveServer<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    redis: Option<EffectiveRedis>,
+    limits: &'a [LimitConfig],
+    priorities: &'a [PriorityClass],
+}
+
+#[derive(Serialize)]
+struct EffectiveServer<'a> {
+    socket: String,
+    socket_mode: String,
+    allowed_uids: &'a [u32],
+    allowed_gids: &'a [u32],
+    drain_timeout_ms: u64,
+}
+
+#[derive(Serialize)]
+struct EffectiveRedis {
+    url: String,
+}
+
+// ---------------------------------------------------------------------------
+// Raw file structure: everything optional and spanned, numbers signed, so
+// that validation (not deserialization) reports bad values, all of them, with
+// their place in the file.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table of ratekeeper settings")]
+struct RawFile {
+    default_priority: Option<Spanned<String>>,
+    server: Option<RawServer>,
+    redis: Option<Spanned<RawRedis>>,
+    #[serde(default)]
+    limits: Vec<Spanned<RawLimit>>,
+    #[serde(default)]
+    priorities: Vec<Spanned<RawPriority>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [server] table")]
+struct RawServer {
+    socket: Option<Spanned<String>>,
+    socket_mode: Option<Spanned<String>>,
+    allowed_uids: Option<Vec<Spanned<i64>>>,
+    allowed_gids: Option<Vec<Spanned<i64>>>,
+    drain_timeout_ms: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [redis] table")]
+struct RawRedis {
+    url: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [[limits]] table")]
+struct RawLimit {
+    name: Option<Spanned<String>>,
+    tokens_per_minute: Option<Spanned<i64>>,
+    requests_per_minute: Option<Spanned<i64>>,
+    burst_tokens: Option<Spanned<i64>>,
+    burst_requests: Option<Spanned<i64>>,
+    model: Option<Spanned<String>>,
+    tenant_share: Option<Spanned<f64>>,
+    max_request_tokens: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [[priorities]] table")]
+struct RawPriority {
+    name: Option<Spanned<String>>,
+    reserved_fraction: Option<Spanned<f64>>,
+    max_wait_ms: Option<Spanned<i64>>,
+    limits: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
+/// Collects located problems, then renders them `origin:line:col: message`
+/// in file order.
+struct Diagnostics<'a> {
+    text: &'a str,
+    origin: &'a str,
+    errors: Vec<(usize, String)>,
+}
+
+impl<'a> Diagnostics<'a> {
+    fn new(text: &'a str, origin: &'a str) -> Self {
+        Diagnostics {
+            text,
+            origin,
+            errors: Vec::new(),
+        }
+    }
+
+    fn error(&mut self, offset: usize, message: String) {
+        self.errors.push((offset, message));
+    }
+
+    fn line_of(&self, offset: usize) -> usize {
+        line_col(self.text, offset).0
+    }
+
+    fn located(&self, offset: usize, message: &str) -> String {
+        let (line, column) = line_col(self.text, offset);
+        format!("{}:{line}:{column}: {message}", self.origin)
+    }
+
+    fn finish(mut self) -> Vec<String> {
+        self.errors.sort_by_key(|(offset, _)| *offset);
+        self.errors
+            .iter()
+            .map(|(offset, message)| self.located(*offset, message))
+            .collect()
+    }
+}
+
+/// 1-based line and column (in characters) of byte `offset` in `text`.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+/// `limits[1] "gpt-4o"` / `limits[1]` when the entry has no usable name.
+fn entry_context(section: &str, index: usize, name: Option<&Spanned<String>>) -> String {
+    match name {
+        Some(name) if !name.get_ref().is_empty() => {
+            format!("{section}[{index}] {:?}", name.get_ref())
+        }
+        _ => format!("{section}[{index}]"),
+    }
+}
+
+fn parse(text: &str, origin: &str) -> Result<Config, Vec<String>> {
+    let raw: RawFile = match toml::from_str(text) {
+        Ok(raw) => raw,
+        Err(err) => {
+            // toml's messages may quote a value (`invalid type: string
+            // "redis://:pw@host"`): mask anything that looks like a URL.
+            let message: Vec<String> = err
+                .message()
+                .split_whitespace()
+                .map(mask_redis_url)
+                .collect();
+            let message = message
+                .join(" ")
+                .replace("expected i64", "expected an integer")
+                .replace("expected f64", "expected a number");
+            let message = match toml_key_path(&err) {
+                Some(keys) => format!("{keys}: {message}"),
+                None => message,
+            };
+            return Err(vec![match err.span() {
+                Some(span) => {
+                    let (line, column) = line_col(text, span.start);
+                    format!("{origin}:{line}:{column}: {message}")
+                }
+                None => format!("{origin}: {message}"),
+            }]);
+        }
+    };
+    let mut d = Diagnostics::new(text, origin);
+    let config = resolve(raw, &mut d);
+    let errors = d.finish();
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(errors)
+    }
+}
+
+/// The dotted key path toml attaches to a deserialization error (e.g.
+/// `server.socket_mode`); toml only renders it when the error carries no
+/// input, so render a copy without.
+fn toml_key_path(err: &toml::de::Error) -> Option<String> {
+    let mut bare = err.clone();
+    bare.set_input(None);
+    let rendered = bare.to_string();
+    let rendered = rendered.trim_end();
+    if rendered == err.message().trim_end() {
+        return None;
+    }
+    let keys = rendered
+        .lines()
+        .last()?
+        .strip_prefix("in `")?
+        .strip_suffix('`')?;
+    (!keys.is_empty()).then(|| keys.to_string())
+}
+
+/// An integer in `min..=max`, or an error at its place.
+fn check_int(
+    d: &mut Diagnostics,
+    context: &str,
+    field: &str,
+    value: &Spanned<i64>,
+    min: i64,
+    max: u64,
+) -> Option<u64> {
+    let v = *value.get_ref();
+    let at = value.span().start;
+    if min > 0 && v < min {
+        d.error(
+            at,
+            format!("{context}: {field} must be greater than zero (got {v})"),
+        );
+        None
+    } else if v < min {
+        d.error(
+            at,
+            format!("{context}: {field} must not be negative (got {v})"),
+        );
+        None
+    } else if v as u64 > max {
+        d.error(
+            at,
+            format!("{context}: {field} must be at most {max} (got {v})"),
+        );
+        None
+    } else {
+        Some(v as u64)
+    }
+}
+
+/// Checks a limit or class name; `None` when unusable.
+fn check_name(
+    d: &mut Diagnostics,
+    context: &str,
+    name: Option<&Spanned<String>>,
+    entry_at: usize,
+) -> Option<String> {
+    let Some(name) = name else {
+        d.error(entry_at, format!("{context}: name is required"));
+        return None;
+    };
+    let value = name.get_ref();
+    let at = name.span().start;
+    if value.is_empty() {
+        d.error(at, format!("{context}: name must not be empty"));
+        None
+    } else if value.len() > MAX_NAME_LEN {
+        d.error(
+            at,
+            format!(
+                "{context}: name is {} bytes long, longer than the maximum of {MAX_NAME_LEN}",
+                value.len()
+            ),
+        );
+        None
+    } else {
+        Some(value.clone())
+    }
+}
+
+/// Problem with a socket path, if any.
+fn socket_problem(socket: &str) -> Option<String> {
+    if socket.is_empty() {
+        Some("socket must not be empty".to_string())
+    } else if socket.len() > MAX_SOCKET_PATH_LEN {
+        Some(format!(
+            "socket path is {} bytes long, longer than the {MAX_SOCKET_PATH_LEN} a Unix socket address can hold",
+            socket.len()
+        ))
+    } else {
+        None
+    }
+}
+
+/// Problem with a Redis URL, if any; messages show the URL masked.
+fn redis_url_problem(url: &str) -> Option<String> {
+    let scheme_rest = ["redis://", "rediss://", "unix://"]
+        .iter()
+        .find_map(|scheme| url.strip_prefix(scheme).map(|rest| (*scheme, rest)));
+    match scheme_rest {
+        None => Some(format!(
+            "url {:?} must start with redis://, rediss:// or unix://",
+            mask_redis_url(url)
+        )),
+        Some(("unix://", rest)) => {
+            let path = rest.split(['?', '#']).next().unwrap_or("");
+            path.is_empty().then(|| {
+                format!(
+                    "url {:?} names no socket path (e.g. unix:///run/redis/redis.sock)",
+                    mask_redis_url(url)
+                )
+            })
+        }
+        Some((_, rest)) => {
+            let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+            let host = authority.rsplit('@').next().unwrap_or("");
+            host.is_empty().then(|| {
+                format!(
+                    "url {:?} names no host (e.g. redis://127.0.0.1:6379/0)",
+                    mask_redis_url(url)
+                )
+            })
+        }
+    }
+}
+
+/// `"0660"` (or `"660"`, `"0o660"`) → `0o660`; `None` when not octal. A
+/// value too large for a `u32` comes back as `u32::MAX` (above any mode).
+fn parse_socket_mode(mode: &str) -> Option<u32> {
+    let digits = mode.strip_prefix("0o").unwrap_or(mode);
+    if digits.is_empty() || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+        return None;
+    }
+    Some(u32::from_str_radix(digits, 8).unwrap_or(u32::MAX))
+}
+
+fn resolve(raw: RawFile, d: &mut Diagnostics) -> Config {
+    let mut config = Config::default();
+
+    if let Some(server) = raw.server {
+        resolve_server(server, &mut config.server, d);
+    }
+
+    if let Some(redis) = raw.redis {
+        let at = redis.span().start;
+        match &redis.get_ref().url {
+            None => d.error(
+                at,
+                "redis: url is required in the [redis] section (remove the section to use the embedded store)"
+                    .to_string(),
+            ),
+            Some(url) => match redis_url_problem(url.get_ref()) {
+                Some(problem) => d.error(url.span().start, format!("redis: {problem}")),
+                None => {
+                    config.redis = Some(RedisConfig {
+                        url: url.get_ref().clone(),
+                    })
+                }
+            },
+        }
+    }
+
+    // Limits.
+    let mut limit_lines: Vec<(String, usize)> = Vec::new();
+    for (index, entry) in raw.limits.iter().enumerate() {
+        let limit = entry.get_ref();
+        let context = entry_context("limits", index, limit.name.as_ref());
+        let name = check_name(d, &context, limit.name.as_ref(), entry.span().start);
+        if let (Some(name), Some(spanned)) = (&name, &limit.name) {
+            let at = spanned.span().start;
+            if let Some((_, first_at)) = limit_lines.iter().find(|(n, _)| n == name) {
+                let first_line = d.line_of(*first_at);
+                d.error(
+                    at,
+                    format!("{context}: duplicate limit name {name:?} (first declared at line {first_line})"),
+                );
+            } else {
+                limit_lines.push((name.clone(), at));
+            }
+        }
+        if let Some(resolved) = resolve_limit(limit, &context, entry.span().start, d) {
+            config.limits.push(LimitConfig {
+                name: name.unwrap_or_default(),
+                ..resolved
+            });
+        }
+    }
+
+    // Priority classes.
+    let mut class_lines: Vec<(String, usize)> = Vec::new();
+    let mut classes = Vec::new();
+    for (index, entry) in raw.priorities.iter().enumerate() {
+        let class = entry.get_ref();
+        let context = entry_context("priorities", index, class.name.as_ref());
+        let name = check_name(d, &context, class.name.as_ref(), entry.span().start);
+        if let (Some(name), Some(spanned)) = (&name, &class.name) {
+            let at = spanned.span().start;
+            if let Some((_, first_at)) = class_lines.iter().find(|(n, _)| n == name) {
+                let first_line = d.line_of(*first_at);
+                d.error(
+                    at,
+                    format!("{context}: duplicate priority class name {name:?} (first declared at line {first_line})"),
+                );
+            } else {
+                class_lines.push((name.clone(), at));
+            }
+        }
+        let mut resolved = PriorityClass {
+            name: name.unwrap_or_default(),
+            ..PriorityClass::implicit_default()
+        };
+        if let Some(fraction) = &class.reserved_fraction {
+            let v = *fraction.get_ref();
+            if (0.0..1.0).contains(&v) {
+                resolved.reserved_fraction = v;
+            } else {
+                d.error(
+                    fraction.span().start,
+                    format!("{context}: reserved_fraction must be in [0, 1) (got {v})"),
+                );
+            }
+        }
+        if let Some(wait) = &class.max_wait_ms {
+            if let Some(v) = check_int(d, &context, "max_wait_ms", wait, 0, MAX_WAIT_MS) {
+                resolved.max_wait_ms = v;
+            }
+        }
+        if let Some(list) = &class.limits {
+            if list.get_ref().is_empty() {
+                d.error(
+                    list.span().start,
+                    format!(
+                        "{context}: limits is empty, so the class applies to no limit (omit it to apply the class to all limits)"
+                    ),
+                );
+            }
+            for limit in list.get_ref() {
+                if !raw.limits.iter().any(|l| {
+                    l.get_ref().name.as_ref().map(|n| n.get_ref()) == Some(limit.get_ref())
+                }) {
+                    d.error(
+                        limit.span().start,
+                        format!(
+                            "{context}: limits names {:?}, which is not a declared limit ({})",
+                            limit.get_ref(),
+                            declared_list(
+                                limit_lines.iter().map(|(n, _)| n.as_str()),
+                                "[[limits]]"
+                            )
+                        ),
+                    );
+                }
+            }
+            resolved.limits = Some(list.get_ref().iter().map(|l| l.get_ref().clone()).collect());
+        }
+        classes.push(resolved);
+    }
+    if !classes.is_empty() {
+        config.priorities = classes;
+    }
+
+    match &raw.default_priority {
+        Some(default) => {
+            let name = default.get_ref();
+            let known = if raw.priorities.is_empty() {
+                name == PriorityClass::DEFAULT_NAME
+            } else {
+                class_lines.iter().any(|(n, _)| n == name)
+            };
+            if known {
+                config.default_priority = name.clone();
+            } else if raw.priorities.is_empty() {
+                d.error(
+                    default.span().start,
+                    format!(
+                        "default_priority {name:?} is not a declared priority class (no [[priorities]] are declared; the only class is the implicit {:?})",
+                        PriorityClass::DEFAULT_NAME
+                    ),
+                );
+            } else {
+                d.error(
+                    default.span().start,
+                    format!(
+                        "default_priority {name:?} is not a declared priority class ({})",
+                        declared_list(
+                            class_lines.iter().map(|(n, _)| n.as_str()),
+                            "[[priorities]]"
+                        )
+                    ),
+                );
+            }
+        }
+        None => config.default_priority = config.priorities[0].name.clone(),
+    }
+
+    config
+}
+
+fn declared_list<'a>(names: impl Iterator<Item = &'a str>, section: &str) -> String {
+    let names: Vec<String> = names.map(|n| format!("{n:?}")).collect();
+    if names.is_empty() {
+        format!("no {section} are declared")
+    } else {
+        format!("declared: {}", names.join(", "))
+    }
+}
+
+fn resolve_server(server: RawServer, out: &mut ServerConfig, d: &mut Diagnostics) {
+    if let Some(socket) = server.socket {
+        match socket_problem(socket.get_ref()) {
+            Some(problem) => d.error(socket.span().start, format!("server: {problem}")),
+            None => out.socket = PathBuf::from(socket.into_inner()),
+        }
+    }
+    if let Some(mode) = server.socket_mode {
+        match parse_socket_mode(mode.get_ref()) {
+            Some(m) if m <= MAX_SOCKET_MODE => out.socket_mode = m,
+            Some(_) => d.error(
+                mode.span().start,
+                format!(
+                    "server: socket_mode {:?} is above the largest file mode \"0777\"",
+                    mode.get_ref()
+                ),
+            ),
+            None => d.error(
+                mode.span().start,
+                format!(
+                    "server: socket_mode {:?} is not an octal file mode (e.g. \"0660\")",
+                    mode.get_ref()
+                ),
+            ),
+        }
+    }
+    for (field, ids, target) in [
+        ("allowed_uids", server.allowed_uids, &mut out.allowed_uids),
+        ("allowed_gids", server.allowed_gids, &mut out.allowed_gids),
+    ] {
+        for (i, id) in ids.iter().flatten().enumerate() {
+            let label = format!("{field}[{i}]");
+            if let Some(v) = check_int(d, "server", &label, id, 0, u64::from(u32::MAX)) {
+                target.push(v as u32);
+            }
+        }
+    }
+    if let Some(drain) = server.drain_timeout_ms {
+        if let Some(v) = check_int(d, "server", "drain_timeout_ms", &drain, 0, i64::MAX as u64) {
+            out.drain_timeout_ms = v;
+        }
+    }
+}
+
+/// The resolved limit (name left empty for the caller), or `None` when a
+/// required value is missing or wrong.
+fn resolve_limit(
+    limit: &RawLimit,
+    context: &str,
+    entry_at: usize,
+    d: &mut Diagnostics,
+) -> Option<LimitConfig> {
+    let tpm = match &limit.tokens_per_minute {
+        None => {
+            d.error(
+                entry_at,
+                format!("{context}: tokens_per_minute is required"),
+            );
+            None
+        }
+        Some(v) => check_int(d, context, "tokens_per_minute", v, 1, MAX_RATE_PER_MINUTE),
+    };
+    let rpm = limit
+        .requests_per_minute
+        .as_ref()
+        .map(|v| check_int(d, context, "requests_per_minute", v, 1, MAX_RATE_PER_MINUTE));
+    let burst_tokens = limit
+        .burst_tokens
+        .as_ref()
+        .map(|v| check_int(d, context, "burst_tokens", v, 1, MAX_BURST));
+    let burst_requests = limit
+        .burst_requests
+        .as_ref()
+        .map(|v| check_int(d, context, "burst_requests", v, 1, MAX_BURST));
+    if let (Some(burst), None) = (&limit.burst_requests, &limit.requests_per_minute) {
+        d.error(
+            burst.span().start,
+            format!("{context}: burst_requests is set but requests_per_minute is not (a request bucket needs a rate)"),
+        );
+    }
+    let max_request_tokens = limit
+        .max_request_tokens
+        .as_ref()
+        .map(|v| check_int(d, context, "max_request_tokens", v, 1, MAX_BURST));
+    let tenant_share = limit.tenant_share.as_ref().map(|share| {
+        let v = *share.get_ref();
+        if v > 0.0 && v <= 1.0 {
+            Some(v)
+        } else {
+            d.error(
+                share.span().start,
+                format!("{context}: tenant_share must be in (0, 1] (got {v})"),
+            );
+            None
+        }
+    });
+
+    let effective_burst = match burst_tokens {
+        Some(explicit) => explicit,
+        None => tpm,
+    };
+    if let (Some(burst), Some(Some(max_request))) = (effective_burst, max_request_tokens) {
+        if burst < max_request {
+            let (at, burst_desc) = match &limit.burst_tokens {
+                Some(b) => (b.span().start, format!("burst_tokens ({burst})")),
+                None => (
+                    limit
+                        .max_request_tokens
+                        .as_ref()
+                        .map_or(entry_at, |m| m.span().start),
+                    format!("burst_tokens (defaulted to tokens_per_minute = {burst})"),
+                ),
+            };
+            d.error(
+                at,
+                format!(
+                    "{context}: {burst_desc} is below max_request_tokens ({max_request}): a request that large could never be admitted"
+                ),
+            );
+        }
+    }
+
+    let rpm = valid(rpm)?;
+    Some(LimitConfig {
+        name: String::new(),
+        tokens_per_minute: tpm?,
+        requests_per_minute: rpm,
+        burst_tokens: effective_burst?,
+        burst_requests: match burst_requests {
+            Some(b) => Some(b?),
+            None => rpm,
+        },
+        model: limit.model.as_ref().map(|m| m.get_ref().clone()),
+        tenant_share: valid(tenant_share)?,
+        max_request_tokens: valid(max_request_tokens)?,
+    })
+}
+
+/// An optional value that was checked: absent (`Some(None)`), valid
+/// (`Some(Some(v))`) or invalid (`None`).
+fn valid<T>(checked: Option<Option<T>>) -> Option<Option<T>> {
+    match checked {
+        None => Some(None),
+        Some(Some(v)) => Some(Some(v)),
+        Some(None) => None,
+    }
+}
+
+/// Applies the environment overrides; returns the problems with them.
+fn apply_env(config: &mut Config, env: &impl Fn(&str) -> Option<String>) -> Vec<String> {
+    let mut errors = Vec::new();
+    if let Some(socket) = env(ENV_SOCKET) {
+        match socket_problem(&socket) {
+            Some(problem) => errors.push(format!("{ENV_SOCKET}: {problem}")),
+            None => config.server.socket = PathBuf::from(socket),
+        }
+    }
+    if let Some(url) = env(ENV_REDIS_URL) {
+        match redis_url_problem(&url) {
+            Some(problem) => errors.push(format!("{ENV_REDIS_URL}: {problem}")),
+            None => config.redis = Some(RedisConfig { url }),
+        }
+    }
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn parse_ok(text: &str) -> Config {
+        match from_toml_str(text, "test.toml") {
+            Ok(config) => config,
+            Err(err) => panic!("expected a valid config, got:\n{err}"),
+        }
+    }
+
+    fn parse_err(text: &str) -> String {
+        match from_toml_str(text, "test.toml") {
+            Ok(config) => panic!("expected an error, got {config:#?}"),
+            Err(err) => err.to_string(),
+        }
+    }
+
+    const LIMIT_A: &str = "[[limits]]\nname = \"a\"\ntokens_per_minute = 100\n";
+
+    /// (what, file text, expected substring of the error, location included).
+    const MISTAKES: &[(&str, &str, &str)] = &[
+        (
+            "unknown top-level key",
+            "bogus = 1\n",
+            "test.toml:1:1: unknown field `bogus`",
+        ),
+        (
+            "unknown key in a limit",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntoken_per_minute = 2\n",
+            "test.toml:4:1: limits: unknown field `token_per_minute`",
+        ),
+        (
+            "unknown key in server",
+            "[server]\nsockett = \"/x\"\n",
+            "test.toml:2:1: server: unknown field `sockett`",
+        ),
+        (
+            "unknown key in redis",
+            "[redis]\nurl = \"redis://h\"\npassword = \"x\"\n",
+            "test.toml:3:1: redis: unknown field `password`",
+        ),
+        (
+            "unknown key in a priority",
+            "[[priorities]]\nname = \"p\"\nmax_wait = 3\n",
+            "test.toml:3:1: priorities: unknown field `max_wait`",
+        ),
+        ("syntax error", "[[limits]\n", "test.toml:1:"),
+        (
+            "wrong type",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = \"lots\"\n",
+            "test.toml:3:21: limits.tokens_per_minute: invalid type: string \"lots\", expected an integer",
+        ),
+        (
+            "zero tokens_per_minute",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\n[[limits]]\nname = \"gpt-4o\"\ntokens_per_minute = 0\n",
+            "test.toml:6:21: limits[1] \"gpt-4o\": tokens_per_minute must be greater than zero (got 0)",
+        ),
+        (
+            "negative tokens_per_minute",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = -5\n",
+            "test.toml:3:21: limits[0] \"a\": tokens_per_minute must be greater than zero (got -5)",
+        ),
+        (
+            "tokens_per_minute above bound",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1_000_000_001\n",
+            "test.toml:3:21: limits[0] \"a\": tokens_per_minute must be at most 1000000000",
+        ),
+        (
+            "missing tokens_per_minute",
+            "[[limits]]\nname = \"a\"\n",
+            "test.toml:1:1: limits[0] \"a\": tokens_per_minute is required",
+        ),
+        (
+            "zero requests_per_minute",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nrequests_per_minute = 0\n",
+            "test.toml:4:23: limits[0] \"a\": requests_per_minute must be greater than zero",
+        ),
+        (
+            "negative burst_tokens",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nburst_tokens = -1\n",
+            "test.toml:4:16: limits[0] \"a\": burst_tokens must be greater than zero (got -1)",
+        ),
+        (
+            "burst_tokens above bound",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nburst_tokens = 10_000_000_001\n",
+            "test.toml:4:16: limits[0] \"a\": burst_tokens must be at most 10000000000",
+        ),
+        (
+            "duplicate limit name",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\n\n[[limits]]\nname = \"a\"\ntokens_per_minute = 2\n",
+            "test.toml:6:8: limits[1] \"a\": duplicate limit name \"a\" (first declared at line 2)",
+        ),
+        (
+            "duplicate priority name",
+            "[[priorities]]\nname = \"p\"\n[[priorities]]\nname = \"q\"\n[[priorities]]\nname = \"p\"\n",
+            "test.toml:6:8: priorities[2] \"p\": duplicate priority class name \"p\" (first declared at line 2)",
+        ),
+        (
+            "burst_tokens below max_request_tokens",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1000\nburst_tokens = 500\nmax_request_tokens = 800\n",
+            "test.toml:4:16: limits[0] \"a\": burst_tokens (500) is below max_request_tokens (800)",
+        ),
+        (
+            "defaulted burst below max_request_tokens",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1000\nmax_request_tokens = 1001\n",
+            "test.toml:4:22: limits[0] \"a\": burst_tokens (defaulted to tokens_per_minute = 1000) is below max_request_tokens (1001)",
+        ),
+        (
+            "zero max_request_tokens",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1000\nmax_request_tokens = 0\n",
+            "test.toml:4:22: limits[0] \"a\": max_request_tokens must be greater than zero",
+        ),
+        (
+            "burst_requests without requests_per_minute",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nburst_requests = 10\n",
+            "test.toml:4:18: limits[0] \"a\": burst_requests is set but requests_per_minute is not",
+        ),
+        (
+            "tenant_share zero",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntenant_share = 0.0\n",
+            "test.toml:4:16: limits[0] \"a\": tenant_share must be in (0, 1] (got 0)",
+        ),
+        (
+            "tenant_share above one",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntenant_share = 1.5\n",
+            "test.toml:4:16: limits[0] \"a\": tenant_share must be in (0, 1] (got 1.5)",
+        ),
+        (
+            "tenant_share nan",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntenant_share = nan\n",
+            "test.toml:4:16: limits[0] \"a\": tenant_share must be in (0, 1] (got NaN)",
+        ),
+        (
+            "reserved_fraction one",
+            "[[priorities]]\nname = \"p\"\nreserved_fraction = 1.0\n",
+            "test.toml:3:21: priorities[0] \"p\": reserved_fraction must be in [0, 1) (got 1)",
+        ),
+        (
+            "reserved_fraction negative",
+            "[[priorities]]\nname = \"p\"\nreserved_fraction = -0.1\n",
+            "test.toml:3:21: priorities[0] \"p\": reserved_fraction must be in [0, 1) (got -0.1)",
+        ),
+        (
+            "priority naming an unknown limit",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\n[[priorities]]\nname = \"p\"\nlimits = [\"a\", \"gpt-5\"]\n",
+            "test.toml:6:16: priorities[0] \"p\": limits names \"gpt-5\", which is not a declared limit (declared: \"a\")",
+        ),
+        (
+            "priority referencing nothing",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\n[[priorities]]\nname = \"p\"\nlimits = []\n",
+            "test.toml:6:10: priorities[0] \"p\": limits is empty",
+        ),
+        (
+            "default_priority naming an unknown class",
+            "default_priority = \"urgent\"\n[[priorities]]\nname = \"interactive\"\n",
+            "test.toml:1:20: default_priority \"urgent\" is not a declared priority class (declared: \"interactive\")",
+        ),
+        (
+            "default_priority with no classes declared",
+            "default_priority = \"interactive\"\n",
+            "test.toml:1:20: default_priority \"interactive\" is not a declared priority class (no [[priorities]] are declared",
+        ),
+        (
+            "empty limit name",
+            "[[limits]]\nname = \"\"\ntokens_per_minute = 1\n",
+            "test.toml:2:8: limits[0]: name must not be empty",
+        ),
+        (
+            "missing limit name",
+            "[[limits]]\ntokens_per_minute = 1\n",
+            "test.toml:1:1: limits[0]: name is required",
+        ),
+        (
+            "limit name too long",
+            concat!(
+                "[[limits]]\nname = \"",
+                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+                "\"\ntokens_per_minute = 1\n"
+            ),
+            "test.toml:2:8: limits[0] \"aaaa",
+        ),
+        (
+            "empty priority name",
+            "[[priorities]]\nname = \"\"\n",
+            "test.toml:2:8: priorities[0]: name must not be empty",
+        ),
+        (
+            "socket_mode not octal",
+            "[server]\nsocket_mode = \"0689\"\n",
+            "test.toml:2:15: server: socket_mode \"0689\" is not an octal file mode",
+        ),
+        (
+            "socket_mode above 0777",
+            "[server]\nsocket_mode = \"01777\"\n",
+            "test.toml:2:15: server: socket_mode \"01777\" is above the largest file mode \"0777\"",
+        ),
+        (
+            "socket_mode as an integer",
+            "[server]\nsocket_mode = 660\n",
+            "test.toml:2:15: server.socket_mode: invalid type: integer `660`, expected a string",
+        ),
+        (
+            "empty socket",
+            "[server]\nsocket = \"\"\n",
+            "test.toml:2:10: server: socket must not be empty",
+        ),
+        (
+            "negative uid",
+            "[server]\nallowed_uids = [1000, -1]\n",
+            "test.toml:2:23: server: allowed_uids[1] must not be negative (got -1)",
+        ),
+        (
+            "gid above u32",
+            "[server]\nallowed_gids = [4294967296]\n",
+            "test.toml:2:17: server: allowed_gids[0] must be at most 4294967295",
+        ),
+        (
+            "negative drain timeout",
+            "[server]\ndrain_timeout_ms = -1\n",
+            "test.toml:2:20: server: drain_timeout_ms must not be negative (got -1)",
+        ),
+        (
+            "redis url with a bad scheme, password masked",
+            "[redis]\nurl = \"http://:hunter2@127.0.0.1:6379\"\n",
+            "test.toml:2:7: redis: url \"http://:****@127.0.0.1:6379\" must start with redis://, rediss:// or unix://",
+        ),
+        (
+            "redis url without host",
+            "[redis]\nurl = \"redis://\"\n",
+            "test.toml:2:7: redis: url \"redis://\" names no host",
+        ),
+        (
+            "redis section without url",
+            "default_priority = \"default\"\n\n[redis]\n",
+            "test.toml:3:1: redis: url is required",
+        ),
+        (
+            "redis as a string, password masked",
+            "redis = \"redis://:hunter2@h\"\n",
+            "test.toml:1:9: redis: invalid type: string \"redis://:****@h\", expected a [redis] table",
+        ),
+        (
+            "max_wait_ms above bound",
+            "[[priorities]]\nname = \"p\"\nmax_wait_ms = 3_600_001\n",
+            "test.toml:3:15: priorities[0] \"p\": max_wait_ms must be at most 3600000 (got 3600001)",
+        ),
+        (
+            "negative max_wait_ms",
+            "[[priorities]]\nname = \"p\"\nmax_wait_ms = -1\n",
+            "test.toml:3:15: priorities[0] \"p\": max_wait_ms must not be negative",
+        ),
+    ];
+
+    #[test]
+    fn config_mistakes_are_reported_with_their_location() {
+        let mut failures = Vec::new();
+        for (what, text, expected) in MISTAKES {
+            match from_toml_str(text, "test.toml") {
+                Ok(_) => failures.push(format!("{what}: accepted")),
+                Err(err) => {
+                    let message = err.to_string();
+                    if !message.contains(expected) {
+                        failures.push(format!(
+                            "{what}:\n  expected: {expected}\n  got:      {message}"
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    #[test]
+    fn config_reports_every_error_in_file_order() {
+        let text = "\
+default_priority = \"nope\"
+[[limits]]
+name = \"a\"
+tokens_per_minute = 0
+tenant_share = 2.0
+
+[[limits]]
+name = \"a\"
+tokens_per_minute = 10
+
+[[priorities]]
+name = \"p\"
+limits = [\"b\"]
+";
+        let message = parse_err(text);
+        let lines: Vec<&str> = message.lines().collect();
+        assert_eq!(lines.len(), 5, "{message}");
+        assert!(lines[0].starts_with("test.toml:1:20: default_priority \"nope\""));
+        assert!(lines[1].starts_with("test.toml:4:21: limits[0] \"a\": tokens_per_minute"));
+        assert!(lines[2].starts_with("test.toml:5:16: limits[0] \"a\": tenant_share"));
+        assert!(lines[3].starts_with("test.toml:8:8: limits[1] \"a\": duplicate limit name"));
+        assert!(lines[4].starts_with("test.toml:13:11: priorities[0] \"p\": limits names \"b\""));
+    }
+
+    #[test]
+    fn config_columns_count_characters() {
+        let message = parse_err("[[limits]]\nname = \"a\" # é\ntokens_per_minute = 0\n");
+        assert!(message.contains("test.toml:3:21:"), "{message}");
+        let message = parse_err("# ééé\n[[limits]]\nname = \"é\"; tokens_per_minute = 1\n");
+        assert!(message.starts_with("test.toml:3:"), "{message}");
+    }
+
+    #[test]
+    fn config_defaults_without_a_file() {
+        let config = load(None, no_env).unwrap();
+        assert_eq!(config, Config::default());
+        assert_eq!(config.server.socket, PathBuf::from("/tmp/ratekeeper.sock"));
+        assert_eq!(config.server.socket_mode, 0o660);
+        assert_eq!(config.server.drain_timeout_ms, 10_000);
+        assert!(config.redis.is_none());
+        assert!(config.limits.is_empty());
+        assert_eq!(config.priorities.len(), 1);
+        assert_eq!(config.priorities[0].name, "default");
+        assert_eq!(config.priorities[0].reserved_fraction, 0.0);
+        assert_eq!(config.priorities[0].max_wait_ms, 10_000);
+        assert_eq!(config.priorities[0].limits, None);
+        assert_eq!(config.default_priority, "default");
+    }
+
+    #[test]
+    fn config_empty_file_is_the_defaults() {
+        assert_eq!(parse_ok(""), Config::default());
+        assert_eq!(
+            parse_ok("default_priority = \"default\"\n"),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn config_resolves_defaults() {
+        let config = parse_ok(
+            "\
+[[limits]]
+name = \"gpt-4o\"
+tokens_per_minute = 30000
+requests_per_minute = 500
+
+[[limits]]
+name = \"embed\"
+tokens_per_minute = 1000
+burst_tokens = 2000
+max_request_tokens = 2000
+tenant_share = 1
+
+[[priorities]]
+name = \"interactive\"
+
+[[priorities]]
+name = \"batch\"
+reserved_fraction = 0.25
+max_wait_ms = 0
+limits = [\"gpt-4o\"]
+",
+        );
+        let gpt = config.limit("gpt-4o").unwrap();
+        assert_eq!(gpt.tokens_per_minute, 30_000);
+        assert_eq!(gpt.burst_tokens, 30_000);
+        assert_eq!(gpt.requests_per_minute, Some(500));
+        assert_eq!(gpt.burst_requests, Some(500));
+        assert_eq!(gpt.tenant_share, None);
+        assert_eq!(gpt.max_request_tokens, None);
+        assert_eq!(gpt.model, None);
+
+        let embed = config.limit("embed").unwrap();
+        assert_eq!(embed.burst_tokens, 2000);
+        assert_eq!(embed.requests_per_minute, None);
+        assert_eq!(embed.burst_requests, None);
+        assert_eq!(embed.tenant_share, Some(1.0));
+        assert_eq!(embed.max_request_tokens, Some(2000));
+
+        assert_eq!(config.default_priority, "interactive");
+        let interactive = config.priority("interactive").unwrap();
+        assert_eq!(interactive.reserved_fraction, 0.0);
+        assert_eq!(interactive.max_wait_ms, 10_000);
+        assert_eq!(interactive.limits, None);
+        let batch = config.priority("batch").unwrap();
+        assert_eq!(batch.reserved_fraction, 0.25);
+        assert_eq!(batch.max_wait_ms, 0);
+        assert_eq!(batch.limits, Some(vec!["gpt-4o".to_string()]));
+        assert!(config.priority("default").is_none());
+    }
+
+    #[test]
+    fn config_explicit_values() {
+        let config = parse_ok(
+            "\
+default_priority = \"batch\"
+
+[server]
+socket = \"/run/rk.sock\"
+socket_mode = \"0600\"
+allowed_uids = [1000, 0]
+allowed_gids = [4294967295]
+drain_timeout_ms = 0
+
+[redis]
+url = \"rediss://user:pw@redis.example:6380/2\"
+
+[[limits]]
+name = \"a\"
+tokens_per_minute = 1_000_000_000
+requests_per_minute = 1
+burst_tokens = 10_000_000_000
+burst_requests = 7
+model = \"cl100k_base\"
+
+[[priorities]]
+name = \"interactive\"
+[[priorities]]
+name = \"batch\"
+",
+        );
+        assert_eq!(config.default_priority, "batch");
+        assert_eq!(config.server.socket, PathBuf::from("/run/rk.sock"));
+        assert_eq!(config.server.socket_mode, 0o600);
+        assert_eq!(config.server.allowed_uids, vec![1000, 0]);
+        assert_eq!(config.server.allowed_gids, vec![u32::MAX]);
+        assert_eq!(config.server.drain_timeout_ms, 0);
+        assert_eq!(
+            config.redis,
+            Some(RedisConfig {
+                url: "rediss://user:pw@redis.example:6380/2".to_string()
+            })
+        );
+        let a = config.limit("a").unwrap();
+        assert_eq!(a.burst_tokens, 10_000_000_000);
+        assert_eq!(a.burst_requests, Some(7));
+        assert_eq!(a.model.as_deref(), Some("cl100k_base"));
+    }
+
+    #[test]
+    fn config_socket_mode_spellings() {
+        for (text, mode) in [
+            ("0660", 0o660),
+            ("660", 0o660),
+            ("0o600", 0o600),
+            ("0777", 0o777),
+            ("0", 0),
+        ] {
+            let config = parse_ok(&format!("[server]\nsocket_mode = \"{text}\"\n"));
+            assert_eq!(config.server.socket_mode, mode, "{text}");
+        }
+        for text in [
+            "",
+            "0o",
+            "rw-rw----",
+            "0x1ff",
+            "-660",
+            "0 660",
+            "99999999999999999",
+        ] {
+            let message = parse_err(&format!("[server]\nsocket_mode = \"{text}\"\n"));
+            assert!(message.contains("is not an octal file mode"), "{message}");
+        }
+        for text in ["1000", "0o7777", "77777777777777777777"] {
+            let message = parse_err(&format!("[server]\nsocket_mode = \"{text}\"\n"));
+            assert!(
+                message.contains("is above the largest file mode"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn config_env_overrides() {
+        let env = |name: &str| match name {
+            ENV_SOCKET => Some("/run/override.sock".to_string()),
+            ENV_REDIS_URL => Some("redis://:pw@10.0.0.1:6379/1".to_string()),
+            _ => None,
+        };
+        // Without a file: the defaults, overridden.
+        let config = load(None, env).unwrap();
+        assert_eq!(config.server.socket, PathBuf::from("/run/override.sock"));
+        assert_eq!(
+            config.redis.as_ref().map(|r| r.url.as_str()),
+            Some("redis://:pw@10.0.0.1:6379/1")
+        );
+
+        // With a file: the override replaces the file's values.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rk.toml");
+        std::fs::write(
+            &path,
+            format!("[server]\nsocket = \"/run/file.sock\"\nsocket_mode = \"0600\"\n[redis]\nurl = \"redis://file:6379\"\n{LIMIT_A}"),
+        )
+        .unwrap();
+        let config = load(Some(&path), env).unwrap();
+        assert_eq!(config.server.socket, PathBuf::from("/run/override.sock"));
+        assert_eq!(config.server.socket_mode, 0o600);
+        assert_eq!(config.redis.unwrap().url, "redis://:pw@10.0.0.1:6379/1");
+        assert_eq!(config.limits.len(), 1);
+
+        // No overrides: the file's values.
+        let config = load(Some(&path), no_env).unwrap();
+        assert_eq!(config.server.socket, PathBuf::from("/run/file.sock"));
+        assert_eq!(config.redis.unwrap().url, "redis://file:6379");
+    }
+
+    #[test]
+    fn config_env_overrides_are_validated() {
+        let env = |name: &str| match name {
+            ENV_SOCKET => Some(String::new()),
+            ENV_REDIS_URL => Some("http://:secret@h".to_string()),
+            _ => None,
+        };
+        let message = load(None, env).unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "RATEKEEPER_SOCKET: socket must not be empty\n\
+             RATEKEEPER_REDIS_URL: url \"http://:****@h\" must start with redis://, rediss:// or unix://"
+        );
+
+        // A bad file and a bad override: both reported.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "[[limits]]\nname = \"a\"\ntokens_per_minute = 0\n").unwrap();
+        let message = load(Some(&path), env).unwrap_err().to_string();
+        let lines: Vec<&str> = message.lines().collect();
+        assert_eq!(lines.len(), 3, "{message}");
+        assert_eq!(
+            lines[0],
+            format!(
+                "{}:3:21: limits[0] \"a\": tokens_per_minute must be greater than zero (got 0)",
+                path.display()
+            )
+        );
+        assert!(lines[1].starts_with("RATEKEEPER_SOCKET: "));
+        assert!(lines[2].starts_with("RATEKEEPER_REDIS_URL: "));
+
+        let long = format!("/{}", "s".repeat(MAX_SOCKET_PATH_LEN));
+        let message = load(None, |name: &str| {
+            (name == ENV_SOCKET).then(|| long.clone())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            message.starts_with("RATEKEEPER_SOCKET: socket path is"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn config_load_reports_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.toml");
+        let err = load(Some(&missing), no_env).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }));
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!("cannot read {}: ", missing.display())),
+            "{message}"
+        );
+
+        let path = dir.path().join("syntax.toml");
+        std::fs::write(&path, "[server\n").unwrap();
+        let message = load(Some(&path), no_env).unwrap_err().to_string();
+        assert!(
+            message.starts_with(&format!("{}:1:", path.display())),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn config_mask_redis_url() {
+        for (url, masked) in [
+            ("redis://user:pass@h", "redis://user:****@h"),
+            ("redis://:pass@h", "redis://:****@h"),
+            (
+                "redis://:secret@127.0.0.1:6379/0",
+                "redis://:****@127.0.0.1:6379/0",
+            ),
+            (
+                "rediss://u:p%40ss@h:6380/1?x=1",
+                "rediss://u:****@h:6380/1?x=1",
+            ),
+            ("redis://h:6379/0", "redis://h:6379/0"),
+            ("redis://user@h", "redis://user@h"),
+            ("redis://:@h", "redis://:@h"),
+            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+            ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+            (
+                "unix:///run/redis.sock?db=1&pass=secret",
+                "unix:///run/redis.sock?db=1&pass=****",
+            ),
+            (
+                "unix:///run/redis.sock?password=s#frag",
+                "unix:///run/redis.sock?password=****#frag",
+            ),
+            ("redis://a:b@c@h/0", "redis://a:****@h/0"),
+            ("not a url", "not a url"),
+            ("", ""),
+        ] {
+            assert_eq!(mask_redis_url(url), masked, "{url}");
+        }
+    }
+
+    #[test]
+    fn config_effective_toml_round_trips_and_masks() {
+        let text = "\
+[server]
+socket = \"/run/rk.sock\"
+socket_mode = \"0600\"
+allowed_uids = [1000]
+
+[redis]
+url = \"redis://:hunter2@127.0.0.1:6379/0\"
+
+[[limits]]
+name = \"gpt-4o\"
+tokens_per_minute = 30000
+requests_per_minute = 500
+tenant_share = 0.25
+max_request_tokens = 16000
+model = \"gpt-4o\"
+
+[[priorities]]
+name = \"interactive\"
+[[priorities]]
+name = \"batch\"
+reserved_fraction = 0.2
+limits = [\"gpt-4o\"]
+";
+        let config = parse_ok(text);
+        let effective = config.to_effective_toml();
+        assert!(!effective.contains("hunter2"), "{effective}");
+        assert!(
+            effective.contains("url = \"redis://:****@127.0.0.1:6379/0\""),
+            "{effective}"
+        );
+        assert!(effective.contains("socket_mode = \"0600\""), "{effective}");
+        assert!(
+            effective.contains("default_priority = \"interactive\""),
+            "{effective}"
+        );
+        assert!(effective.contains("burst_tokens = 30000"), "{effective}");
+        assert!(effective.contains("burst_requests = 500"), "{effective}");
+
+        // The output is itself a valid configuration, equal but for the
+        // masked password.
+        let mut reparsed = parse_ok(&effective);
+        assert_eq!(
+            reparsed.redis.as_ref().unwrap().url,
+            "redis://:****@127.0.0.1:6379/0"
+        );
+        reparsed.redis = config.redis.clone();
+        assert_eq!(reparsed, config);
+
+        // The defaults round-trip too (implicit class made explicit).
+        let defaults = Config::default();
+        assert_eq!(parse_ok(&defaults.to_effective_toml()), defaults);
+    }
+
+    #[test]
+    fn config_line_col() {
+        let text = "ab\ncdé\n\nx";
+        assert_eq!(line_col(text, 0), (1, 1));
+        assert_eq!(line_col(text, 2), (1, 3));
+        assert_eq!(line_col(text, 3), (2, 1));
+        assert_eq!(line_col(text, 7), (2, 4));
+        assert_eq!(line_col(text, 8), (3, 1));
+        assert_eq!(line_col(text, 9), (4, 1));
+        assert_eq!(line_col(text, 100), (4, 2));
+    }
 }
