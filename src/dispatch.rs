@@ -444,7 +444,7 @@ impl Dispatcher {
             )
         })?;
         match &class.limits {
-            Some(limits) if !limits.iter().any(|l| *l == limit.name) => Err(error(
+            Some(limits) if !limits.contains(&limit.name) => Err(error(
                 ErrorCode::UnknownPriority,
                 format!(
                     "priority class \"{name}\" does not apply to limit \"{}\"",

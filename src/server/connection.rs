@@ -139,6 +139,17 @@ impl Connection {
             .await;
             return Ok(());
         }
+        if self.lock_in_flight().contains_key(&request_id) {
+            self.answer(
+                request_id,
+                error(
+                    ErrorCode::DuplicateRequestId,
+                    format!("request id {request_id} is already in flight on this connection"),
+                ),
+            )
+            .await;
+            return Ok(());
+        }
         match request {
             Request::Ping => self.answer(request_id, Response::Pong).await,
             Request::Hello { .. } => {
@@ -229,12 +240,7 @@ impl Connection {
     async fn start_request(&mut self, request_id: u64, request: Request) {
         let admitted = {
             let mut in_flight = self.lock_in_flight();
-            if in_flight.contains_key(&request_id) {
-                Err(error(
-                    ErrorCode::DuplicateRequestId,
-                    format!("request id {request_id} is already in flight on this connection"),
-                ))
-            } else if in_flight.len() >= MAX_IN_FLIGHT as usize {
+            if in_flight.len() >= MAX_IN_FLIGHT as usize {
                 Err(error(
                     ErrorCode::TooManyInFlight,
                     format!("this connection already has {MAX_IN_FLIGHT} unanswered requests"),

@@ -1,0 +1,358 @@
+//! The real daemon over its real socket: reservations and their exact waits,
+//! settlement, cancellation, pipelining and shutdown, on the embedded store.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use ratekeeper::client::Client;
+use ratekeeper::proto::{Acquire, Cost, ErrorCode, Request, Response};
+use support::{Daemon, error_code};
+
+/// Waits may differ from the prediction by scheduling and the few
+/// milliseconds of refill between the requests.
+const TOLERANCE_MS: i64 = 15;
+
+/// `fast`: 10 tokens per ms, so waits are short but well above scheduling noise.
+/// `slow`: 1 token per second, so levels read by `status` barely move.
+const CONFIG: &str = r#"
+[[limits]]
+name = "fast"
+tokens_per_minute = 600000
+burst_tokens = 3000
+requests_per_minute = 600000
+
+[[limits]]
+name = "slow"
+tokens_per_minute = 60
+burst_tokens = 1000
+requests_per_minute = 60
+burst_requests = 5
+"#;
+
+fn acquire(limit: &str, tokens: u64, max_wait_ms: u64) -> Request {
+    Request::Acquire(Acquire {
+        limit: limit.into(),
+        tenant: None,
+        priority: None,
+        cost: Cost::Tokens {
+            input_tokens: tokens,
+            output_tokens: 0,
+        },
+        max_wait_ms: Some(max_wait_ms),
+    })
+}
+
+async fn level(client: &Client, limit: &str, bucket: &str) -> i64 {
+    match client
+        .call(Request::Status {
+            limit: Some(limit.into()),
+        })
+        .await
+        .unwrap()
+    {
+        Response::Status { limits, .. } => {
+            limits[0]
+                .buckets
+                .iter()
+                .find(|b| b.name == bucket)
+                .expect("bucket in status")
+                .level
+        }
+        other => panic!("expected status, got {other:?}"),
+    }
+}
+
+fn granted(response: &Response) -> (u64, u64, u64) {
+    match response {
+        Response::Granted {
+            lease,
+            tokens,
+            waited_ms,
+        } => (*lease, *tokens, *waited_ms),
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+fn assert_close(actual: i64, expected: i64, what: &str) {
+    assert!(
+        (actual - expected).abs() <= TOLERANCE_MS,
+        "{what}: {actual} ms, predicted {expected} ms (±{TOLERANCE_MS})"
+    );
+}
+
+#[tokio::test]
+async fn waits_follow_the_reservation_semantics_and_reports_refund() {
+    let daemon = Daemon::start(CONFIG);
+    let client = daemon.client().await;
+
+    // Empty the 3000-token bucket in one grant: no wait.
+    let (_, tokens, waited) = granted(&client.call(acquire("fast", 3000, 0)).await.unwrap());
+    assert_eq!((tokens, waited), (3000, 0));
+
+    // Two reservations below zero, sent together: 2000 tokens take 200 ms to
+    // refill, the next 1000 another 100 ms. Both are granted with exactly
+    // that wait, and the first does not hold up the second's computation.
+    let started = Instant::now();
+    let (first, second) = tokio::join!(client.call(acquire("fast", 2000, 1000)), async {
+        // Let the first reach the daemon first, so the order is known.
+        tokio::task::yield_now().await;
+        client.call(acquire("fast", 1000, 1000)).await
+    });
+    let (_, _, first_wait) = granted(&first.unwrap());
+    let (_, _, second_wait) = granted(&second.unwrap());
+    assert_close(first_wait as i64, 200, "first reservation");
+    assert_close(second_wait as i64, 300, "second reservation");
+    assert!(started.elapsed() >= Duration::from_millis(300 - TOLERANCE_MS as u64));
+
+    // Now the level is about 0 again: 5000 tokens would need 500 ms, so with
+    // 100 ms allowed the answer is a denial with retry_after ≈ 400 ms.
+    match client.call(acquire("fast", 2500, 100)).await.unwrap() {
+        Response::Denied {
+            retry_after_ms,
+            bucket,
+        } => {
+            assert_eq!(bucket, "tokens");
+            assert_close(retry_after_ms as i64, 150, "retry_after");
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+
+    // Settlement on the slow limit, where the level stands still while we look.
+    let before = level(&client, "slow", "tokens").await;
+    let (lease, _, _) = granted(&client.call(acquire("slow", 800, 0)).await.unwrap());
+    let reserved = level(&client, "slow", "tokens").await;
+    assert!(
+        (before - 800..=before - 798).contains(&reserved),
+        "{before} → {reserved}"
+    );
+    let settled = client
+        .call(Request::Report {
+            lease,
+            input_tokens: 200,
+            output_tokens: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        settled,
+        Response::Settled {
+            tokens_returned: 500
+        }
+    );
+    let refunded = level(&client, "slow", "tokens").await;
+    assert!(
+        (reserved + 500..=reserved + 502).contains(&refunded),
+        "{reserved} → {refunded}"
+    );
+
+    // A lease settles once: the second report changes nothing.
+    let again = client
+        .call(Request::Report {
+            lease,
+            input_tokens: 0,
+            output_tokens: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(error_code(&again), ErrorCode::UnknownLease);
+    let after = level(&client, "slow", "tokens").await;
+    assert!(
+        (refunded..=refunded + 2).contains(&after),
+        "{refunded} → {after}"
+    );
+}
+
+#[tokio::test]
+async fn release_returns_tokens_and_the_request() {
+    let daemon = Daemon::start(CONFIG);
+    let client = daemon.client().await;
+    let (lease, _, _) = granted(&client.call(acquire("slow", 600, 0)).await.unwrap());
+    assert_eq!(level(&client, "slow", "requests").await, 4);
+    let released = client.call(Request::Release { lease }).await.unwrap();
+    assert_eq!(
+        released,
+        Response::Released {
+            tokens_returned: 600
+        }
+    );
+    assert_eq!(level(&client, "slow", "requests").await, 5);
+    assert!(level(&client, "slow", "tokens").await >= 1000 - 2);
+    let twice = client.call(Request::Release { lease }).await.unwrap();
+    assert_eq!(error_code(&twice), ErrorCode::UnknownLease);
+}
+
+#[tokio::test]
+async fn request_bucket_refusal_leaves_the_token_bucket_untouched() {
+    let daemon = Daemon::start(CONFIG);
+    let client = daemon.client().await;
+    for _ in 0..5 {
+        granted(&client.call(acquire("slow", 1, 0)).await.unwrap());
+    }
+    let tokens_before = level(&client, "slow", "tokens").await;
+    match client.call(acquire("slow", 1, 0)).await.unwrap() {
+        Response::Denied { bucket, .. } => assert_eq!(bucket, "requests"),
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    let tokens_after = level(&client, "slow", "tokens").await;
+    assert!((tokens_before..=tokens_before + 2).contains(&tokens_after));
+}
+
+#[tokio::test]
+async fn a_ping_is_not_held_up_behind_a_waiting_acquire() {
+    let daemon = Daemon::start(CONFIG);
+    let client = daemon.client().await;
+    granted(&client.call(acquire("fast", 3000, 0)).await.unwrap());
+    let waiting = client.call(acquire("fast", 3000, 5000));
+    let ping = async {
+        let started = Instant::now();
+        assert_eq!(client.call(Request::Ping).await.unwrap(), Response::Pong);
+        started.elapsed()
+    };
+    let (waited, ping_took) = tokio::join!(waiting, ping);
+    let (_, _, waited_ms) = granted(&waited.unwrap());
+    assert_close(waited_ms as i64, 300, "reservation");
+    assert!(
+        ping_took < Duration::from_millis(200),
+        "ping took {ping_took:?}"
+    );
+}
+
+#[tokio::test]
+async fn status_counts_waiters() {
+    let daemon = Daemon::start(CONFIG);
+    let client = daemon.client().await;
+    let watcher = daemon.client().await;
+    granted(&client.call(acquire("slow", 1000, 0)).await.unwrap());
+    let id = client.next_request_id();
+    let waiting = client.call_with_id(id, acquire("slow", 10, 60_000));
+    let observe = async {
+        // The acquire is in flight once its reservation shows in the level.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let response = watcher
+                .call(Request::Status {
+                    limit: Some("slow".into()),
+                })
+                .await
+                .unwrap();
+            if let Response::Status { limits, .. } = response {
+                if limits[0].waiters == 1 {
+                    break;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the waiter never showed in status"
+            );
+            tokio::task::yield_now().await;
+        }
+        client
+            .call(Request::Cancel { request_id: id })
+            .await
+            .unwrap()
+    };
+    let (waited, cancelled) = tokio::join!(waiting, observe);
+    assert_eq!(cancelled, Response::Cancelled { found: true });
+    assert_eq!(error_code(&waited.unwrap()), ErrorCode::Cancelled);
+}
+
+#[tokio::test]
+async fn cancel_returns_the_reservation() {
+    let daemon = Daemon::start(CONFIG);
+    let client = daemon.client().await;
+    granted(&client.call(acquire("slow", 900, 0)).await.unwrap());
+    let before = level(&client, "slow", "tokens").await;
+    let id = client.next_request_id();
+    let (waited, cancelled) = tokio::join!(
+        client.call_with_id(id, acquire("slow", 500, 600_000)),
+        async {
+            // Cancel once the reservation is visibly taken.
+            while level(&client, "slow", "tokens").await > before - 400 {
+                tokio::task::yield_now().await;
+            }
+            client
+                .call(Request::Cancel { request_id: id })
+                .await
+                .unwrap()
+        }
+    );
+    assert_eq!(error_code(&waited.unwrap()), ErrorCode::Cancelled);
+    assert_eq!(cancelled, Response::Cancelled { found: true });
+    let after = level(&client, "slow", "tokens").await;
+    assert!((before..=before + 3).contains(&after), "{before} → {after}");
+    let unknown = client
+        .call(Request::Cancel { request_id: id })
+        .await
+        .unwrap();
+    assert_eq!(unknown, Response::Cancelled { found: false });
+}
+
+#[tokio::test]
+async fn a_disconnect_returns_waiting_reservations() {
+    let daemon = Daemon::start(CONFIG);
+    let observer = daemon.client().await;
+    let leaving = daemon.client().await;
+    granted(&leaving.call(acquire("slow", 900, 0)).await.unwrap());
+    let before = level(&observer, "slow", "tokens").await;
+    let pending = tokio::spawn(async move {
+        let _ = leaving.call(acquire("slow", 500, 600_000)).await;
+    });
+    while level(&observer, "slow", "tokens").await > before - 400 {
+        tokio::task::yield_now().await;
+    }
+    pending.abort(); // drops the client and with it the connection
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while level(&observer, "slow", "tokens").await < before {
+        assert!(
+            Instant::now() < deadline,
+            "reservation not returned after disconnect"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_removes_the_socket() {
+    let mut daemon = Daemon::start(CONFIG);
+    let client = daemon.client().await;
+    granted(&client.call(acquire("fast", 3000, 0)).await.unwrap());
+    // A reservation due in 300 ms is in flight when SIGTERM arrives; the
+    // drain lets it finish.
+    let waiting = client.call(acquire("fast", 3000, 5000));
+    let terminate = async {
+        let _ = client.call(Request::Ping).await;
+        let pid = daemon.pid();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+    };
+    let (waited, ()) = tokio::join!(waiting, terminate);
+    granted(&waited.unwrap());
+    let status = daemon.wait_exit();
+    assert!(status.success(), "exit status {status}\n{}", daemon.log());
+    assert!(!daemon.socket.exists(), "socket file left behind");
+}
+
+#[tokio::test]
+async fn a_second_daemon_refuses_a_live_socket() {
+    let daemon = Daemon::start(CONFIG);
+    let config = daemon.dir().join("second.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env(ratekeeper::config::ENV_SOCKET, &daemon.socket)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("already listening"), "{stderr}");
+    daemon.assert_serving().await;
+}

@@ -1,0 +1,207 @@
+//! Shared helpers for the integration tests: the real daemon binary started
+//! on a socket in a temporary directory, and raw frame I/O for bad input.
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ratekeeper::client::Client;
+use ratekeeper::proto::{self, ClientFrame, PROTOCOL_VERSION, Request, Response, ServerFrame};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// How long a daemon may take to create its socket.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running `ratekeeper serve`, killed (and its log printed if the test
+/// failed) on drop.
+pub struct Daemon {
+    child: Child,
+    dir: tempfile::TempDir,
+    pub socket: PathBuf,
+}
+
+impl Daemon {
+    /// Starts the daemon with `config` (TOML without a `[server]` socket,
+    /// which is set to a path in a fresh temporary directory).
+    pub fn start(config: &str) -> Daemon {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let socket = dir.path().join("ratekeeper.sock");
+        let config_path = dir.path().join("ratekeeper.toml");
+        std::fs::write(&config_path, config).expect("write config");
+        let log = std::fs::File::create(dir.path().join("daemon.log")).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--log-level")
+            .arg("debug")
+            .env(ratekeeper::config::ENV_SOCKET, &socket)
+            .env_remove("RATEKEEPER_REDIS_URL")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn ratekeeper");
+        let mut daemon = Daemon { child, dir, socket };
+        daemon.wait_until_listening();
+        daemon
+    }
+
+    fn wait_until_listening(&mut self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            if let Some(status) = self.child.try_wait().expect("poll daemon") {
+                panic!(
+                    "daemon exited with {status} before listening:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not listen in time:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A client that has said hello.
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.socket, "integration-test")
+            .await
+            .expect("connect to daemon")
+    }
+
+    /// A raw connection, nothing sent yet.
+    pub async fn raw(&self) -> UnixStream {
+        UnixStream::connect(&self.socket).await.expect("connect")
+    }
+
+    /// A raw connection that has exchanged Hello.
+    pub async fn raw_after_hello(&self) -> UnixStream {
+        let mut stream = self.raw().await;
+        send(&mut stream, 1, hello()).await;
+        let answer = receive(&mut stream).await.expect("hello answer");
+        assert!(
+            matches!(answer.response, Response::Hello { .. }),
+            "{answer:?}"
+        );
+        stream
+    }
+
+    /// Whether the daemon still answers a ping on a new connection.
+    pub async fn assert_serving(&self) {
+        let client = self.client().await;
+        assert_eq!(client.call(Request::Ping).await.unwrap(), Response::Pong);
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        signal(&self.child, "TERM");
+        self.wait_exit()
+    }
+
+    /// Waits for the daemon to exit by itself.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("wait for daemon")
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- daemon log ---\n{}--- end of daemon log ---",
+                self.log()
+            );
+        }
+    }
+}
+
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(child.id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+}
+
+pub fn hello() -> Request {
+    Request::Hello {
+        protocol_version: PROTOCOL_VERSION,
+        client_name: "raw-test".into(),
+    }
+}
+
+/// Writes one frame.
+pub async fn send(stream: &mut UnixStream, request_id: u64, request: Request) {
+    let mut bytes = Vec::new();
+    proto::encode_frame(
+        &ClientFrame {
+            request_id,
+            request,
+        },
+        &mut bytes,
+    )
+    .unwrap();
+    stream.write_all(&bytes).await.expect("write frame");
+}
+
+/// Writes bytes as they are.
+pub async fn send_bytes(stream: &mut UnixStream, bytes: &[u8]) {
+    stream.write_all(bytes).await.expect("write bytes");
+}
+
+/// A frame around an arbitrary payload.
+pub fn frame_of(payload: &[u8]) -> Vec<u8> {
+    let mut bytes = (payload.len() as u32).to_le_bytes().to_vec();
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+/// Reads one answer; `None` when the daemon closed the connection.
+pub async fn receive(stream: &mut UnixStream) -> Option<ServerFrame> {
+    let mut prefix = [0u8; 4];
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut prefix))
+        .await
+        .expect("an answer or a close within 10 s");
+    if read.is_err() {
+        return None;
+    }
+    let len = u32::from_le_bytes(prefix);
+    assert!(
+        len <= proto::MAX_FRAME_LEN,
+        "daemon sent an oversized frame"
+    );
+    let mut payload = vec![0; len as usize];
+    stream
+        .read_exact(&mut payload)
+        .await
+        .expect("frame payload");
+    Some(proto::decode_payload(&payload).expect("daemon sent a valid frame"))
+}
+
+/// The error code of an answer, panicking on anything else.
+pub fn error_code(response: &Response) -> proto::ErrorCode {
+    match response {
+        Response::Error { code, .. } => proto::ErrorCode::from_u16(*code).expect("known code"),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
