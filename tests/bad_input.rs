@@ -153,6 +153,21 @@ async fn protocol_version_and_hello_are_enforced() {
         "connection should close"
     );
 
+    // A later version's Hello may carry more fields: still UnsupportedVersion.
+    let mut stream = daemon.raw().await;
+    let mut future_hello = 1u64.to_le_bytes().to_vec();
+    future_hello.extend_from_slice(&0u32.to_le_bytes());
+    future_hello.extend_from_slice(&2u16.to_le_bytes());
+    future_hello.extend_from_slice(b"new fields");
+    send_bytes(&mut stream, &frame_of(&future_hello)).await;
+    let answer = receive(&mut stream).await.expect("an error frame");
+    assert_eq!(answer.request_id, 1);
+    assert_eq!(error_code(&answer.response), ErrorCode::UnsupportedVersion);
+    assert!(
+        receive(&mut stream).await.is_none(),
+        "connection should close"
+    );
+
     let mut stream = daemon.raw().await;
     send(&mut stream, 1, Request::Ping).await;
     let answer = receive(&mut stream).await.expect("an error frame");

@@ -6,13 +6,19 @@ use bincode::{Decode, Encode};
 
 use super::{LENGTH_PREFIX_LEN, MAX_FRAME_LEN};
 
-/// The bincode configuration of every payload. The limit bounds what one
-/// decode may allocate: without it a 12-byte payload declaring a string of
-/// 2^40 bytes would make bincode try to allocate it and abort the process.
-type WireConfig = Configuration<LittleEndian, Fixint, Limit<{ MAX_FRAME_LEN as usize }>>;
+/// Most bytes one decode may claim. Without a limit a 12-byte payload
+/// declaring a string of 2^40 bytes makes bincode try to allocate it and abort
+/// the process. bincode counts list elements at their in-memory size, up to
+/// about 5.3 times their smallest wire size (an empty `ChatMessage`: 18 bytes
+/// on the wire, 96 in memory), so eight times the frame bound lets every valid
+/// frame decode while still bounding what a hostile one can claim.
+const DECODE_LIMIT: usize = 8 * MAX_FRAME_LEN as usize;
+
+/// The bincode configuration of every payload.
+type WireConfig = Configuration<LittleEndian, Fixint, Limit<DECODE_LIMIT>>;
 
 const fn wire_config() -> WireConfig {
-    bincode::config::legacy().with_limit::<{ MAX_FRAME_LEN as usize }>()
+    bincode::config::legacy().with_limit::<DECODE_LIMIT>()
 }
 
 /// Why bytes could not be turned into a message.
@@ -67,6 +73,15 @@ pub fn decode_payload<T: Decode<()>>(payload: &[u8]) -> Result<T, FrameError> {
 /// addressed to the request; every client frame starts with its `u64` id.
 pub fn request_id_hint(payload: &[u8]) -> Option<u64> {
     payload.first_chunk::<8>().map(|id| u64::from_le_bytes(*id))
+}
+
+/// The `protocol_version` of a payload that starts like a `Hello` (request
+/// id, tag 0, version), even if the rest does not decode: a future version may
+/// extend `Hello`, and must still be told which version this daemon speaks.
+pub fn hello_version_hint(payload: &[u8]) -> Option<u16> {
+    let tag = payload.get(8..12)?;
+    let version = payload.get(12..14)?;
+    (tag == [0, 0, 0, 0]).then(|| u16::from_le_bytes([version[0], version[1]]))
 }
 
 /// Appends `message` to `out` as one frame (length prefix and payload).
@@ -174,6 +189,48 @@ mod tests {
         ));
         assert_eq!(request_id_hint(&payload), Some(9));
         assert_eq!(request_id_hint(&payload[..7]), None);
+    }
+
+    #[test]
+    fn the_largest_lists_a_frame_can_hold_still_decode() {
+        use crate::proto::{Acquire, ChatMessage, ChatRequest, Cost};
+        let empty = ChatMessage {
+            role: String::new(),
+            name: None,
+            content: Vec::new(),
+            tool_calls_json: None,
+        };
+        let messages = vec![empty; (MAX_FRAME_LEN as usize - 100) / 18];
+        let frame = ClientFrame {
+            request_id: 1,
+            request: Request::Acquire(Acquire {
+                limit: "gpt".into(),
+                tenant: None,
+                priority: None,
+                cost: Cost::Messages(ChatRequest {
+                    messages,
+                    tools_json: None,
+                    max_output_tokens: None,
+                }),
+                max_wait_ms: None,
+            }),
+        };
+        let mut bytes = Vec::new();
+        encode_frame(&frame, &mut bytes).unwrap();
+        let (payload, _) = split_frame(&bytes).unwrap().unwrap();
+        assert_eq!(decode_payload::<ClientFrame>(payload).unwrap(), frame);
+    }
+
+    #[test]
+    fn a_future_hello_is_recognised_by_its_prefix() {
+        let mut payload = 1u64.to_le_bytes().to_vec();
+        payload.extend_from_slice(&0u32.to_le_bytes());
+        payload.extend_from_slice(&2u16.to_le_bytes());
+        payload.extend_from_slice(b"fields of a later version");
+        assert_eq!(hello_version_hint(&payload), Some(2));
+        assert_eq!(hello_version_hint(&payload[..13]), None);
+        payload[8] = 7;
+        assert_eq!(hello_version_hint(&payload), None);
     }
 
     fn hex(bytes: &[u8]) -> String {

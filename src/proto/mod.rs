@@ -10,7 +10,9 @@ pub mod frame;
 pub mod messages;
 
 pub use error_code::ErrorCode;
-pub use frame::{FrameError, decode_payload, encode_frame, request_id_hint, split_frame};
+pub use frame::{
+    FrameError, decode_payload, encode_frame, hello_version_hint, request_id_hint, split_frame,
+};
 pub use messages::*;
 
 /// The protocol version this build speaks; `Hello` must carry it.

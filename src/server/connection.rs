@@ -102,6 +102,7 @@ impl Connection {
             };
             let decoded = proto::decode_payload::<ClientFrame>(payload);
             let id_hint = proto::request_id_hint(payload);
+            let version_hint = proto::hello_version_hint(payload);
             buffer.advance(frame_len);
             match decoded {
                 Ok(frame) => self.handle_frame(frame).await?,
@@ -112,6 +113,10 @@ impl Connection {
                         .await;
                 }
                 Err(frame_error) => {
+                    if let Some(version) = version_hint.filter(|&v| v != PROTOCOL_VERSION) {
+                        let id = id_hint.unwrap_or(CONNECTION_REQUEST_ID);
+                        return Err(self.refuse_version(id, version).await);
+                    }
                     // Before Hello we cannot trust the peer speaks our protocol.
                     let reason = format!("first frame is not a valid Hello: {frame_error}");
                     let id = id_hint.unwrap_or(CONNECTION_REQUEST_ID);
@@ -215,17 +220,7 @@ impl Connection {
             }
             Request::Hello {
                 protocol_version, ..
-            } => {
-                let reason = format!(
-                    "protocol version {protocol_version} is not supported; this daemon speaks version {PROTOCOL_VERSION}"
-                );
-                self.answer(
-                    request_id,
-                    error(ErrorCode::UnsupportedVersion, reason.clone()),
-                )
-                .await;
-                Err(reason)
-            }
+            } => Err(self.refuse_version(request_id, protocol_version).await),
             _ => {
                 let reason = "the first frame on a connection must be Hello".to_string();
                 self.answer(request_id, error(ErrorCode::HelloRequired, reason.clone()))
@@ -233,6 +228,20 @@ impl Connection {
                 Err(reason)
             }
         }
+    }
+
+    /// Answers a `Hello` of another protocol version; returns the reason to
+    /// close the connection.
+    async fn refuse_version(&self, request_id: u64, protocol_version: u16) -> String {
+        let reason = format!(
+            "protocol version {protocol_version} is not supported; this daemon speaks version {PROTOCOL_VERSION}"
+        );
+        self.answer(
+            request_id,
+            error(ErrorCode::UnsupportedVersion, reason.clone()),
+        )
+        .await;
+        reason
     }
 
     /// Registers the request as in flight and answers it from its own task,
