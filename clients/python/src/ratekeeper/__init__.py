@@ -1,0 +1,1 @@
+"""ratekeeper client."""

@@ -1,0 +1,189 @@
+"""Every file of proto-spec/vectors/, held against the sans-IO codec.
+
+Each valid case's hex must decode to its JSON value (the serde representation
+described in PROTOCOL.md §11) and the JSON value must encode back to the exact
+hex; each invalid case must be refused the way it says. The variant names
+below are the spec's tables in tag order, so a wrong tag fails here too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ratekeeper import _protocol as p
+from ratekeeper._errors import FrameTooLarge, MalformedMessage
+
+VECTORS = Path(__file__).resolve().parents[3] / "proto-spec" / "vectors"
+
+#: PROTOCOL.md §4: each enum's variant names, in tag order.
+SPEC_VARIANTS = {
+    p.REQUEST: ["Hello", "Acquire", "Report", "Release", "Cancel", "Estimate", "Status", "Ping"],
+    p.COST: ["Tokens", "Messages"],
+    p.RESPONSE: [
+        "Hello",
+        "Granted",
+        "Denied",
+        "Settled",
+        "Released",
+        "Cancelled",
+        "Estimated",
+        "Status",
+        "Pong",
+        "Error",
+    ],
+}
+
+FRAME_TYPES = {"ClientFrame": p.ClientFrame, "ServerFrame": p.ServerFrame}
+
+
+def from_serde(wire: p.WireType, value: Any) -> Any:
+    """The message value for a JSON value in serde's representation."""
+    if isinstance(wire, p.Opt):
+        return None if value is None else from_serde(wire.inner, value)
+    if isinstance(wire, p.Vec):
+        assert isinstance(value, list)
+        return tuple(from_serde(wire.inner, item) for item in value)
+    if isinstance(wire, p.Struct):
+        return struct_from_serde(wire.cls, value)
+    if isinstance(wire, p.Enum):
+        names = SPEC_VARIANTS[wire]
+        if isinstance(value, str):
+            variant = wire.variants[names.index(value)]
+            assert not variant.WIRE, f"{value} is not a unit variant"
+            return variant()
+        ((name, fields),) = value.items()
+        return struct_from_serde(wire.variants[names.index(name)], fields)
+    if wire is p.BOOL:
+        assert isinstance(value, bool)
+    elif wire is p.STR:
+        assert isinstance(value, str)
+    else:
+        assert isinstance(value, int) and not isinstance(value, bool)
+    return value
+
+
+def struct_from_serde(cls: type, fields: dict) -> Any:
+    assert list(fields) == [name for name, _ in cls.WIRE], f"{cls.__name__} field order"
+    return cls(**{name: from_serde(wire, fields[name]) for name, wire in cls.WIRE})
+
+
+def to_serde(wire: p.WireType, value: Any) -> Any:
+    """The JSON value in serde's representation for a message value."""
+    if isinstance(wire, p.Opt):
+        return None if value is None else to_serde(wire.inner, value)
+    if isinstance(wire, p.Vec):
+        return [to_serde(wire.inner, item) for item in value]
+    if isinstance(wire, p.Struct):
+        return struct_to_serde(value)
+    if isinstance(wire, p.Enum):
+        name = SPEC_VARIANTS[wire][type(value).TAG]
+        return name if not value.WIRE else {name: struct_to_serde(value)}
+    return value
+
+
+def struct_to_serde(value: Any) -> dict:
+    return {name: to_serde(wire, getattr(value, name)) for name, wire in value.WIRE}
+
+
+def load_cases() -> list:
+    cases = []
+    for path in sorted(VECTORS.glob("*.json")):
+        spec = json.loads(path.read_text())
+        for case in spec["cases"]:
+            cases.append(pytest.param(spec["type"], case, id=f"{path.stem}/{case['name']}"))
+    return cases
+
+
+CASES = load_cases()
+VALID = [c for c in CASES if "value" in c.values[1]]
+INVALID = [c for c in CASES if "error" in c.values[1]]
+
+
+def test_every_vector_file_is_read():
+    files = {path.stem for path in VECTORS.glob("*.json")}
+    assert len(files) >= 22, files
+    assert {c.id.split("/")[0] for c in CASES} == files
+
+
+@pytest.mark.parametrize(("frame_type", "case"), VALID)
+def test_valid_case_decodes_to_its_value(frame_type, case):
+    cls = FRAME_TYPES[frame_type]
+    decoded = p.decode_frame(bytes.fromhex(case["hex"]), cls)
+    assert type(decoded) is cls
+    assert struct_to_serde(decoded) == case["value"]
+
+
+@pytest.mark.parametrize(("frame_type", "case"), VALID)
+def test_valid_case_value_encodes_to_its_hex(frame_type, case):
+    frame = struct_from_serde(FRAME_TYPES[frame_type], case["value"])
+    assert p.encode_frame(frame).hex() == case["hex"]
+
+
+@pytest.mark.parametrize(("frame_type", "case"), VALID)
+def test_valid_case_decodes_from_any_split(frame_type, case):
+    """The frame decoder gives the same frame however the bytes arrive."""
+    data = bytes.fromhex(case["hex"])
+    expected = p.decode_frame(data, FRAME_TYPES[frame_type])
+    for split in {1, 3, 4, 5, len(data) // 2, len(data) - 1}:
+        decoder = p.FrameDecoder(FRAME_TYPES[frame_type])
+        frames = []
+        for start in range(0, len(data), split):
+            decoder.receive_data(data[start : start + split])
+            frames.extend(decoder.frames())
+        assert frames == [expected]
+        assert decoder.buffered == 0
+
+
+@pytest.mark.parametrize(("frame_type", "case"), INVALID)
+def test_invalid_case_is_refused(frame_type, case):
+    data = bytes.fromhex(case["hex"])
+    decoder = p.FrameDecoder(FRAME_TYPES[frame_type])
+    if case["error"] == "frame_too_large":
+        # Refused on the 4 prefix bytes alone, before any payload arrives.
+        assert len(data) == p.LENGTH_PREFIX_LEN
+        decoder.receive_data(data)
+        with pytest.raises(FrameTooLarge):
+            decoder.next_frame()
+        decoder.receive_data(b"\x00" * 16)
+        with pytest.raises(FrameTooLarge):
+            decoder.next_frame()
+    else:
+        assert case["error"] == "malformed"
+        decoder.receive_data(data)
+        with pytest.raises(MalformedMessage):
+            decoder.next_frame()
+        # The frame boundary is intact: the next frame still decodes.
+        ping = p.encode_frame(p.ClientFrame(5, p.Ping()))
+        pong = p.encode_frame(p.ServerFrame(5, p.Pong()))
+        decoder.receive_data(ping if frame_type == "ClientFrame" else pong)
+        assert decoder.next_frame().request_id == 5
+
+
+def test_every_variant_and_error_code_has_a_vector():
+    seen: set = set()
+
+    def walk(wire: p.WireType, value: Any) -> None:
+        if isinstance(wire, (p.Opt, p.Vec)):
+            items = [] if value is None else ([value] if isinstance(wire, p.Opt) else value)
+            for item in items:
+                walk(wire.inner, item)
+        elif isinstance(wire, (p.Struct, p.Enum)):
+            if isinstance(wire, p.Enum):
+                seen.add(type(value))
+            for name, inner in value.WIRE:
+                walk(inner, getattr(value, name))
+
+    codes = set()
+    for param in VALID:
+        frame_type, case = param.values
+        frame = p.decode_frame(bytes.fromhex(case["hex"]), FRAME_TYPES[frame_type])
+        walk(p.Struct(type(frame)), frame)
+        if isinstance(getattr(frame, "response", None), p.ErrorReply):
+            codes.add(frame.response.code)
+    for enum in SPEC_VARIANTS:
+        assert set(enum.variants) <= seen
+    assert set(range(1, 17)) <= codes
