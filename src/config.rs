@@ -37,6 +37,7 @@ pub struct Config {
     pub server: ServerConfig,
     /// `None`: the embedded per-process store.
     pub redis: Option<RedisConfig>,
+    pub groups: Vec<GroupConfig>,
     pub limits: Vec<LimitConfig>,
     /// Never empty: an implicit `default` class when the file declares none.
     pub priorities: Vec<PriorityClass>,
@@ -58,10 +59,78 @@ pub struct ServerConfig {
     pub drain_timeout_ms: u64,
 }
 
-/// The shared store.
+/// The shared store: one Redis node, or a Redis Cluster from seed nodes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RedisConfig {
-    pub url: String,
+    /// A single node (`redis://`, `rediss://`, `unix://`); `None` in cluster mode.
+    pub url: Option<String>,
+    /// Seed nodes of a Redis Cluster; empty for a single node.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cluster_nodes: Vec<String>,
+    /// Multiplexed connections every request is spread over.
+    pub pool_size: u32,
+    /// Deadline of one Redis call, after which the failure policy applies.
+    pub timeout_ms: u64,
+    /// Deadline of connecting to a node.
+    pub connect_timeout_ms: u64,
+    /// First part of every key, so several deployments can share one Redis.
+    pub key_prefix: String,
+    /// What acquires get while Redis fails.
+    pub on_failure: FailurePolicy,
+    /// Fraction of every limit the `local` policy grants this sidecar.
+    pub local_share: Option<f64>,
+}
+
+/// What acquires get while Redis is failing or too slow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailurePolicy {
+    /// Refuse with `StoreUnavailable`: never exceed the limit.
+    FailClosed,
+    /// Grant without limiting, and count it: never block the app.
+    FailOpen,
+    /// Limit with in-memory buckets holding `local_share` of each limit.
+    Local,
+}
+
+/// Buckets shared by several limits, and the Redis Cluster hash tag they all
+/// live under: an organisation cap over several models.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupConfig {
+    pub name: String,
+    pub tokens_per_minute: Option<u64>,
+    pub requests_per_minute: Option<u64>,
+    /// Defaults to one minute's worth.
+    pub burst_tokens: Option<u64>,
+    /// Defaults to one minute's worth.
+    pub burst_requests: Option<u64>,
+}
+
+impl RedisConfig {
+    /// Defaults for everything but the nodes.
+    pub fn with_url(url: impl Into<String>) -> Self {
+        RedisConfig {
+            url: Some(url.into()),
+            cluster_nodes: Vec::new(),
+            pool_size: 4,
+            timeout_ms: 250,
+            connect_timeout_ms: 1_000,
+            key_prefix: "ratekeeper".to_string(),
+            on_failure: FailurePolicy::FailClosed,
+            local_share: None,
+        }
+    }
+
+    /// The nodes, passwords masked, for logs.
+    pub fn masked_nodes(&self) -> String {
+        let nodes: Vec<String> = self
+            .url
+            .iter()
+            .chain(&self.cluster_nodes)
+            .map(|url| mask_redis_url(url))
+            .collect();
+        nodes.join(", ")
+    }
 }
 
 /// One provider limit.
@@ -80,6 +149,8 @@ pub struct LimitConfig {
     pub tenant_share: Option<f64>,
     /// Largest cost one acquire may ask for; must fit in the burst.
     pub max_request_tokens: Option<u64>,
+    /// The group whose buckets every acquire of this limit also draws from.
+    pub group: Option<String>,
 }
 
 /// A priority class.
@@ -111,6 +182,7 @@ impl Default for Config {
         Config {
             server: ServerConfig::default(),
             redis: None,
+            groups: Vec::new(),
             limits: Vec::new(),
             priorities: vec![PriorityClass::implicit_default()],
             default_priority: PriorityClass::DEFAULT_NAME.to_string(),
@@ -153,6 +225,11 @@ impl Config {
     /// The priority class called `name`.
     pub fn priority(&self, name: &str) -> Option<&PriorityClass> {
         self.priorities.iter().find(|class| class.name == name)
+    }
+
+    /// The group called `name`.
+    pub fn group(&self, name: &str) -> Option<&GroupConfig> {
+        self.groups.iter().find(|group| group.name == name)
     }
 }
 
@@ -280,9 +357,16 @@ impl Config {
                 allowed_gids: &self.server.allowed_gids,
                 drain_timeout_ms: self.server.drain_timeout_ms,
             },
-            redis: self.redis.as_ref().map(|redis| EffectiveRedis {
-                url: mask_redis_url(&redis.url),
+            redis: self.redis.as_ref().map(|redis| RedisConfig {
+                url: redis.url.as_deref().map(mask_redis_url),
+                cluster_nodes: redis
+                    .cluster_nodes
+                    .iter()
+                    .map(|url| mask_redis_url(url))
+                    .collect(),
+                ..redis.clone()
             }),
+            groups: &self.groups,
             limits: &self.limits,
             priorities: &self.priorities,
         };
@@ -300,7 +384,8 @@ struct EffectiveFile<'a> {
     default_priority: &'a str,
     server: EffectiveServer<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    redis: Option<EffectiveRedis>,
+    redis: Option<RedisConfig>,
+    groups: &'a [GroupConfig],
     limits: &'a [LimitConfig],
     priorities: &'a [PriorityClass],
 }
@@ -314,11 +399,6 @@ struct EffectiveServer<'a> {
     drain_timeout_ms: u64,
 }
 
-#[derive(Serialize)]
-struct EffectiveRedis {
-    url: String,
-}
-
 // ---------------------------------------------------------------------------
 // Raw file structure: everything optional and spanned, numbers signed, so
 // that validation (not deserialization) reports bad values, all of them, with
@@ -330,6 +410,8 @@ struct RawFile {
     default_priority: Option<Spanned<String>>,
     server: Option<RawServer>,
     redis: Option<Spanned<RawRedis>>,
+    #[serde(default)]
+    groups: Vec<Spanned<RawGroup>>,
     #[serde(default)]
     limits: Vec<Spanned<RawLimit>>,
     #[serde(default)]
@@ -350,6 +432,23 @@ struct RawServer {
 #[serde(deny_unknown_fields, expecting = "a [redis] table")]
 struct RawRedis {
     url: Option<Spanned<String>>,
+    cluster_nodes: Option<Spanned<Vec<Spanned<String>>>>,
+    pool_size: Option<Spanned<i64>>,
+    timeout_ms: Option<Spanned<i64>>,
+    connect_timeout_ms: Option<Spanned<i64>>,
+    key_prefix: Option<Spanned<String>>,
+    on_failure: Option<Spanned<FailurePolicy>>,
+    local_share: Option<Spanned<f64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [[groups]] table")]
+struct RawGroup {
+    name: Option<Spanned<String>>,
+    tokens_per_minute: Option<Spanned<i64>>,
+    requests_per_minute: Option<Spanned<i64>>,
+    burst_tokens: Option<Spanned<i64>>,
+    burst_requests: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -363,6 +462,7 @@ struct RawLimit {
     model: Option<Spanned<String>>,
     tenant_share: Option<Spanned<f64>>,
     max_request_tokens: Option<Spanned<i64>>,
+    group: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -619,24 +719,11 @@ fn resolve(raw: RawFile, d: &mut Diagnostics) -> Config {
         resolve_server(server, &mut config.server, d);
     }
 
-    if let Some(redis) = raw.redis {
-        let at = redis.span().start;
-        match &redis.get_ref().url {
-            None => d.error(
-                at,
-                "redis: url is required in the [redis] section (remove the section to use the embedded store)"
-                    .to_string(),
-            ),
-            Some(url) => match redis_url_problem(url.get_ref()) {
-                Some(problem) => d.error(url.span().start, format!("redis: {problem}")),
-                None => {
-                    config.redis = Some(RedisConfig {
-                        url: url.get_ref().clone(),
-                    })
-                }
-            },
-        }
+    if let Some(redis) = &raw.redis {
+        config.redis = resolve_redis(redis, d);
     }
+
+    config.groups = resolve_groups(&raw.groups, d);
 
     // Limits.
     let mut limit_lines: Vec<(String, usize)> = Vec::new();
@@ -654,6 +741,22 @@ fn resolve(raw: RawFile, d: &mut Diagnostics) -> Config {
                 );
             } else {
                 limit_lines.push((name.clone(), at));
+            }
+        }
+        if let Some(group) = &limit.group {
+            if !raw
+                .groups
+                .iter()
+                .any(|g| g.get_ref().name.as_ref().map(|n| n.get_ref()) == Some(group.get_ref()))
+            {
+                d.error(
+                    group.span().start,
+                    format!(
+                        "{context}: group {:?} is not a declared group ({})",
+                        group.get_ref(),
+                        declared_list(config.groups.iter().map(|g| g.name.as_str()), "[[groups]]")
+                    ),
+                );
             }
         }
         if let Some(resolved) = resolve_limit(limit, &context, entry.span().start, d) {
@@ -772,6 +875,219 @@ fn resolve(raw: RawFile, d: &mut Diagnostics) -> Config {
     }
 
     config
+}
+
+/// The `[redis]` section, or `None` (with the problems reported) when unusable.
+fn resolve_redis(redis: &Spanned<RawRedis>, d: &mut Diagnostics) -> Option<RedisConfig> {
+    let at = redis.span().start;
+    let raw = redis.get_ref();
+    let context = "redis";
+    let mut resolved = RedisConfig::with_url(String::new());
+    let mut usable = true;
+    let check_url =
+        |d: &mut Diagnostics, url: &Spanned<String>| match redis_url_problem(url.get_ref()) {
+            Some(problem) => {
+                d.error(url.span().start, format!("{context}: {problem}"));
+                false
+            }
+            None => true,
+        };
+    match (&raw.url, &raw.cluster_nodes) {
+        (None, None) => {
+            d.error(
+                at,
+                "redis: url (or cluster_nodes) is required in the [redis] section (remove the section to use the embedded store)"
+                    .to_string(),
+            );
+            usable = false;
+        }
+        (Some(_), Some(nodes)) => {
+            d.error(
+                nodes.span().start,
+                "redis: give either url (one node) or cluster_nodes (a Redis Cluster), not both"
+                    .to_string(),
+            );
+            usable = false;
+        }
+        (Some(url), None) => {
+            usable &= check_url(d, url);
+            resolved.url = Some(url.get_ref().clone());
+        }
+        (None, Some(nodes)) => {
+            resolved.url = None;
+            if nodes.get_ref().is_empty() {
+                d.error(
+                    nodes.span().start,
+                    "redis: cluster_nodes is empty; list at least one seed node".to_string(),
+                );
+                usable = false;
+            }
+            for node in nodes.get_ref() {
+                if node.get_ref().starts_with("unix://") {
+                    d.error(
+                        node.span().start,
+                        "redis: cluster nodes are reached over TCP (redis:// or rediss://), not unix://".to_string(),
+                    );
+                    usable = false;
+                } else {
+                    usable &= check_url(d, node);
+                }
+                resolved.cluster_nodes.push(node.get_ref().clone());
+            }
+        }
+    }
+    if let Some(pool) = &raw.pool_size {
+        match check_int(d, context, "pool_size", pool, 1, 64) {
+            Some(v) => resolved.pool_size = v as u32,
+            None => usable = false,
+        }
+    }
+    for (field, value, target) in [
+        ("timeout_ms", &raw.timeout_ms, &mut resolved.timeout_ms),
+        (
+            "connect_timeout_ms",
+            &raw.connect_timeout_ms,
+            &mut resolved.connect_timeout_ms,
+        ),
+    ] {
+        if let Some(value) = value {
+            match check_int(d, context, field, value, 1, 60_000) {
+                Some(v) => *target = v,
+                None => usable = false,
+            }
+        }
+    }
+    if let Some(prefix) = &raw.key_prefix {
+        let value = prefix.get_ref();
+        if value.is_empty() || value.len() > MAX_NAME_LEN || value.contains(['{', '}']) {
+            d.error(
+                prefix.span().start,
+                format!("{context}: key_prefix must be 1 to {MAX_NAME_LEN} bytes without braces (braces are Redis Cluster hash tags) (got {value:?})"),
+            );
+            usable = false;
+        } else {
+            resolved.key_prefix = value.clone();
+        }
+    }
+    if let Some(policy) = &raw.on_failure {
+        resolved.on_failure = *policy.get_ref();
+    }
+    if let Some(share) = &raw.local_share {
+        let v = *share.get_ref();
+        if v > 0.0 && v <= 1.0 {
+            resolved.local_share = Some(v);
+        } else {
+            d.error(
+                share.span().start,
+                format!("{context}: local_share must be in (0, 1] (got {v})"),
+            );
+            usable = false;
+        }
+    }
+    match (resolved.on_failure, &raw.local_share) {
+        (FailurePolicy::Local, None) => {
+            let at = raw.on_failure.as_ref().map_or(at, |p| p.span().start);
+            d.error(
+                at,
+                format!("{context}: on_failure = \"local\" needs local_share: the fraction of each limit this sidecar may use while Redis is down (e.g. 1 / number of sidecars)"),
+            );
+            usable = false;
+        }
+        (FailurePolicy::FailClosed | FailurePolicy::FailOpen, Some(share)) => {
+            d.error(
+                share.span().start,
+                format!("{context}: local_share only applies with on_failure = \"local\""),
+            );
+            usable = false;
+        }
+        _ => {}
+    }
+    usable.then_some(resolved)
+}
+
+/// The `[[groups]]`, each checked; duplicates and bad values reported.
+fn resolve_groups(raw: &[Spanned<RawGroup>], d: &mut Diagnostics) -> Vec<GroupConfig> {
+    let mut groups: Vec<GroupConfig> = Vec::new();
+    let mut group_lines: Vec<(String, usize)> = Vec::new();
+    for (index, entry) in raw.iter().enumerate() {
+        let group = entry.get_ref();
+        let context = entry_context("groups", index, group.name.as_ref());
+        let name = check_name(d, &context, group.name.as_ref(), entry.span().start);
+        if let (Some(name), Some(spanned)) = (&name, &group.name) {
+            let at = spanned.span().start;
+            if let Some((_, first_at)) = group_lines.iter().find(|(n, _)| n == name) {
+                let first_line = d.line_of(*first_at);
+                d.error(
+                    at,
+                    format!("{context}: duplicate group name {name:?} (first declared at line {first_line})"),
+                );
+            } else {
+                group_lines.push((name.clone(), at));
+            }
+        }
+        let rate = |d: &mut Diagnostics, field: &str, value: &Option<Spanned<i64>>, max: u64| {
+            value
+                .as_ref()
+                .map(|v| check_int(d, &context, field, v, 1, max))
+        };
+        let tpm = rate(
+            d,
+            "tokens_per_minute",
+            &group.tokens_per_minute,
+            MAX_RATE_PER_MINUTE,
+        );
+        let rpm = rate(
+            d,
+            "requests_per_minute",
+            &group.requests_per_minute,
+            MAX_RATE_PER_MINUTE,
+        );
+        let burst_tokens = rate(d, "burst_tokens", &group.burst_tokens, MAX_BURST);
+        let burst_requests = rate(d, "burst_requests", &group.burst_requests, MAX_BURST);
+        if group.tokens_per_minute.is_none() && group.requests_per_minute.is_none() {
+            d.error(
+                entry.span().start,
+                format!("{context}: a group needs tokens_per_minute, requests_per_minute or both"),
+            );
+        }
+        for (burst, rate_field, rate_value) in [
+            (
+                &group.burst_tokens,
+                "tokens_per_minute",
+                &group.tokens_per_minute,
+            ),
+            (
+                &group.burst_requests,
+                "requests_per_minute",
+                &group.requests_per_minute,
+            ),
+        ] {
+            if let (Some(burst), None) = (burst, rate_value) {
+                d.error(
+                    burst.span().start,
+                    format!(
+                        "{context}: a burst is set but {rate_field} is not (a bucket needs a rate)"
+                    ),
+                );
+            }
+        }
+        let (Some(tpm), Some(rpm), Some(burst_tokens), Some(burst_requests)) = (
+            valid(tpm),
+            valid(rpm),
+            valid(burst_tokens),
+            valid(burst_requests),
+        ) else {
+            continue;
+        };
+        groups.push(GroupConfig {
+            name: name.unwrap_or_default(),
+            tokens_per_minute: tpm,
+            requests_per_minute: rpm,
+            burst_tokens: burst_tokens.or(tpm),
+            burst_requests: burst_requests.or(rpm),
+        });
+    }
+    groups
 }
 
 fn declared_list<'a>(names: impl Iterator<Item = &'a str>, section: &str) -> String {
@@ -918,6 +1234,7 @@ fn resolve_limit(
         model: limit.model.as_ref().map(|m| m.get_ref().clone()),
         tenant_share: valid(tenant_share)?,
         max_request_tokens: valid(max_request_tokens)?,
+        group: limit.group.as_ref().map(|g| g.get_ref().clone()),
     })
 }
 
@@ -943,7 +1260,15 @@ fn apply_env(config: &mut Config, env: &impl Fn(&str) -> Option<String>) -> Vec<
     if let Some(url) = env(ENV_REDIS_URL) {
         match redis_url_problem(&url) {
             Some(problem) => errors.push(format!("{ENV_REDIS_URL}: {problem}")),
-            None => config.redis = Some(RedisConfig { url }),
+            // The variable replaces the file's nodes (a cluster included)
+            // and keeps its other settings.
+            None => {
+                let redis = config
+                    .redis
+                    .get_or_insert_with(|| RedisConfig::with_url(url.clone()));
+                redis.url = Some(url);
+                redis.cluster_nodes.clear();
+            }
         }
     }
     errors
@@ -1189,7 +1514,57 @@ mod tests {
         (
             "redis section without url",
             "default_priority = \"default\"\n\n[redis]\n",
-            "test.toml:3:1: redis: url is required",
+            "test.toml:3:1: redis: url (or cluster_nodes) is required",
+        ),
+        (
+            "redis with both url and cluster_nodes",
+            "[redis]\nurl = \"redis://h\"\ncluster_nodes = [\"redis://a:7000\"]\n",
+            "test.toml:3:17: redis: give either url (one node) or cluster_nodes",
+        ),
+        (
+            "cluster node over a unix socket",
+            "[redis]\ncluster_nodes = [\"unix:///tmp/r.sock\"]\n",
+            "test.toml:2:18: redis: cluster nodes are reached over TCP",
+        ),
+        (
+            "local failure policy without a share",
+            "[redis]\nurl = \"redis://h\"\non_failure = \"local\"\n",
+            "test.toml:3:14: redis: on_failure = \"local\" needs local_share",
+        ),
+        (
+            "local_share without the local policy",
+            "[redis]\nurl = \"redis://h\"\nlocal_share = 0.5\n",
+            "test.toml:3:15: redis: local_share only applies with on_failure = \"local\"",
+        ),
+        (
+            "unknown failure policy",
+            "[redis]\nurl = \"redis://h\"\non_failure = \"retry\"\n",
+            "test.toml:3:14: redis.on_failure: unknown variant `retry`",
+        ),
+        (
+            "pool of zero connections",
+            "[redis]\nurl = \"redis://h\"\npool_size = 0\n",
+            "test.toml:3:13: redis: pool_size must be greater than zero",
+        ),
+        (
+            "key prefix with a hash tag",
+            "[redis]\nurl = \"redis://h\"\nkey_prefix = \"rk{x}\"\n",
+            "test.toml:3:14: redis: key_prefix must be 1 to 128 bytes without braces",
+        ),
+        (
+            "limit naming an undeclared group",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ngroup = \"org\"\n",
+            "test.toml:4:9: limits[0] \"a\": group \"org\" is not a declared group (no [[groups]] are declared)",
+        ),
+        (
+            "group without any rate",
+            "[[groups]]\nname = \"org\"\n",
+            "test.toml:1:1: groups[0] \"org\": a group needs tokens_per_minute, requests_per_minute or both",
+        ),
+        (
+            "duplicate group",
+            "[[groups]]\nname = \"org\"\ntokens_per_minute = 1\n[[groups]]\nname = \"org\"\ntokens_per_minute = 1\n",
+            "test.toml:5:8: groups[1] \"org\": duplicate group name \"org\" (first declared at line 2)",
         ),
         (
             "redis as a string, password masked",
@@ -1380,9 +1755,9 @@ name = \"batch\"
         assert_eq!(config.server.drain_timeout_ms, 0);
         assert_eq!(
             config.redis,
-            Some(RedisConfig {
-                url: "rediss://user:pw@redis.example:6380/2".to_string()
-            })
+            Some(RedisConfig::with_url(
+                "rediss://user:pw@redis.example:6380/2"
+            ))
         );
         let a = config.limit("a").unwrap();
         assert_eq!(a.burst_tokens, 10_000_000_000);
@@ -1434,7 +1809,7 @@ name = \"batch\"
         let config = load(None, env).unwrap();
         assert_eq!(config.server.socket, PathBuf::from("/run/override.sock"));
         assert_eq!(
-            config.redis.as_ref().map(|r| r.url.as_str()),
+            config.redis.as_ref().and_then(|r| r.url.as_deref()),
             Some("redis://:pw@10.0.0.1:6379/1")
         );
 
@@ -1449,13 +1824,19 @@ name = \"batch\"
         let config = load(Some(&path), env).unwrap();
         assert_eq!(config.server.socket, PathBuf::from("/run/override.sock"));
         assert_eq!(config.server.socket_mode, 0o600);
-        assert_eq!(config.redis.unwrap().url, "redis://:pw@10.0.0.1:6379/1");
+        assert_eq!(
+            config.redis.unwrap().url.as_deref(),
+            Some("redis://:pw@10.0.0.1:6379/1")
+        );
         assert_eq!(config.limits.len(), 1);
 
         // No overrides: the file's values.
         let config = load(Some(&path), no_env).unwrap();
         assert_eq!(config.server.socket, PathBuf::from("/run/file.sock"));
-        assert_eq!(config.redis.unwrap().url, "redis://file:6379");
+        assert_eq!(
+            config.redis.unwrap().url.as_deref(),
+            Some("redis://file:6379")
+        );
     }
 
     #[test]
@@ -1601,8 +1982,8 @@ limits = [\"gpt-4o\"]
         // masked password.
         let mut reparsed = parse_ok(&effective);
         assert_eq!(
-            reparsed.redis.as_ref().unwrap().url,
-            "redis://:****@127.0.0.1:6379/0"
+            reparsed.redis.as_ref().unwrap().url.as_deref(),
+            Some("redis://:****@127.0.0.1:6379/0")
         );
         reparsed.redis = config.redis.clone();
         assert_eq!(reparsed, config);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, LimitConfig, PriorityClass};
-use crate::limiter::{Adjustment, BucketSpec, Decision, Draw, Store, StoreError};
+use crate::limiter::{Adjustment, BucketSpec, Decision, Draw, Origin, Store, StoreError};
 use crate::proto::{
     Acquire, BucketStatus, Cost, ErrorCode, LimitStatus, MAX_NAME_LEN, Request, Response,
 };
@@ -28,6 +28,8 @@ enum BucketRole {
     Tokens,
     Requests,
     Tenant,
+    GroupTokens,
+    GroupRequests,
 }
 
 impl BucketRole {
@@ -36,20 +38,110 @@ impl BucketRole {
             BucketRole::Tokens => "tokens",
             BucketRole::Requests => "requests",
             BucketRole::Tenant => "tenant",
+            BucketRole::GroupTokens => "group_tokens",
+            BucketRole::GroupRequests => "group_requests",
         }
     }
 
     /// Whether usage reports settle this bucket (requests are spent once
     /// the provider is called, whatever the usage).
     fn settles_with_usage(self) -> bool {
-        !matches!(self, BucketRole::Requests)
+        !self.counts_requests()
+    }
+
+    /// Whether the bucket counts requests (cost 1) rather than tokens.
+    fn counts_requests(self) -> bool {
+        matches!(self, BucketRole::Requests | BucketRole::GroupRequests)
     }
 }
+
+/// The buckets of one limit, keyed once at startup.
+///
+/// Every key of a limit carries the same Redis Cluster hash tag — its group's
+/// name, or its own when it has no group — so one acquire touches one slot.
+#[derive(Debug)]
+struct LimitBuckets {
+    /// Token, request and group buckets; the tenant bucket is per acquire.
+    fixed: Vec<(BucketRole, BucketSpec)>,
+    /// `prefix:{tag}:limit`, to which `:tenant:NAME` is appended.
+    tenant_key_base: String,
+}
+
+impl LimitBuckets {
+    fn new(prefix: &str, limit: &LimitConfig, config: &Config) -> Self {
+        let tag = match &limit.group {
+            Some(group) => format!("{{g:{group}}}"),
+            None => format!("{{l:{}}}", limit.name),
+        };
+        let limit_key = |suffix: &str| format!("{prefix}:{tag}:{}:{suffix}", limit.name);
+        let mut fixed = vec![(
+            BucketRole::Tokens,
+            BucketSpec {
+                key: limit_key("tokens"),
+                capacity: limit.burst_tokens,
+                per_minute: limit.tokens_per_minute,
+            },
+        )];
+        if let Some(per_minute) = limit.requests_per_minute {
+            fixed.push((
+                BucketRole::Requests,
+                BucketSpec {
+                    key: limit_key("requests"),
+                    capacity: limit.burst_requests.unwrap_or(per_minute),
+                    per_minute,
+                },
+            ));
+        }
+        if let Some(group) = limit.group.as_deref().and_then(|name| config.group(name)) {
+            let group_key = |suffix: &str| format!("{prefix}:{tag}:group:{suffix}");
+            if let Some(per_minute) = group.tokens_per_minute {
+                fixed.push((
+                    BucketRole::GroupTokens,
+                    BucketSpec {
+                        key: group_key("tokens"),
+                        capacity: group.burst_tokens.unwrap_or(per_minute),
+                        per_minute,
+                    },
+                ));
+            }
+            if let Some(per_minute) = group.requests_per_minute {
+                fixed.push((
+                    BucketRole::GroupRequests,
+                    BucketSpec {
+                        key: group_key("requests"),
+                        capacity: group.burst_requests.unwrap_or(per_minute),
+                        per_minute,
+                    },
+                ));
+            }
+        }
+        LimitBuckets {
+            fixed,
+            tenant_key_base: format!("{prefix}:{tag}:{}", limit.name),
+        }
+    }
+
+    /// The tenant's own bucket: `tenant_share` of the limit's token bucket.
+    fn tenant(&self, limit: &LimitConfig, tenant: &str) -> Option<BucketSpec> {
+        let share = limit.tenant_share?;
+        let scaled = |value: u64| ((value as f64 * share).floor() as u64).max(1);
+        Some(BucketSpec {
+            key: format!("{}:tenant:{tenant}", self.tenant_key_base),
+            capacity: scaled(limit.burst_tokens),
+            per_minute: scaled(limit.tokens_per_minute),
+        })
+    }
+}
+
+/// Key prefix when no Redis is configured (the embedded store ignores it).
+const DEFAULT_KEY_PREFIX: &str = "ratekeeper";
 
 /// A granted reservation awaiting its report or release.
 #[derive(Debug)]
 struct Lease {
     owner: ConnectionId,
+    /// Where the reservation was made, so settlement adjusts the same buckets.
+    origin: Origin,
     tokens: u64,
     draws: Vec<(BucketRole, Draw)>,
 }
@@ -62,6 +154,7 @@ pub struct Dispatcher {
     next_lease: AtomicU64,
     /// Acquires currently held back until their reservation is due, per limit.
     waiters: HashMap<String, AtomicU64>,
+    buckets: HashMap<String, LimitBuckets>,
     draining: AtomicBool,
 }
 
@@ -80,12 +173,27 @@ impl Dispatcher {
             .iter()
             .map(|limit| (limit.name.clone(), AtomicU64::new(0)))
             .collect();
+        let prefix = config
+            .redis
+            .as_ref()
+            .map_or(DEFAULT_KEY_PREFIX, |redis| redis.key_prefix.as_str());
+        let buckets = config
+            .limits
+            .iter()
+            .map(|limit| {
+                (
+                    limit.name.clone(),
+                    LimitBuckets::new(prefix, limit, &config),
+                )
+            })
+            .collect();
         Dispatcher {
             config,
             store,
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(1),
             waiters,
+            buckets,
             draining: AtomicBool::new(false),
         }
     }
@@ -170,8 +278,8 @@ impl Dispatcher {
             Ok(decision) => decision,
             Err(store_error) => return store_error_response(&acquire.limit, store_error),
         };
-        let wait_ms = match decision {
-            Decision::Granted { wait_ms } => wait_ms,
+        let (wait_ms, origin) = match decision {
+            Decision::Granted { wait_ms, origin } => (wait_ms, origin),
             Decision::Denied {
                 retry_after_ms,
                 bucket,
@@ -192,7 +300,7 @@ impl Dispatcher {
                     tokens: draw.cost as i64,
                 })
                 .collect::<Vec<_>>();
-            if let Err(store_error) = self.store.adjust(&refunds).await {
+            if let Err(store_error) = self.store.adjust(&refunds, origin).await {
                 tracing::warn!(limit = %acquire.limit, %store_error, "could not return a cancelled reservation");
             }
             return if self.draining.load(Ordering::SeqCst) {
@@ -212,6 +320,7 @@ impl Dispatcher {
             lease,
             Lease {
                 owner: connection,
+                origin,
                 tokens: plan.tokens,
                 draws: plan.draws,
             },
@@ -270,13 +379,18 @@ impl Dispatcher {
                 ),
             ));
         }
-        let mut draws = vec![(BucketRole::Tokens, draw(class, token_bucket(limit), tokens))];
-        if let Some(requests) = request_bucket(limit) {
-            draws.push((BucketRole::Requests, draw(class, requests, 1)));
-        }
+        let buckets = &self.buckets[&limit.name];
+        let mut draws: Vec<(BucketRole, Draw)> = buckets
+            .fixed
+            .iter()
+            .map(|(role, bucket)| {
+                let cost = if role.counts_requests() { 1 } else { tokens };
+                (*role, draw(class, bucket.clone(), cost))
+            })
+            .collect();
         // A tenant on a limit without a share is accepted and draws nothing
         // extra, so clients can always send their tenant.
-        if let Some(bucket) = (acquire.tenant.as_deref()).and_then(|t| tenant_bucket(limit, t)) {
+        if let Some(bucket) = (acquire.tenant.as_deref()).and_then(|t| buckets.tenant(limit, t)) {
             draws.push((BucketRole::Tenant, draw(class, bucket, tokens)));
         }
         for (role, draw) in &draws {
@@ -323,10 +437,14 @@ impl Dispatcher {
                     tokens: returned,
                 })
                 .collect();
-            if let Err(store_error) = self.store.adjust(&adjustments).await {
+            if let Err(store_error) = self.store.adjust(&adjustments, lease.origin).await {
+                // Keep the lease so that the report can be retried.
+                self.lock_leases().insert(lease_id, lease);
                 return error(
                     ErrorCode::StoreUnavailable,
-                    format!("lease {lease_id} could not be settled: {store_error}"),
+                    format!(
+                        "lease {lease_id} could not be settled, retry the report: {store_error}"
+                    ),
                 );
             }
         }
@@ -347,10 +465,11 @@ impl Dispatcher {
                 tokens: draw.cost as i64,
             })
             .collect();
-        if let Err(store_error) = self.store.adjust(&adjustments).await {
+        if let Err(store_error) = self.store.adjust(&adjustments, lease.origin).await {
+            self.lock_leases().insert(lease_id, lease);
             return error(
                 ErrorCode::StoreUnavailable,
-                format!("lease {lease_id} could not be released: {store_error}"),
+                format!("lease {lease_id} could not be released, retry the release: {store_error}"),
             );
         }
         Response::Released {
@@ -384,10 +503,7 @@ impl Dispatcher {
         };
         let mut statuses = Vec::with_capacity(limits.len());
         for limit in limits {
-            let mut buckets = vec![(BucketRole::Tokens, token_bucket(limit))];
-            if let Some(requests) = request_bucket(limit) {
-                buckets.push((BucketRole::Requests, requests));
-            }
+            let buckets = self.buckets[&limit.name].fixed.clone();
             let specs: Vec<BucketSpec> = buckets.iter().map(|(_, spec)| spec.clone()).collect();
             let levels = match self.store.levels(&specs).await {
                 Ok(levels) => levels,
@@ -543,37 +659,4 @@ fn draw(class: &PriorityClass, bucket: BucketSpec, cost: u64) -> Draw {
         cost,
         floor,
     }
-}
-
-/// Keys share the limit's hash tag so one acquire's buckets live in one
-/// Redis Cluster slot.
-fn bucket_key(limit: &LimitConfig, suffix: &str) -> String {
-    format!("ratekeeper:{{{}}}:{suffix}", limit.name)
-}
-
-fn token_bucket(limit: &LimitConfig) -> BucketSpec {
-    BucketSpec {
-        key: bucket_key(limit, "tokens"),
-        capacity: limit.burst_tokens,
-        per_minute: limit.tokens_per_minute,
-    }
-}
-
-fn request_bucket(limit: &LimitConfig) -> Option<BucketSpec> {
-    let per_minute = limit.requests_per_minute?;
-    Some(BucketSpec {
-        key: bucket_key(limit, "requests"),
-        capacity: limit.burst_requests.unwrap_or(per_minute),
-        per_minute,
-    })
-}
-
-fn tenant_bucket(limit: &LimitConfig, tenant: &str) -> Option<BucketSpec> {
-    let share = limit.tenant_share?;
-    let scaled = |value: u64| ((value as f64 * share).floor() as u64).max(1);
-    Some(BucketSpec {
-        key: bucket_key(limit, &format!("tenant:{tenant}")),
-        capacity: scaled(limit.burst_tokens),
-        per_minute: scaled(limit.tokens_per_minute),
-    })
 }

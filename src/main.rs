@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use ratekeeper::client::Client;
 use ratekeeper::config::{self, Config};
 use ratekeeper::dispatch::Dispatcher;
-use ratekeeper::limiter::{EmbeddedStore, Store};
+use ratekeeper::limiter::{EmbeddedStore, FallbackStore, RedisStore, Store};
 use ratekeeper::proto::{Acquire, Cost, ErrorCode, Request, Response};
 use ratekeeper::server::{self, ServerSettings};
 
@@ -215,11 +215,22 @@ async fn serve(config_path: Option<&Path>, logging: &LoggingArgs) -> anyhow::Res
     let config = load_config(config_path)?;
     init_logging(logging)?;
     let store: Arc<dyn Store> = match &config.redis {
-        Some(redis) => bail!(
-            "a Redis store is configured ({}), but this build has only the embedded store; \
-             remove the [redis] section to run with per-process limits",
-            config::mask_redis_url(&redis.url)
-        ),
+        Some(redis) => {
+            let shared = RedisStore::new(redis).context("cannot set up the Redis store")?;
+            tracing::info!(
+                nodes = %redis.masked_nodes(),
+                cluster = redis.url.is_none(),
+                pool_size = redis.pool_size,
+                timeout_ms = redis.timeout_ms,
+                on_failure = ?redis.on_failure,
+                "buckets are shared through Redis"
+            );
+            Arc::new(FallbackStore::new(
+                Box::new(shared),
+                redis.on_failure,
+                redis.local_share.unwrap_or(1.0),
+            ))
+        }
         None => {
             tracing::warn!(
                 "no [redis] configured: using the embedded store, so limits hold for this \

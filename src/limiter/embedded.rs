@@ -8,7 +8,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use super::bucket::{self, BucketSpec, BucketState, Draw};
-use super::{Adjustment, Decision, Store, StoreError, decision_from_plan};
+use super::{Adjustment, Decision, Origin, Store, StoreError, decision_from_plan};
 
 /// Milliseconds on some monotonic clock.
 pub trait Clock: Send + Sync + 'static {
@@ -133,7 +133,7 @@ impl Store for EmbeddedStore {
         decision_from_plan(draws, plan)
     }
 
-    async fn adjust(&self, adjustments: &[Adjustment]) -> Result<(), StoreError> {
+    async fn adjust(&self, adjustments: &[Adjustment], _origin: Origin) -> Result<(), StoreError> {
         let now = self.clock.now_ms();
         let mut buckets = self.lock();
         for adjustment in adjustments {
@@ -194,7 +194,10 @@ mod tests {
         let both = [tokens.clone(), requests.clone()];
         assert_eq!(
             store.acquire(&both, 0).await.unwrap(),
-            Decision::Granted { wait_ms: 0 }
+            Decision::Granted {
+                wait_ms: 0,
+                origin: Origin::Store
+            }
         );
         // The request bucket is empty: refused, and tokens keep 900.
         assert!(matches!(

@@ -6,17 +6,34 @@
 
 pub mod bucket;
 pub mod embedded;
+pub mod fallback;
+pub mod redis;
 
 use async_trait::async_trait;
 
 pub use bucket::{BucketSpec, BucketState, Draw, Plan};
 pub use embedded::EmbeddedStore;
+pub use fallback::FallbackStore;
+pub use redis::RedisStore;
+
+/// Which buckets a grant was reserved in, so that settling it adjusts the
+/// same buckets (a lease granted locally during a Redis outage must not be
+/// refunded into Redis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The store's own buckets.
+    Store,
+    /// The in-memory fallback buckets of the `local` failure policy.
+    Local,
+    /// Nothing was reserved: the `fail_open` policy let it through.
+    Unlimited,
+}
 
 /// A store's verdict on one acquire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// Reserved in every bucket; the reservation is due after `wait_ms`.
-    Granted { wait_ms: u64 },
+    Granted { wait_ms: u64, origin: Origin },
     /// Nothing reserved; `bucket` indexes the draw that needs the longest wait.
     Denied { retry_after_ms: u64, bucket: usize },
 }
@@ -53,8 +70,9 @@ pub trait Store: Send + Sync + 'static {
     /// Reserves every draw's cost if all fit within `max_wait_ms`, else none.
     async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError>;
 
-    /// Applies refunds and debits (settling or releasing a lease).
-    async fn adjust(&self, adjustments: &[Adjustment]) -> Result<(), StoreError>;
+    /// Applies refunds and debits (settling or releasing a lease) to the
+    /// buckets its grant came from.
+    async fn adjust(&self, adjustments: &[Adjustment], origin: Origin) -> Result<(), StoreError>;
 
     /// Whole tokens available now in each bucket, in order.
     async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError>;
@@ -63,7 +81,10 @@ pub trait Store: Send + Sync + 'static {
 /// Turns a [`Plan`] into the store's answer.
 pub(crate) fn decision_from_plan(draws: &[Draw], plan: Plan) -> Result<Decision, StoreError> {
     match plan {
-        Plan::Grant { wait_ms } => Ok(Decision::Granted { wait_ms }),
+        Plan::Grant { wait_ms } => Ok(Decision::Granted {
+            wait_ms,
+            origin: Origin::Store,
+        }),
         Plan::Deny {
             retry_after_ms,
             bucket,

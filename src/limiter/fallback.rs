@@ -1,0 +1,234 @@
+//! The failure policy: what acquires get while the shared store fails.
+//!
+//! `fail_closed` denies with `StoreUnavailable`, `fail_open` grants without
+//! limiting, `local` limits with in-memory buckets holding this sidecar's
+//! share of each limit. Every switch between the shared store and the policy
+//! is logged, and recovery is automatic: each call tries the shared store
+//! first, so the first success ends the outage.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use async_trait::async_trait;
+
+use super::bucket::{BucketSpec, Draw};
+use super::{Adjustment, Decision, EmbeddedStore, Origin, Store, StoreError};
+use crate::config::FailurePolicy;
+
+/// A shared store with a policy for its failures.
+pub struct FallbackStore {
+    shared: Box<dyn Store>,
+    policy: FailurePolicy,
+    /// Buckets for the `local` policy, each `local_share` of the real one.
+    local: EmbeddedStore,
+    local_share: f64,
+    failing: AtomicBool,
+    /// Acquires answered by the policy instead of the shared store.
+    policy_decisions: AtomicU64,
+}
+
+impl FallbackStore {
+    /// `local_share` only matters for [`FailurePolicy::Local`].
+    pub fn new(shared: Box<dyn Store>, policy: FailurePolicy, local_share: f64) -> Self {
+        FallbackStore {
+            shared,
+            policy,
+            local: EmbeddedStore::new(),
+            local_share,
+            failing: AtomicBool::new(false),
+            policy_decisions: AtomicU64::new(0),
+        }
+    }
+
+    /// Acquires the failure policy has answered since start.
+    pub fn policy_decisions(&self) -> u64 {
+        self.policy_decisions.load(Ordering::Relaxed)
+    }
+
+    /// Whether the last call to the shared store failed.
+    pub fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
+    }
+
+    fn note_failure(&self, cause: &StoreError) {
+        if !self.failing.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                store = self.shared.kind(),
+                policy = ?self.policy,
+                %cause,
+                "shared store unavailable; applying the failure policy until it recovers"
+            );
+        }
+    }
+
+    fn note_success(&self) {
+        if self.failing.swap(false, Ordering::Relaxed) {
+            tracing::info!(
+                store = self.shared.kind(),
+                policy_decisions = self.policy_decisions(),
+                "shared store reachable again; the failure policy no longer applies"
+            );
+        }
+    }
+
+    /// The draw against this sidecar's share of the bucket.
+    fn local_draw(&self, draw: &Draw) -> Draw {
+        let scaled = |value: u64| ((value as f64 * self.local_share).floor() as u64).max(1);
+        Draw {
+            bucket: BucketSpec {
+                key: draw.bucket.key.clone(),
+                capacity: scaled(draw.bucket.capacity),
+                per_minute: scaled(draw.bucket.per_minute),
+            },
+            cost: draw.cost,
+            floor: scaled(draw.floor).min(draw.floor),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for FallbackStore {
+    fn kind(&self) -> &'static str {
+        self.shared.kind()
+    }
+
+    async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError> {
+        let cause = match self.shared.acquire(draws, max_wait_ms).await {
+            Err(cause @ StoreError::Unavailable(_)) => cause,
+            answer => {
+                self.note_success();
+                return answer;
+            }
+        };
+        self.note_failure(&cause);
+        self.policy_decisions.fetch_add(1, Ordering::Relaxed);
+        match self.policy {
+            FailurePolicy::FailClosed => Err(cause),
+            FailurePolicy::FailOpen => Ok(Decision::Granted {
+                wait_ms: 0,
+                origin: Origin::Unlimited,
+            }),
+            FailurePolicy::Local => {
+                let local: Vec<Draw> = draws.iter().map(|draw| self.local_draw(draw)).collect();
+                match self.local.acquire(&local, max_wait_ms).await {
+                    Ok(Decision::Granted { wait_ms, .. }) => Ok(Decision::Granted {
+                        wait_ms,
+                        origin: Origin::Local,
+                    }),
+                    Ok(denied) => Ok(denied),
+                    // Fits the real limit but not this sidecar's share of it:
+                    // an outage problem, not the client's.
+                    Err(StoreError::CostExceedsCapacity { .. }) => Err(StoreError::Unavailable(
+                        format!("{cause}; the cost exceeds this sidecar's local share"),
+                    )),
+                    Err(other) => Err(other),
+                }
+            }
+        }
+    }
+
+    async fn adjust(&self, adjustments: &[Adjustment], origin: Origin) -> Result<(), StoreError> {
+        match origin {
+            Origin::Store => self.shared.adjust(adjustments, origin).await,
+            Origin::Local => {
+                let local: Vec<Adjustment> = adjustments
+                    .iter()
+                    .map(|adjustment| Adjustment {
+                        bucket: self
+                            .local_draw(&Draw {
+                                bucket: adjustment.bucket.clone(),
+                                cost: 0,
+                                floor: 0,
+                            })
+                            .bucket,
+                        tokens: adjustment.tokens,
+                    })
+                    .collect();
+                self.local.adjust(&local, Origin::Store).await
+            }
+            Origin::Unlimited => Ok(()),
+        }
+    }
+
+    async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
+        self.shared.levels(buckets).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real Redis store pointed at a port nobody listens on: the outage
+    /// every policy is about.
+    fn down() -> Box<dyn Store> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .unwrap()
+            .port();
+        let config = crate::config::RedisConfig::with_url(format!("redis://127.0.0.1:{port}"));
+        Box::new(super::super::RedisStore::new(&config).unwrap())
+    }
+
+    fn draw(cost: u64) -> Draw {
+        Draw {
+            bucket: BucketSpec {
+                key: "k".into(),
+                capacity: 1000,
+                per_minute: 60,
+            },
+            cost,
+            floor: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn each_policy_answers_an_outage_its_own_way() {
+        let closed = FallbackStore::new(down(), FailurePolicy::FailClosed, 1.0);
+        assert!(matches!(
+            closed.acquire(&[draw(10)], 0).await,
+            Err(StoreError::Unavailable(_))
+        ));
+        assert!(closed.is_failing());
+
+        let open = FallbackStore::new(down(), FailurePolicy::FailOpen, 1.0);
+        for _ in 0..3 {
+            assert_eq!(
+                open.acquire(&[draw(1000)], 0).await.unwrap(),
+                Decision::Granted {
+                    wait_ms: 0,
+                    origin: Origin::Unlimited
+                }
+            );
+        }
+        assert_eq!(open.policy_decisions(), 3);
+
+        // A quarter of 1000 tokens: 250 now, then nothing without waiting.
+        let local = FallbackStore::new(down(), FailurePolicy::Local, 0.25);
+        assert_eq!(
+            local.acquire(&[draw(250)], 0).await.unwrap(),
+            Decision::Granted {
+                wait_ms: 0,
+                origin: Origin::Local
+            }
+        );
+        assert!(matches!(
+            local.acquire(&[draw(1)], 0).await.unwrap(),
+            Decision::Denied { .. }
+        ));
+        // Settling a local lease refunds the local bucket, not the shared one.
+        let refund = Adjustment {
+            bucket: draw(0).bucket,
+            tokens: 100,
+        };
+        local.adjust(&[refund], Origin::Local).await.unwrap();
+        assert!(matches!(
+            local.acquire(&[draw(100)], 0).await.unwrap(),
+            Decision::Granted { .. }
+        ));
+        // A cost that fits the real limit but not the share is an outage error.
+        assert!(matches!(
+            local.acquire(&[draw(900)], 0).await,
+            Err(StoreError::Unavailable(_))
+        ));
+    }
+}

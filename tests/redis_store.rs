@@ -1,0 +1,273 @@
+//! The Redis store against real `redis-server` processes: the Lua scripts
+//! agree with the Rust arithmetic, reserve all-or-nothing, survive a script
+//! flush, expire keys at time-to-full and cost one call per operation.
+
+mod support;
+
+use proptest::prelude::*;
+use ratekeeper::config::RedisConfig;
+use ratekeeper::limiter::bucket::{BucketSpec, Draw};
+use ratekeeper::limiter::embedded::Clock;
+use ratekeeper::limiter::{Adjustment, Decision, EmbeddedStore, Origin, RedisStore, Store};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use support::redis::RedisServer;
+
+fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::new(&RedisConfig::with_url(server.url())).expect("valid config")
+}
+
+fn bucket(key: &str, capacity: u64, per_minute: u64) -> BucketSpec {
+    BucketSpec {
+        key: key.into(),
+        capacity,
+        per_minute,
+    }
+}
+
+fn draw(bucket: &BucketSpec, cost: u64) -> Draw {
+    Draw {
+        bucket: bucket.clone(),
+        cost,
+        floor: 0,
+    }
+}
+
+#[tokio::test]
+async fn a_refused_request_bucket_leaves_the_token_bucket_untouched() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let tokens = bucket("rk:{l:a}:a:tokens", 1000, 60);
+    let requests = bucket("rk:{l:a}:a:requests", 2, 1);
+    let both = |cost| [draw(&tokens, cost), draw(&requests, 1)];
+    for _ in 0..2 {
+        assert!(matches!(
+            store.acquire(&both(100), 0).await.unwrap(),
+            Decision::Granted { wait_ms: 0, .. }
+        ));
+    }
+    // No request left: refused by bucket 1, and the tokens keep their 800.
+    match store.acquire(&both(100), 0).await.unwrap() {
+        Decision::Denied {
+            bucket,
+            retry_after_ms,
+        } => {
+            assert_eq!(bucket, 1);
+            assert!(
+                (59_000..=60_000).contains(&retry_after_ms),
+                "{retry_after_ms}"
+            );
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    let levels = store
+        .levels(&[tokens.clone(), requests.clone()])
+        .await
+        .unwrap();
+    assert!((800..=802).contains(&levels[0]), "{levels:?}");
+    assert_eq!(levels[1], 0);
+    // The reverse: tokens refuse, the request bucket is untouched.
+    let big = [draw(&tokens, 1000), draw(&bucket("rk:{l:a}:a:r2", 5, 5), 1)];
+    assert!(matches!(
+        store.acquire(&big, 0).await.unwrap(),
+        Decision::Denied { bucket: 0, .. }
+    ));
+    assert_eq!(
+        store.levels(&[big[1].bucket.clone()]).await.unwrap(),
+        vec![5]
+    );
+}
+
+#[tokio::test]
+async fn keys_expire_when_the_bucket_would_be_full_again() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    // 6000 per minute: 100 tokens per second.
+    let tokens = bucket("rk:{l:b}:b:tokens", 1000, 6000);
+    store.acquire(&[draw(&tokens, 250)], 0).await.unwrap();
+    let ttl: i64 = server.cli(&["PTTL", &tokens.key]).unwrap().parse().unwrap();
+    assert!((2400..=2500).contains(&ttl), "pttl {ttl}");
+    // A refund that fills it deletes the key: an absent bucket is full.
+    store
+        .adjust(
+            &[Adjustment {
+                bucket: tokens.clone(),
+                tokens: 250,
+            }],
+            Origin::Store,
+        )
+        .await
+        .unwrap();
+    assert_eq!(server.cli(&["EXISTS", &tokens.key]).unwrap(), "0");
+    // Nothing else is stored: no keys without a TTL.
+    store.acquire(&[draw(&tokens, 10)], 0).await.unwrap();
+    assert_eq!(server.cli(&["DBSIZE"]).unwrap(), "1");
+    let ttl: i64 = server.cli(&["PTTL", &tokens.key]).unwrap().parse().unwrap();
+    assert!((0..=100).contains(&ttl), "pttl {ttl}");
+}
+
+#[tokio::test]
+async fn a_script_flush_is_invisible_to_callers() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let tokens = bucket("rk:{l:c}:c:tokens", 1_000_000, 1_000_000);
+    for round in 0..20 {
+        if round % 5 == 0 {
+            assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).unwrap(), "OK");
+        }
+        store.acquire(&[draw(&tokens, 1)], 0).await.unwrap();
+        store.levels(&[tokens.clone()]).await.unwrap();
+        store
+            .adjust(
+                &[Adjustment {
+                    bucket: tokens.clone(),
+                    tokens: 1,
+                }],
+                Origin::Store,
+            )
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_is_an_unavailable_error_within_the_deadline() {
+    let port = support::redis::free_port();
+    let mut config = RedisConfig::with_url(format!("redis://127.0.0.1:{port}/0"));
+    config.timeout_ms = 200;
+    let store = RedisStore::new(&config).unwrap();
+    let started = std::time::Instant::now();
+    let result = store.acquire(&[draw(&bucket("k", 10, 10), 1)], 0).await;
+    assert!(
+        matches!(result, Err(ratekeeper::limiter::StoreError::Unavailable(_))),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+}
+
+/// One operation of the lockstep comparison.
+#[derive(Debug, Clone)]
+enum Op {
+    /// Advance both clocks.
+    Wait(i64),
+    /// Acquire from bucket i a cost of `cost_percent[i]` % of its capacity
+    /// (0 skips the bucket), leaving `floor_percent[i]` % for higher classes.
+    Acquire {
+        cost_percent: Vec<u64>,
+        floor_percent: Vec<u64>,
+        max_wait_ms: u64,
+    },
+    /// Refund (or debit) tokens in one bucket.
+    Adjust { bucket: usize, tokens: i64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0i64..5_000).prop_map(Op::Wait),
+        (
+            // Up to 105 %: a few costs can never fit.
+            prop::collection::vec(0u64..=105, 3),
+            prop::collection::vec(prop_oneof![Just(0u64), 0u64..40], 3),
+            prop_oneof![Just(0u64), 0u64..20_000],
+        )
+            .prop_map(|(cost_percent, floor_percent, max_wait_ms)| Op::Acquire {
+                cost_percent,
+                floor_percent,
+                max_wait_ms
+            }),
+        (0usize..3, -500i64..500).prop_map(|(bucket, tokens)| Op::Adjust { bucket, tokens }),
+    ]
+}
+
+struct StepClock(AtomicI64);
+
+impl Clock for StepClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The same random sequences of acquires, adjustments and time steps on
+/// the Lua scripts (with the test clock argument) and on the embedded store
+/// give the same decisions, waits and levels, exactly.
+#[test]
+fn lua_and_rust_give_the_same_answers() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = store(&server);
+    let case = AtomicI64::new(0);
+    let outcomes = std::sync::Mutex::new(std::collections::HashMap::<&str, usize>::new());
+    let config = ProptestConfig {
+        cases: 64,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(ops in prop::collection::vec(op(), 1..40))| {
+        let case = case.fetch_add(1, Ordering::SeqCst);
+        let buckets = [
+            bucket(&format!("p{case}:{{x}}:tokens"), 1_000, 600),
+            bucket(&format!("p{case}:{{x}}:requests"), 7, 13),
+            bucket(&format!("p{case}:{{x}}:tenant"), 1_200, 60_000),
+        ];
+        let clock = Arc::new(StepClock(AtomicI64::new(1_700_000_000_000)));
+        let embedded = EmbeddedStore::with_clock(clock.clone());
+        runtime.block_on(async {
+            for op in &ops {
+                let now = clock.now_ms();
+                match op {
+                    Op::Wait(ms) => { clock.0.fetch_add(*ms, Ordering::SeqCst); }
+                    Op::Acquire { cost_percent, floor_percent, max_wait_ms } => {
+                        let share = |bucket: &BucketSpec, percent: u64| (bucket.capacity * percent).div_ceil(100);
+                        let draws: Vec<Draw> = buckets.iter().zip(cost_percent.iter().zip(floor_percent))
+                            .filter(|(_, (cost, _))| **cost > 0)
+                            .map(|(bucket, (cost, floor))| Draw {
+                                bucket: bucket.clone(),
+                                cost: share(bucket, *cost),
+                                floor: share(bucket, *floor),
+                            })
+                            .collect();
+                        if draws.is_empty() { continue; }
+                        let lua = redis.acquire_at(&draws, *max_wait_ms, Some(now)).await;
+                        let rust = embedded.acquire(&draws, *max_wait_ms).await;
+                        *outcomes.lock().unwrap().entry(outcome_kind(&rust)).or_default() += 1;
+                        prop_assert_eq!(format!("{:?}", lua), format!("{:?}", rust), "{:?} at {}", op, now);
+                    }
+                    Op::Adjust { bucket, tokens } => {
+                        let adjustment = [Adjustment { bucket: buckets[*bucket].clone(), tokens: *tokens }];
+                        redis.adjust_at(&adjustment, Some(now)).await.unwrap();
+                        embedded.adjust(&adjustment, Origin::Store).await.unwrap();
+                    }
+                }
+                let lua = redis.levels_at(&buckets, Some(clock.now_ms())).await.unwrap();
+                let rust = embedded.levels(&buckets).await.unwrap();
+                prop_assert_eq!(lua, rust, "levels after {:?}", op);
+            }
+            Ok(())
+        })?;
+    });
+    // The sequences reached every kind of answer, so the comparison covered them.
+    let outcomes = outcomes.into_inner().unwrap();
+    for kind in [
+        "granted at once",
+        "granted after a wait",
+        "denied",
+        "impossible",
+    ] {
+        assert!(
+            outcomes.get(kind).copied().unwrap_or(0) >= 5,
+            "{outcomes:?}"
+        );
+    }
+}
+
+fn outcome_kind(answer: &Result<Decision, ratekeeper::limiter::StoreError>) -> &'static str {
+    match answer {
+        Ok(Decision::Granted { wait_ms: 0, .. }) => "granted at once",
+        Ok(Decision::Granted { .. }) => "granted after a wait",
+        Ok(Decision::Denied { .. }) => "denied",
+        Err(_) => "impossible",
+    }
+}
