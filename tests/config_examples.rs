@@ -53,7 +53,7 @@ fn systemd_config_validates() {
     );
     assert_eq!(config.server.socket_mode, 0o660);
     assert_eq!(
-        config.redis.as_ref().map(|r| r.url.as_str()),
+        config.redis.as_ref().and_then(|r| r.url.as_deref()),
         Some("redis://127.0.0.1:6379/0")
     );
     assert_common_limits(&config);

@@ -116,7 +116,7 @@ async fn a_script_flush_is_invisible_to_callers() {
             assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).unwrap(), "OK");
         }
         store.acquire(&[draw(&tokens, 1)], 0).await.unwrap();
-        store.levels(&[tokens.clone()]).await.unwrap();
+        store.levels(std::slice::from_ref(&tokens)).await.unwrap();
         store
             .adjust(
                 &[Adjustment {
