@@ -114,6 +114,26 @@ impl RedisServer {
         self.dir.path().to_path_buf()
     }
 
+    /// Starts the server again on the same port, after [`kill`](Self::kill).
+    pub fn restart(&mut self) {
+        self.child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.dir.path().join("redis.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        assert!(
+            self.wait_ready(),
+            "redis-server did not restart:\n{}",
+            self.log()
+        );
+    }
+
     /// Stops the server (as a crash would).
     pub fn kill(&mut self) {
         let _ = self.child.kill();

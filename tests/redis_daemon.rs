@@ -1,0 +1,367 @@
+//! Sidecars sharing real Redis servers (one node, and a three-node cluster):
+//! shared buckets, the Redis cost of each operation, script flushes, and the
+//! failure policies through an outage and its recovery.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use ratekeeper::client::Client;
+use ratekeeper::proto::{Acquire, Cost, ErrorCode, Request, Response};
+use support::redis::{RedisCluster, RedisServer};
+use support::{Daemon, error_code};
+
+fn config(redis: &str, extra_redis: &str) -> String {
+    format!(
+        r#"
+[redis]
+{redis}
+timeout_ms = 300
+{extra_redis}
+
+[[groups]]
+name = "org"
+tokens_per_minute = 6000
+burst_tokens = 1500
+
+[[limits]]
+name = "gpt"
+tokens_per_minute = 60
+burst_tokens = 1000
+requests_per_minute = 60
+burst_requests = 100
+
+[[limits]]
+name = "claude"
+tokens_per_minute = 60
+burst_tokens = 1000
+
+[[limits]]
+name = "mini"
+group = "org"
+tokens_per_minute = 60000
+burst_tokens = 1000
+
+[[limits]]
+name = "nano"
+group = "org"
+tokens_per_minute = 60000
+burst_tokens = 1000
+"#
+    )
+}
+
+fn single(server: &RedisServer) -> String {
+    config(&format!("url = \"{}\"", server.url()), "")
+}
+
+fn acquire(limit: &str, tokens: u64, max_wait_ms: u64) -> Request {
+    Request::Acquire(Acquire {
+        limit: limit.into(),
+        tenant: None,
+        priority: None,
+        cost: Cost::Tokens {
+            input_tokens: tokens,
+            output_tokens: 0,
+        },
+        max_wait_ms: Some(max_wait_ms),
+    })
+}
+
+fn lease_of(response: Response) -> u64 {
+    match response {
+        Response::Granted { lease, .. } => lease,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+async fn levels(client: &Client, limit: &str) -> Vec<(String, i64)> {
+    match client
+        .call(Request::Status {
+            limit: Some(limit.into()),
+        })
+        .await
+        .unwrap()
+    {
+        Response::Status { store, limits } => {
+            assert_eq!(store, "redis");
+            limits[0]
+                .buckets
+                .iter()
+                .map(|bucket| (bucket.name.clone(), bucket.level))
+                .collect()
+        }
+        other => panic!("expected status, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn two_sidecars_draw_from_the_same_buckets() {
+    let server = RedisServer::start();
+    let first = Daemon::start(&single(&server));
+    let second = Daemon::start(&single(&server));
+    let a = first.client().await;
+    let b = second.client().await;
+    lease_of(a.call(acquire("gpt", 900, 0)).await.unwrap());
+    // The other sidecar sees the 900 gone: 200 more cannot come at once.
+    match b.call(acquire("gpt", 200, 0)).await.unwrap() {
+        Response::Denied { bucket, .. } => assert_eq!(bucket, "tokens"),
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    let lease = lease_of(b.call(acquire("gpt", 100, 0)).await.unwrap());
+    // A refund through one sidecar shows in the other's status.
+    let settled = b
+        .call(Request::Report {
+            lease,
+            input_tokens: 40,
+            output_tokens: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        settled,
+        Response::Settled {
+            tokens_returned: 60
+        }
+    );
+    let seen = levels(&a, "gpt").await;
+    assert!((60..=63).contains(&seen[0].1), "{seen:?}");
+    assert_eq!(seen[1], ("requests".to_string(), 98));
+}
+
+#[tokio::test]
+async fn each_acquire_and_each_report_is_one_script_call() {
+    let server = RedisServer::start();
+    let daemon = Daemon::start(&single(&server));
+    let client = daemon.client().await;
+    // Warm up: the first call of each script loads it after NOSCRIPT.
+    let lease = lease_of(client.call(acquire("gpt", 1, 0)).await.unwrap());
+    client
+        .call(Request::Report {
+            lease,
+            input_tokens: 0,
+            output_tokens: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).unwrap(), "OK");
+    const ROUNDS: u64 = 25;
+    for _ in 0..ROUNDS {
+        let lease = lease_of(client.call(acquire("gpt", 2, 0)).await.unwrap());
+        let settled = client
+            .call(Request::Report {
+                lease,
+                input_tokens: 1,
+                output_tokens: 0,
+            })
+            .await
+            .unwrap();
+        assert_eq!(settled, Response::Settled { tokens_returned: 1 });
+    }
+    assert_eq!(server.command_calls("evalsha"), 2 * ROUNDS);
+    // No script was loaded again and nothing else was sent: the other
+    // commands counted are the scripts' own calls and this test's.
+    let stats = server.cli(&["INFO", "commandstats"]).unwrap();
+    let commands: Vec<&str> = stats
+        .lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_"))
+        .map(|line| line.split(':').next().unwrap())
+        .collect();
+    let inside_scripts = ["time", "hmget", "hset", "pexpire", "del"];
+    let from_this_test = ["info", "config|resetstat"];
+    assert!(
+        commands
+            .iter()
+            .all(|c| *c == "evalsha" || inside_scripts.contains(c) || from_this_test.contains(c)),
+        "{commands:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_script_flush_in_the_middle_of_a_run_fails_no_request() {
+    let server = RedisServer::start();
+    let daemon = Daemon::start(&single(&server));
+    let client = daemon.client().await;
+    let mut granted = 0;
+    for round in 0..60 {
+        if round % 10 == 5 {
+            assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).unwrap(), "OK");
+        }
+        let (one, two) = tokio::join!(
+            client.call(acquire("mini", 5, 0)),
+            client.call(acquire("claude", 5, 0))
+        );
+        for answer in [one.unwrap(), two.unwrap()] {
+            let lease = lease_of(answer);
+            granted += 1;
+            let released = client.call(Request::Release { lease }).await.unwrap();
+            assert!(matches!(
+                released,
+                Response::Released { tokens_returned: 5 }
+            ));
+        }
+    }
+    assert_eq!(granted, 120);
+}
+
+#[tokio::test]
+async fn fail_closed_denies_during_an_outage_and_recovers_by_itself() {
+    let mut server = RedisServer::start();
+    let daemon = Daemon::start(&single(&server));
+    let client = daemon.client().await;
+    lease_of(client.call(acquire("gpt", 10, 0)).await.unwrap());
+    server.kill();
+    let started = Instant::now();
+    let answer = client.call(acquire("gpt", 10, 0)).await.unwrap();
+    assert_eq!(error_code(&answer), ErrorCode::StoreUnavailable);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    server.restart();
+    // The connection broke with the restart: the next call reconnects.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match client.call(acquire("gpt", 10, 0)).await.unwrap() {
+            Response::Granted { .. } => break,
+            answer => assert_eq!(error_code(&answer), ErrorCode::StoreUnavailable),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never recovered:\n{}",
+            daemon.log()
+        );
+    }
+    assert!(daemon.log().contains("reachable again"), "{}", daemon.log());
+}
+
+#[tokio::test]
+async fn fail_open_and_local_keep_serving_through_an_outage() {
+    let mut server = RedisServer::start();
+    let open = Daemon::start(&config(
+        &format!("url = \"{}\"", server.url()),
+        "on_failure = \"fail_open\"",
+    ));
+    let local = Daemon::start(&config(
+        &format!("url = \"{}\"", server.url()),
+        "on_failure = \"local\"\nlocal_share = 0.25",
+    ));
+    let open = open.client().await;
+    let local = local.client().await;
+    server.kill();
+    // fail_open: not limited at all.
+    for _ in 0..3 {
+        lease_of(open.call(acquire("gpt", 1000, 0)).await.unwrap());
+    }
+    // local: a quarter of the 1000-token burst, then denials.
+    let lease = lease_of(local.call(acquire("gpt", 250, 0)).await.unwrap());
+    match local.call(acquire("gpt", 10, 0)).await.unwrap() {
+        Response::Denied { bucket, .. } => assert_eq!(bucket, "tokens"),
+        other => panic!("expected a local denial, got {other:?}"),
+    }
+    // Settling a local lease refunds the local bucket.
+    let settled = local
+        .call(Request::Report {
+            lease,
+            input_tokens: 50,
+            output_tokens: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        settled,
+        Response::Settled {
+            tokens_returned: 200
+        }
+    );
+    lease_of(local.call(acquire("gpt", 200, 0)).await.unwrap());
+    // Back to the shared, full bucket once Redis returns: 900 tokens cannot
+    // come from the 250-token local share, so a grant proves it.
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !matches!(
+        local.call(acquire("gpt", 900, 0)).await.unwrap(),
+        Response::Granted { .. }
+    ) {
+        assert!(Instant::now() < deadline, "never went back to Redis");
+    }
+    let seen = levels(&local, "gpt").await;
+    assert!((100..=103).contains(&seen[0].1), "{seen:?}");
+}
+
+#[tokio::test]
+async fn the_scripts_work_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let nodes: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|url| format!("\"{url}\""))
+        .collect();
+    let daemon = Daemon::start(&config(
+        &format!("cluster_nodes = [{}]", nodes.join(", ")),
+        "",
+    ));
+    let client = daemon.client().await;
+    for limit in ["gpt", "claude", "mini", "nano"] {
+        let lease = lease_of(client.call(acquire(limit, 300, 0)).await.unwrap());
+        let settled = client
+            .call(Request::Report {
+                lease,
+                input_tokens: 100,
+                output_tokens: 0,
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            settled,
+            Response::Settled {
+                tokens_returned: 200
+            }
+        );
+        let seen = levels(&client, limit).await;
+        assert!((900..=903).contains(&seen[0].1), "{limit}: {seen:?}");
+    }
+    // The group cap is shared by mini and nano: 100 + 100 of its 1500 are gone.
+    let seen = levels(&client, "nano").await;
+    let group = seen
+        .iter()
+        .find(|(name, _)| name == "group_tokens")
+        .unwrap();
+    assert!((1300..=1310).contains(&group.1), "{seen:?}");
+    match client.call(acquire("mini", 800, 0)).await.unwrap() {
+        Response::Granted { .. } => {}
+        other => panic!("{other:?}"),
+    }
+    match client.call(acquire("nano", 800, 0)).await.unwrap() {
+        Response::Denied { bucket, .. } => assert_eq!(bucket, "group_tokens"),
+        other => panic!("expected the group cap to refuse, got {other:?}"),
+    }
+
+    // Keys of one group share a slot; different groups land elsewhere.
+    let slot = |key: &str| cluster.keyslot(key);
+    let mini = slot("ratekeeper:{g:org}:mini:tokens");
+    assert_eq!(mini, slot("ratekeeper:{g:org}:nano:tokens"));
+    assert_eq!(mini, slot("ratekeeper:{g:org}:group:tokens"));
+    assert_eq!(
+        slot("ratekeeper:{l:gpt}:gpt:tokens"),
+        slot("ratekeeper:{l:gpt}:gpt:requests")
+    );
+    let distinct: std::collections::HashSet<u16> = [
+        mini,
+        slot("ratekeeper:{l:gpt}:gpt:tokens"),
+        slot("ratekeeper:{l:claude}:claude:tokens"),
+    ]
+    .into();
+    assert_eq!(distinct.len(), 3, "{distinct:?}");
+    // And the keys really are where the daemon wrote them.
+    let owners: usize = cluster
+        .nodes
+        .iter()
+        .filter(|node| {
+            node.cli(&["EXISTS", "ratekeeper:{g:org}:group:tokens"])
+                .is_some_and(|reply| reply == "1")
+        })
+        .count();
+    assert_eq!(owners, 1);
+}
