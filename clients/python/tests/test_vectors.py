@@ -62,7 +62,8 @@ def from_serde(wire: p.WireType, value: Any) -> Any:
     elif wire is p.STR:
         assert isinstance(value, str)
     else:
-        assert isinstance(value, int) and not isinstance(value, bool)
+        assert isinstance(value, int)
+        assert not isinstance(value, bool)
     return value
 
 

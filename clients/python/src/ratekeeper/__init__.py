@@ -1,1 +1,85 @@
-"""ratekeeper client."""
+"""Client for the ratekeeper sidecar: one shared rate limit for every worker.
+
+    from ratekeeper import Client
+
+    limiter = Client()  # RATEKEEPER_SOCKET, else /tmp/ratekeeper.sock
+    with limiter.reserve("gpt-4o", tokens=1200, max_tokens=800) as lease:
+        response = call_the_provider()
+        lease.report(response.usage.total_tokens)
+
+`Client` is thread-safe and fork-safe; `AsyncClient` is its asyncio twin.
+A denial raises `RateLimited` with `retry_after` in seconds; every protocol
+error code has its own exception class (see `ERROR_CLASSES`).
+`ratekeeper.openai.wrap` limits an OpenAI client's chat completions.
+"""
+
+from ._async import AsyncClient, AsyncLease
+from ._core import DEFAULT_SOCKET, ENV_SOCKET, estimate_prompt_tokens
+from ._errors import (
+    ERROR_CLASSES,
+    Cancelled,
+    CostExceedsCapacity,
+    DuplicateRequestId,
+    ErrorCode,
+    FrameTooLarge,
+    HelloRequired,
+    InternalError,
+    InvalidRequest,
+    MalformedMessage,
+    ProtocolError,
+    RatekeeperError,
+    RateLimited,
+    ShuttingDown,
+    SidecarUnavailable,
+    StoreUnavailable,
+    TooManyInFlight,
+    UnknownErrorCode,
+    UnknownLease,
+    UnknownLimit,
+    UnknownPriority,
+    Unsupported,
+    UnsupportedVersion,
+)
+from ._protocol import BucketStatus, ChatMessage, Estimated, LimitStatus, StatusReply
+from ._sync import Client, Lease, SidecarUnavailableWarning
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_SOCKET",
+    "ENV_SOCKET",
+    "ERROR_CLASSES",
+    "AsyncClient",
+    "AsyncLease",
+    "BucketStatus",
+    "Cancelled",
+    "ChatMessage",
+    "Client",
+    "CostExceedsCapacity",
+    "DuplicateRequestId",
+    "ErrorCode",
+    "Estimated",
+    "FrameTooLarge",
+    "HelloRequired",
+    "InternalError",
+    "InvalidRequest",
+    "Lease",
+    "LimitStatus",
+    "MalformedMessage",
+    "ProtocolError",
+    "RateLimited",
+    "RatekeeperError",
+    "ShuttingDown",
+    "SidecarUnavailable",
+    "SidecarUnavailableWarning",
+    "StatusReply",
+    "StoreUnavailable",
+    "TooManyInFlight",
+    "UnknownErrorCode",
+    "UnknownLease",
+    "UnknownLimit",
+    "UnknownPriority",
+    "Unsupported",
+    "UnsupportedVersion",
+    "estimate_prompt_tokens",
+]

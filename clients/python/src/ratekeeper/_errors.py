@@ -60,7 +60,9 @@ class RateLimited(RatekeeperError):
 
     def __init__(self, retry_after: float, bucket: str, limit: str = "") -> None:
         where = f" on limit {limit!r}" if limit else ""
-        super().__init__(f"rate limited by the {bucket!r} bucket{where}; retry after {retry_after}s")
+        super().__init__(
+            f"rate limited by the {bucket!r} bucket{where}; retry after {retry_after}s"
+        )
         self.retry_after = retry_after
         self.bucket = bucket
         self.limit = limit

@@ -428,7 +428,7 @@ class Denied:
 
 @dataclass(frozen=True)
 class Settled:
-    """Response 3: reserved − used went back (negative: an overrun was debited)."""
+    """Response 3: reserved - used went back (negative: an overrun was debited)."""
 
     tokens_returned: int
     WIRE: ClassVar[tuple] = ()

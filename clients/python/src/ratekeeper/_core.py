@@ -1,0 +1,411 @@
+"""What the sync and asyncio clients share: everything but the waiting.
+
+`Session` is the sans-IO state of one connection (request ids, the `Hello`
+exchange, the frame decoder). The functions below build requests from the
+public API's arguments and turn answers into results or exceptions, so the two
+shells only move bytes and wait.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from . import _protocol as p
+from ._errors import (
+    ProtocolError,
+    RatekeeperError,
+    RateLimited,
+    SidecarUnavailable,
+    UnsupportedVersion,
+)
+
+#: The daemon's socket when neither the argument nor RATEKEEPER_SOCKET names one.
+DEFAULT_SOCKET = "/tmp/ratekeeper.sock"
+#: Environment variable naming the socket, as for the daemon and its CLI.
+ENV_SOCKET = "RATEKEEPER_SOCKET"
+#: Default for `timeout`: how long a call may spend on I/O beyond its own wait.
+DEFAULT_TIMEOUT = 5.0
+
+#: What `on_unavailable` accepts.
+ON_UNAVAILABLE = ("raise", "allow")
+
+#: A chat message as users hold it: an OpenAI-style dict, an SDK object, or ours.
+MessageLike = Union[Mapping[str, Any], p.ChatMessage, Any]
+
+
+def socket_path(path: Optional[Union[str, os.PathLike]]) -> str:
+    """The socket to use: the argument, else RATEKEEPER_SOCKET, else the default."""
+    if path is not None:
+        return os.fspath(path)
+    return os.environ.get(ENV_SOCKET) or DEFAULT_SOCKET
+
+
+def default_client_name() -> str:
+    """`"<program> pid=<pid>"`, computed at each connect so a forked child names itself."""
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return f"{program or 'python'} pid={os.getpid()}"[: p.MAX_NAME_LEN]
+
+
+def check_on_unavailable(value: str) -> str:
+    if value not in ON_UNAVAILABLE:
+        raise ValueError(f"on_unavailable must be one of {ON_UNAVAILABLE}, got {value!r}")
+    return value
+
+
+class Session:
+    """The sans-IO state of one connection: ids, `Hello`, received bytes."""
+
+    def __init__(self, client_name: str) -> None:
+        self.client_name = client_name[: p.MAX_NAME_LEN]
+        self.decoder = p.FrameDecoder(p.ServerFrame)
+        self.hello: Optional[p.HelloReply] = None
+        self._last_id = 0
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.hello.max_in_flight if self.hello else p.MAX_IN_FLIGHT
+
+    @property
+    def max_frame_len(self) -> int:
+        return self.hello.max_frame_len if self.hello else p.MAX_FRAME_LEN
+
+    def next_id(self) -> int:
+        """A fresh request id: a counter from 1 that skips 0 if it ever wraps."""
+        self._last_id = self._last_id % (2**64 - 1) + 1
+        return self._last_id
+
+    def hello_frame(self) -> tuple[int, bytes]:
+        request_id = self.next_id()
+        hello = p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name=self.client_name)
+        return request_id, p.encode_frame(p.ClientFrame(request_id, hello))
+
+    def accept_hello(self, frame: p.ServerFrame) -> p.HelloReply:
+        """Checks the daemon's answer to `Hello`; raises when it refused us."""
+        response = frame.response
+        if isinstance(response, p.ErrorReply):
+            raise response.exception()
+        if not isinstance(response, p.HelloReply):
+            raise ProtocolError(f"expected Hello, the daemon answered {type(response).__name__}")
+        if response.protocol_version != p.PROTOCOL_VERSION:
+            raise UnsupportedVersion(
+                f"the daemon speaks protocol version {response.protocol_version}; "
+                f"this client speaks {p.PROTOCOL_VERSION}"
+            )
+        self.hello = response
+        # Frames may grow up to the bound the daemon announced, and no further.
+        self.decoder.max_frame_len = max(p.MAX_FRAME_LEN, response.max_frame_len)
+        return response
+
+    def request_frame(self, request: p.Request) -> tuple[int, bytes]:
+        """Allocates an id for `request` and encodes it within the daemon's bound."""
+        request_id = self.next_id()
+        return request_id, p.encode_frame(p.ClientFrame(request_id, request), self.max_frame_len)
+
+    def receive_data(self, data: bytes) -> list[p.ServerFrame]:
+        """The frames completed by `data`. A broken stream raises `ProtocolError`."""
+        self.decoder.receive_data(data)
+        return self.decoder.frames()
+
+
+def counts_in_flight(request: p.Request) -> bool:
+    """`Ping` and `Cancel` are answered at once and never count (PROTOCOL.md §5.2)."""
+    return not isinstance(request, (p.Ping, p.Cancel))
+
+
+class Deadline:
+    """A point in monotonic time, or none (wait as long as it takes)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, seconds: Optional[float]) -> None:
+        self.at = None if seconds is None else time.monotonic() + max(0.0, seconds)
+
+    def remaining(self) -> Optional[float]:
+        if self.at is None:
+            return None
+        return max(0.0, self.at - time.monotonic())
+
+    @property
+    def expired(self) -> bool:
+        return self.at is not None and time.monotonic() >= self.at
+
+    def earlier(self, seconds: float) -> Deadline:
+        """This deadline or `seconds` from now, whichever comes first."""
+        other = Deadline(seconds)
+        if self.at is not None and other.at is not None and self.at < other.at:
+            other.at = self.at
+        return other
+
+
+def reconnect_delays() -> Iterator[float]:
+    """Pauses between connect attempts while the socket is missing: 5 ms doubling to 250 ms."""
+    delay = 0.005
+    while True:
+        yield delay
+        delay = min(delay * 2, 0.25)
+
+
+def unavailable(path: str, cause: Optional[BaseException]) -> SidecarUnavailable:
+    reason = f": {cause}" if cause else ""
+    return SidecarUnavailable(f"the ratekeeper sidecar at {path} is unavailable{reason}")
+
+
+def connection_lost(reason: str) -> SidecarUnavailable:
+    return SidecarUnavailable(f"the connection to the ratekeeper sidecar was lost: {reason}")
+
+
+# ---------------------------------------------------------------------------
+# Requests from the public API's arguments
+# ---------------------------------------------------------------------------
+
+
+def wait_ms(seconds: Optional[float]) -> Optional[int]:
+    """`max_wait` in seconds as the wire's milliseconds (None stays None)."""
+    if seconds is None:
+        return None
+    if seconds < 0 or math.isnan(seconds):
+        raise ValueError(f"max_wait must be a non-negative number of seconds, got {seconds}")
+    return round(seconds * 1000)
+
+
+def _text_parts(content: Any) -> tuple[str, ...]:
+    """The text parts of a message's content: a string is one part, None none.
+
+    Non-text parts (images, audio, files) are left out: they are not text to count.
+    """
+    if content is None:
+        return ()
+    if isinstance(content, str):
+        return (content,)
+    parts = []
+    for part in content:
+        part = _as_mapping(part)
+        if isinstance(part, str):
+            parts.append(part)
+        elif isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        elif isinstance(part.get("refusal"), str):
+            parts.append(part["refusal"])
+    return tuple(parts)
+
+
+def _as_mapping(value: Any) -> Any:
+    """SDK objects (pydantic models) as dicts; dicts and strings as they are."""
+    if isinstance(value, (Mapping, str)):
+        return value
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(exclude_none=True)
+    return vars(value)
+
+
+def _json_text(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_as_mapping)
+
+
+def chat_message(message: MessageLike) -> p.ChatMessage:
+    """One OpenAI-style chat message as the protocol's `ChatMessage`."""
+    if isinstance(message, p.ChatMessage):
+        return message
+    message = _as_mapping(message)
+    tool_calls = message.get("tool_calls")
+    if tool_calls is None and message.get("function_call") is not None:
+        tool_calls = [message["function_call"]]
+    return p.ChatMessage(
+        role=str(message.get("role", "user")),
+        content=_text_parts(message.get("content")),
+        name=message.get("name"),
+        tool_calls_json=_json_text(tool_calls),
+    )
+
+
+def chat_request(
+    messages: Iterable[MessageLike], max_tokens: Optional[int], tools: Any = None
+) -> p.ChatRequest:
+    """The `Cost::Messages` of a chat request."""
+    return p.ChatRequest(
+        messages=tuple(chat_message(m) for m in messages),
+        tools_json=_json_text(tools) if tools else None,
+        max_output_tokens=max_tokens,
+    )
+
+
+def build_cost(
+    tokens: Optional[int],
+    messages: Optional[Iterable[MessageLike]],
+    max_tokens: Optional[int],
+    tools: Any = None,
+) -> p.Cost:
+    """`tokens` (prompt tokens) + `max_tokens` (output to reserve), or messages to count."""
+    if (tokens is None) == (messages is None):
+        raise ValueError("give exactly one of tokens= or messages=")
+    if max_tokens is not None and max_tokens < 0:
+        raise ValueError(f"max_tokens must not be negative, got {max_tokens}")
+    if messages is not None:
+        return chat_request(messages, max_tokens, tools)
+    if tokens < 0:  # type: ignore[operator]
+        raise ValueError(f"tokens must not be negative, got {tokens}")
+    return p.TokenCost(input_tokens=int(tokens), output_tokens=int(max_tokens or 0))  # type: ignore[arg-type]
+
+
+def build_acquire(
+    limit: str,
+    tokens: Optional[int],
+    messages: Optional[Iterable[MessageLike]],
+    max_tokens: Optional[int],
+    tools: Any,
+    tenant: Optional[str],
+    priority: Optional[str],
+    max_wait: Optional[float],
+) -> p.Acquire:
+    return p.Acquire(
+        limit=limit,
+        cost=build_cost(tokens, messages, max_tokens, tools),
+        tenant=tenant,
+        priority=priority,
+        max_wait_ms=wait_ms(max_wait),
+    )
+
+
+def with_remaining_wait(request: p.Acquire, max_wait: Optional[float], started: float) -> p.Acquire:
+    """The acquire to resend after a reconnect: its wait shortened by the time spent."""
+    if max_wait is None:
+        return request
+    spent = time.monotonic() - started
+    return p.Acquire(
+        limit=request.limit,
+        cost=request.cost,
+        tenant=request.tenant,
+        priority=request.priority,
+        max_wait_ms=wait_ms(max(0.0, max_wait - spent)),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Answers
+# ---------------------------------------------------------------------------
+
+
+def expect(response: p.Response, kind: type) -> Any:
+    """`response` if it is a `kind`; the mapped exception if it is an error."""
+    if isinstance(response, kind):
+        return response
+    if isinstance(response, p.ErrorReply):
+        raise response.exception()
+    raise ProtocolError(f"expected {kind.__name__}, the daemon answered {type(response).__name__}")
+
+
+def granted_or_raise(response: p.Response, limit: str) -> p.Granted:
+    """The grant, or `RateLimited` for a denial, or the mapped error."""
+    if isinstance(response, p.Denied):
+        raise RateLimited(response.retry_after_ms / 1000.0, response.bucket, limit)
+    return expect(response, p.Granted)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What a lease reserved, per side, so it can be settled as fully used."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+def reservation(cost: p.Cost, granted_tokens: int) -> Reservation:
+    """Splits a grant into input and output tokens (the daemon returns the sum)."""
+    if isinstance(cost, p.TokenCost):
+        return Reservation(cost.input_tokens, cost.output_tokens)
+    output = min(cost.max_output_tokens or 0, granted_tokens)
+    return Reservation(granted_tokens - output, output)
+
+
+def report_counts(
+    used: Optional[int], input_tokens: Optional[int], output_tokens: Optional[int]
+) -> tuple[int, int]:
+    """`report(used)` or `report(input_tokens=, output_tokens=)` as the wire's two counts.
+
+    A single total is sent as input tokens: limits that share one token bucket
+    only look at the sum.
+    """
+    if used is not None:
+        if input_tokens is not None or output_tokens is not None:
+            raise ValueError("give either used or input_tokens/output_tokens, not both")
+        counts = (int(used), 0)
+    elif input_tokens is None and output_tokens is None:
+        raise ValueError("report needs used, or input_tokens and/or output_tokens")
+    else:
+        counts = (int(input_tokens or 0), int(output_tokens or 0))
+    if min(counts) < 0:
+        raise ValueError(f"token counts must not be negative, got {counts}")
+    return counts
+
+
+def estimate_prompt_tokens(messages: Iterable[MessageLike], tools: Any = None) -> int:
+    """A rough client-side count of a chat request's prompt: about 4 characters a token.
+
+    Used by the OpenAI wrapper while the daemon answers `Unsupported` to message
+    costs (token counting in the daemon lands later); it is no tokenizer.
+    """
+    total = 3  # every reply is primed with a few tokens
+    for message in messages:
+        chat = chat_message(message)
+        text = sum(len(part) for part in chat.content)
+        text += len(chat.name or "") + len(chat.tool_calls_json or "")
+        total += 4 + math.ceil(text / 4)
+    tools_json = _json_text(tools) if tools else None
+    if tools_json:
+        total += math.ceil(len(tools_json) / 4)
+    return total
+
+
+class LeaseBase:
+    """What sync and asyncio leases share: the grant and whether it was settled."""
+
+    def __init__(
+        self,
+        limit: str,
+        granted: Optional[p.Granted],
+        reserved: Reservation,
+    ) -> None:
+        #: The limit the tokens were reserved in.
+        self.limit = limit
+        #: The daemon's lease id; None for an unlimited lease (sidecar unavailable, "allow").
+        self.lease_id = granted.lease if granted else None
+        #: Tokens reserved (input + output).
+        self.tokens = granted.tokens if granted else reserved.input_tokens + reserved.output_tokens
+        #: Seconds the daemon held the grant back until the reservation was due.
+        self.waited = granted.waited_ms / 1000.0 if granted else 0.0
+        #: What was reserved on each side, used to settle a lease as fully used.
+        self.reserved = reserved
+        #: Whether the lease was reported, released, or lost with its connection.
+        self.settled = granted is None
+        #: The daemon's answer to the settlement: tokens given back (negative: debited).
+        self.tokens_returned: Optional[int] = None
+
+    @property
+    def unlimited(self) -> bool:
+        """True for the no-op lease handed out while the sidecar is unavailable ("allow")."""
+        return self.lease_id is None
+
+    def __repr__(self) -> str:
+        state = "settled" if self.settled else "open"
+        if self.unlimited:
+            return f"<{type(self).__name__} {self.limit!r} unlimited>"
+        name = type(self).__name__
+        return f"<{name} {self.limit!r} id={self.lease_id} tokens={self.tokens} {state}>"
+
+
+def describe(error: BaseException) -> str:
+    if isinstance(error, RatekeeperError):
+        return error.message or type(error).__name__
+    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,285 @@
+"""The blocking client against the real daemon: the calls, their answers, their errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+import pytest
+
+import ratekeeper
+from ratekeeper import (
+    Client,
+    CostExceedsCapacity,
+    InvalidRequest,
+    RateLimited,
+    SidecarUnavailable,
+    SidecarUnavailableWarning,
+    UnknownLease,
+    UnknownLimit,
+    UnknownPriority,
+    Unsupported,
+)
+
+CAPACITY = 1_000_000  # burst of the "exact" limit
+
+
+def level(client: Client, limit: str, bucket: str = "tokens") -> int:
+    return client.status(limit).limit(limit).bucket(bucket).level
+
+
+def test_ping_says_hello_with_the_process_name(daemon, client):
+    assert 0 < client.ping() < 1
+    assert f"pid={__import__('os').getpid()}" in daemon.log()
+
+
+def test_status_lists_every_configured_limit(client):
+    status = client.status()
+    assert status.store == "embedded"
+    assert {limit.name for limit in status.limits} == {"basic", "tiny", "capped", "requests"}
+    requests = status.limit("requests")
+    assert [b.name for b in requests.buckets] == ["tokens", "requests"]
+    assert requests.bucket("requests").capacity == 2
+    assert requests.bucket("requests").per_minute == 60
+
+
+def test_estimate_of_tokens_is_the_given_counts(client):
+    assert client.estimate("basic", 100, max_tokens=50) == ratekeeper.Estimated(100, 50)
+
+
+def test_acquire_report_and_release_settle_the_buckets(make_daemon):
+    daemon = make_daemon()
+    with Client(daemon.socket) as client:
+        lease = client.acquire("exact", 1200, max_tokens=800)
+        assert (lease.tokens, lease.waited, lease.settled) == (2000, 0.0, False)
+        assert level(client, "exact") == CAPACITY - 2000
+
+        assert lease.report(1500) == 500
+        assert lease.settled
+        assert lease.tokens_returned == 500
+        assert level(client, "exact") == CAPACITY - 1500
+
+        overrun = client.acquire("exact", 100)
+        assert overrun.report(input_tokens=100, output_tokens=150) == -150
+        assert level(client, "exact") == CAPACITY - 1500 - 250
+
+        unused = client.acquire("exact", 300)
+        assert unused.release() == 300
+        assert level(client, "exact") == CAPACITY - 1750
+
+
+def test_a_lease_settles_once(client):
+    lease = client.acquire("basic", 10)
+    lease.release()
+    with pytest.raises(UnknownLease) as caught:
+        lease.report(10)
+    assert caught.value.code == 11
+    assert not caught.value.retryable
+
+
+def test_reserve_releases_when_the_body_raises(make_daemon):
+    daemon = make_daemon()
+    with Client(daemon.socket) as client:
+        with pytest.raises(KeyError), client.reserve("exact", 500) as lease:
+            assert level(client, "exact") == CAPACITY - 500
+            raise KeyError("provider call failed before it was made")
+        assert lease.settled
+        assert lease.tokens_returned == 500
+        assert level(client, "exact") == CAPACITY
+
+
+def test_reserve_reports_the_usage_given_to_it(make_daemon):
+    daemon = make_daemon()
+    with Client(daemon.socket) as client:
+        with client.reserve("exact", 400, max_tokens=600) as lease:
+            lease.report(input_tokens=380, output_tokens=20)
+        assert lease.tokens_returned == 600
+        assert level(client, "exact") == CAPACITY - 400
+
+
+def test_reserve_keeps_the_reservation_when_the_body_does_not_report(make_daemon):
+    daemon = make_daemon()
+    with Client(daemon.socket) as client:
+        with client.reserve("exact", 400, max_tokens=600) as lease:
+            pass
+        # Settled as fully used: the daemon's lease is closed, nothing came back.
+        assert lease.settled
+        assert lease.tokens_returned == 0
+        assert level(client, "exact") == CAPACITY - 1000
+        with pytest.raises(UnknownLease):
+            lease.release()
+
+
+def test_a_denial_raises_rate_limited_with_retry_after(client):
+    client.acquire("tiny", 10, max_wait=0).report(10)  # the whole burst of 10
+    with pytest.raises(RateLimited) as caught:
+        client.acquire("tiny", 5, max_wait=0)
+    denied = caught.value
+    assert denied.bucket == "tokens"
+    assert denied.limit == "tiny"
+    assert denied.retryable
+    # One token a second: 5 tokens are due in at most 5 s.
+    assert 3.5 < denied.retry_after <= 5.0
+
+
+def test_the_request_bucket_refuses_too(client):
+    client.acquire("requests", 1, max_wait=0).report(1)
+    client.acquire("requests", 1, max_wait=0).report(1)
+    with pytest.raises(RateLimited) as caught:
+        client.acquire("requests", 1, max_wait=0)
+    assert caught.value.bucket == "requests"
+
+
+def test_an_acquire_is_held_back_until_its_reservation_is_due(make_daemon):
+    daemon = make_daemon()
+    with Client(daemon.socket) as client:
+        client.acquire("metered", 1000).report(1000)  # empties the 1000-token burst
+        started = time.monotonic()
+        lease = client.acquire("metered", 200, max_wait=2)  # 1000 tokens/s: due in 0.2 s
+        elapsed = time.monotonic() - started
+        assert 0.18 <= lease.waited <= elapsed
+        assert elapsed < 1.0
+
+
+def test_a_held_acquire_does_not_delay_other_requests(make_daemon):
+    daemon = make_daemon()
+    with Client(daemon.socket) as client:
+        client.acquire("metered", 1000).report(1000)
+        done = threading.Event()
+        grants = []
+
+        def wait_for_tokens():
+            grants.append(client.acquire("metered", 800, max_wait=5))  # due in 0.8 s
+            done.set()
+
+        waiter = threading.Thread(target=wait_for_tokens)
+        waiter.start()
+        # The daemon holds the acquire back; meanwhile pings on the same socket pass.
+        for _ in range(20):
+            assert client.ping() < 0.5
+        status = client.status("metered").limit("metered")
+        assert not done.is_set()
+        assert status.waiters == 1
+        waiter.join(10)
+        assert grants[0].waited >= 0.7
+
+
+def test_threads_share_one_connection_and_get_their_own_answers(client):
+    errors = []
+
+    def worker(index: int) -> None:
+        try:
+            for round_ in range(25):
+                tokens = 1 + index * 100 + round_
+                lease = client.acquire("basic", tokens)
+                assert lease.tokens == tokens
+                assert lease.report(tokens) == 0
+                client.ping()
+        except Exception as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert client._slot.conn is not None
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "code"),
+    [
+        (lambda c: c.acquire("gpt-5", 10), UnknownLimit, 6),
+        (lambda c: c.acquire("basic", 10, priority="nope"), UnknownPriority, 7),
+        (lambda c: c.acquire("tiny", 10, priority="batch"), UnknownPriority, 7),
+        (lambda c: c.acquire("basic", 0), InvalidRequest, 5),
+        (lambda c: c.acquire("x" * 129, 10), InvalidRequest, 5),
+        (lambda c: c.acquire("basic", 10, tenant="t" * 129), InvalidRequest, 5),
+        (lambda c: c.acquire("capped", 501), CostExceedsCapacity, 8),
+        (lambda c: c.acquire("tiny", 11), CostExceedsCapacity, 8),
+        (lambda c: c.acquire("basic", 6_000_000, priority="batch"), CostExceedsCapacity, 8),
+        (lambda c: c.estimate("gpt-5", 10), UnknownLimit, 6),
+        (lambda c: c.status("gpt-5"), UnknownLimit, 6),
+    ],
+    ids=[
+        "unknown-limit",
+        "unknown-priority",
+        "priority-not-for-limit",
+        "zero-cost",
+        "long-limit-name",
+        "long-tenant-name",
+        "above-max-request-tokens",
+        "above-burst",
+        "above-what-batch-may-draw",
+        "estimate-unknown-limit",
+        "status-unknown-limit",
+    ],
+)
+def test_refusals_raise_their_exception(client, call, error, code):
+    with pytest.raises(error) as caught:
+        call(client)
+    assert caught.value.code == code
+    assert not caught.value.retryable
+    assert caught.value.message
+
+
+def test_messages_cost_is_unsupported_until_the_daemon_counts_tokens(client):
+    """Update when token counting lands (issue 4): then this must be granted/estimated."""
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]},
+    ]
+    with pytest.raises(Unsupported) as caught:
+        client.acquire("basic", messages=messages, max_tokens=16)
+    assert caught.value.code == 16
+    with pytest.raises(Unsupported):
+        client.estimate("basic", messages=messages)
+
+
+def test_arguments_are_checked_before_sending(client):
+    with pytest.raises(ValueError, match="exactly one"):
+        client.acquire("basic")
+    with pytest.raises(ValueError, match="exactly one"):
+        client.acquire("basic", 10, messages=[])
+    with pytest.raises(ValueError, match="max_wait"):
+        client.acquire("basic", 10, max_wait=-1)
+    with pytest.raises(ValueError, match="on_unavailable"):
+        Client(on_unavailable="ignore")
+    lease = client.acquire("basic", 10)
+    with pytest.raises(ValueError, match="either"):
+        lease.report(5, input_tokens=5)
+    lease.release()
+
+
+def test_an_unreachable_sidecar_raises_within_the_timeout(tmp_path):
+    client = Client(str(tmp_path / "nobody.sock"), timeout=0.3)
+    started = time.monotonic()
+    with pytest.raises(SidecarUnavailable) as caught:
+        client.acquire("basic", 10, max_wait=0.2)
+    assert 0.3 <= time.monotonic() - started < 1.5
+    assert caught.value.retryable
+    # Known to be down now: the next call tries once and fails at once.
+    started = time.monotonic()
+    with pytest.raises(SidecarUnavailable):
+        client.ping()
+    assert time.monotonic() - started < 0.2
+
+
+def test_allow_proceeds_unlimited_with_a_warning(tmp_path):
+    client = Client(str(tmp_path / "nobody.sock"), timeout=0.2, on_unavailable="allow")
+    with pytest.warns(SidecarUnavailableWarning, match="without a rate limit on 'basic'"):
+        lease = client.acquire("basic", 1200, max_tokens=300)
+    assert lease.unlimited
+    assert lease.lease_id is None
+    assert lease.tokens == 1500
+    assert lease.report(1400) is None
+    assert lease.release() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidecarUnavailableWarning)
+        with client.reserve("basic", 10) as reserved:
+            assert reserved.unlimited
+    # Other calls are not limited work: they still raise.
+    with pytest.raises(SidecarUnavailable):
+        client.status()
