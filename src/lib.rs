@@ -4,5 +4,6 @@ pub mod client;
 pub mod config;
 pub mod dispatch;
 pub mod limiter;
+pub mod loadgen;
 pub mod proto;
 pub mod server;

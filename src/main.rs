@@ -109,6 +109,42 @@ Exit codes: 0 granted, 3 denied (rate limited), 1 error, 2 usage error."
         #[arg(long, conflicts_with = "report")]
         release: bool,
     },
+    /// Send acquires as fast as answers come, and report throughput and latency.
+    #[command(
+        after_help = "Prints one JSON object: acquires, granted, denied, errors, \
+acquires_per_second and latency percentiles in microseconds. Used by bench/ and the tests.\n\n\
+Exit codes: 0 the run completed, 1 the daemon was unreachable."
+    )]
+    Loadgen(LoadgenArgs),
+}
+
+#[derive(clap::Args)]
+struct LoadgenArgs {
+    #[command(flatten)]
+    socket: SocketArgs,
+    /// The limit to draw from.
+    limit: String,
+    /// Tokens each acquire asks for.
+    #[arg(long, default_value_t = 1)]
+    tokens: u64,
+    /// Connections to open.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
+    /// Acquires kept in flight on each connection.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// How long to run, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// max_wait_ms of each acquire.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    max_wait: u64,
+    /// Release each granted lease right away (one more round trip).
+    #[arg(long)]
+    release: bool,
+    /// Write one line per grant: arrival time (ms since the Unix epoch) and tokens.
+    #[arg(long, value_name = "FILE")]
+    grant_log: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -181,6 +217,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 other => bail!("unexpected answer to Ping: {other:?}"),
             }
+        }
+        Command::Loadgen(args) => {
+            let report = ratekeeper::loadgen::run(ratekeeper::loadgen::LoadOptions {
+                socket: args.socket.socket,
+                limit: args.limit,
+                tokens: args.tokens,
+                connections: args.connections.max(1),
+                concurrency: args.concurrency.max(1),
+                duration: Duration::from_secs_f64(args.seconds.max(0.0)),
+                max_wait_ms: args.max_wait,
+                release: args.release,
+                grant_log: args.grant_log,
+            })
+            .await?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(ExitCode::SUCCESS)
         }
         Command::Acquire {
             socket,
