@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ratekeeper import Client
 
-from _daemon import Daemon, daemon_binary  # noqa: E402
-
-from ratekeeper import Client  # noqa: E402
+from _daemon import Daemon, daemon_binary
 
 #: The configuration of the session's daemon. Every test that looks at bucket
 #: levels uses a limit of its own (or a daemon of its own), so tests never see

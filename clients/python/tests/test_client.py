@@ -81,9 +81,17 @@ def test_a_lease_settles_once(client):
 def test_reserve_releases_when_the_body_raises(make_daemon):
     daemon = make_daemon()
     with Client(daemon.socket) as client:
-        with pytest.raises(KeyError), client.reserve("exact", 500) as lease:
-            assert level(client, "exact") == CAPACITY - 500
-            raise KeyError("provider call failed before it was made")
+        leases = []
+
+        def body():
+            with client.reserve("exact", 500) as lease:
+                leases.append(lease)
+                assert level(client, "exact") == CAPACITY - 500
+                raise KeyError("provider call failed before it was made")
+
+        with pytest.raises(KeyError):
+            body()
+        (lease,) = leases
         assert lease.settled
         assert lease.tokens_returned == 500
         assert level(client, "exact") == CAPACITY

@@ -7,9 +7,10 @@ import os
 import threading
 
 import pytest
-from _workers import hammer
 
 from ratekeeper import Client
+
+from _workers import hammer
 
 SHARED_CONFIG = """
 [[limits]]

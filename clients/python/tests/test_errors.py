@@ -13,12 +13,13 @@ import socket
 import time
 
 import pytest
-from _daemon import wait_for
 
 import ratekeeper
 from ratekeeper import _core as core
 from ratekeeper import _protocol as p
 from ratekeeper._errors import ERROR_CLASSES, ErrorCode
+
+from _daemon import wait_for
 
 #: PROTOCOL.md §7: code → (exception, retryable).
 SPEC_TABLE = {

@@ -7,9 +7,10 @@ import time
 import warnings
 
 import pytest
-from _daemon import Daemon, wait_for
 
 from ratekeeper import AsyncClient, Client, SidecarUnavailable, SidecarUnavailableWarning
+
+from _daemon import Daemon, wait_for
 
 CONFIG = """
 [[limits]]

@@ -1,0 +1,170 @@
+"""The asyncio client against the real daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import warnings
+
+import pytest
+
+from ratekeeper import (
+    AsyncClient,
+    CostExceedsCapacity,
+    RateLimited,
+    SidecarUnavailable,
+    SidecarUnavailableWarning,
+    UnknownLimit,
+    Unsupported,
+)
+
+CONFIG = """
+[[limits]]
+name = "exact"
+tokens_per_minute = 1
+burst_tokens = 1000000
+
+[[limits]]
+name = "busy"
+tokens_per_minute = 60000
+burst_tokens = 1000
+
+[[limits]]
+name = "slow"
+tokens_per_minute = 60
+burst_tokens = 1
+
+[[priorities]]
+name = "default"
+max_wait_ms = 10000
+"""
+CAPACITY = 1_000_000
+
+
+def run(coroutine, timeout: float = 30):
+    return asyncio.run(asyncio.wait_for(coroutine, timeout))
+
+
+async def level(client: AsyncClient, limit: str) -> int:
+    status = await client.status(limit)
+    return status.limit(limit).bucket("tokens").level
+
+
+def test_acquire_report_release_and_reserve(make_daemon):
+    daemon = make_daemon(CONFIG)
+
+    async def main():
+        async with AsyncClient(daemon.socket) as client:
+            assert await client.ping() < 1
+            lease = await client.acquire("exact", 300, max_tokens=200)
+            assert (lease.tokens, lease.waited) == (500, 0.0)
+            assert await lease.report(input_tokens=280, output_tokens=20) == 200
+            assert await level(client, "exact") == CAPACITY - 300
+
+            assert await (await client.acquire("exact", 50)).release() == 50
+
+            with pytest.raises(ValueError, match="boom"):
+                async with client.reserve("exact", 100):
+                    raise ValueError("boom")
+            assert await level(client, "exact") == CAPACITY - 300
+
+            async with client.reserve("exact", 100, max_tokens=100) as kept:
+                pass
+            assert kept.tokens_returned == 0
+            assert await level(client, "exact") == CAPACITY - 500
+
+            estimate = await client.estimate("exact", 10, max_tokens=5)
+            assert (estimate.input_tokens, estimate.output_tokens) == (10, 5)
+
+    run(main())
+
+
+def test_errors_raise_their_exceptions(make_daemon):
+    daemon = make_daemon(CONFIG)
+
+    async def main():
+        async with AsyncClient(daemon.socket) as client:
+            with pytest.raises(UnknownLimit):
+                await client.acquire("nope", 1)
+            with pytest.raises(CostExceedsCapacity):
+                await client.acquire("slow", 2)
+            await (await client.acquire("slow", 1, max_wait=0)).report(1)
+            with pytest.raises(RateLimited) as caught:
+                await client.acquire("slow", 1, max_wait=0)
+            assert 0 < caught.value.retry_after <= 1.0
+            with pytest.raises(Unsupported):
+                await client.acquire("exact", messages=[{"role": "user", "content": "hi"}])
+
+    run(main())
+
+
+def test_two_hundred_concurrent_tasks(make_daemon):
+    daemon = make_daemon(CONFIG)
+    tasks, tokens = 200, 10  # 2000 tokens: the 1000 burst, then 1000 at 1000/s
+
+    async def one(client: AsyncClient) -> tuple[int, float]:
+        lease = await client.acquire("busy", tokens, max_wait=5)
+        received = time.monotonic()
+        await lease.report(tokens)
+        return lease.tokens, received
+
+    async def main():
+        async with AsyncClient(daemon.socket) as client:
+            await client.ping()
+            started = time.monotonic()
+            results = await asyncio.gather(*(one(client) for _ in range(tasks)))
+            elapsed = max(received for _, received in results) - started
+            return sum(granted for granted, _ in results), elapsed
+
+    granted, elapsed = run(main())
+    assert granted == tasks * tokens  # every task answered, every one granted
+    # Admitted work over T is at most burst + rate * T: the last grants waited.
+    assert granted <= 1000 + 1000 * elapsed
+    assert 0.9 <= elapsed < 5
+
+
+def test_a_cancelled_task_gives_its_reservation_back(make_daemon):
+    daemon = make_daemon(CONFIG)
+
+    async def main():
+        async with AsyncClient(daemon.socket) as client:
+            await (await client.acquire("slow", 1)).report(1)  # the whole burst
+            waiting = asyncio.create_task(client.acquire("slow", 1, max_wait=10))
+            while (await client.status("slow")).limit("slow").waiters != 1:
+                await asyncio.sleep(0.005)
+            assert await level(client, "slow") < 0  # reserved ahead of refill
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            # The daemon got Cancel: the waiter is gone and the tokens are back.
+            while (await client.status("slow")).limit("slow").waiters != 0:
+                await asyncio.sleep(0.005)
+            assert await level(client, "slow") >= 0
+
+    run(main())
+
+
+def test_one_client_serves_successive_event_loops(make_daemon):
+    daemon = make_daemon(CONFIG)
+    client = AsyncClient(daemon.socket)
+
+    async def use() -> int:
+        return await (await client.acquire("exact", 5)).report(5)
+
+    assert run(use()) == 0
+    assert run(use()) == 0  # a new loop: a new connection, not the dead loop's
+
+
+def test_allow_mode_when_the_sidecar_is_missing(tmp_path):
+    async def main():
+        client = AsyncClient(str(tmp_path / "none.sock"), timeout=0.2, on_unavailable="allow")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lease = await client.acquire("exact", 10)
+        assert lease.unlimited
+        assert await lease.report(10) is None
+        assert [w.category for w in caught] == [SidecarUnavailableWarning]
+        with pytest.raises(SidecarUnavailable):
+            await client.status()
+
+    run(main())
