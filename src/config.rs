@@ -79,6 +79,9 @@ pub struct RedisConfig {
     pub on_failure: FailurePolicy,
     /// Fraction of every limit the `local` policy grants this sidecar.
     pub local_share: Option<f64>,
+    /// PEM file of the certificate authority that signed the server's TLS
+    /// certificate (`rediss://`), when it is not in the system's trust store.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 /// What acquires get while Redis is failing or too slow.
@@ -118,6 +121,7 @@ impl RedisConfig {
             key_prefix: "ratekeeper".to_string(),
             on_failure: FailurePolicy::FailClosed,
             local_share: None,
+            tls_ca_file: None,
         }
     }
 
@@ -439,6 +443,7 @@ struct RawRedis {
     key_prefix: Option<Spanned<String>>,
     on_failure: Option<Spanned<FailurePolicy>>,
     local_share: Option<Spanned<f64>>,
+    tls_ca_file: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -982,6 +987,31 @@ fn resolve_redis(redis: &Spanned<RawRedis>, d: &mut Diagnostics) -> Option<Redis
                 format!("{context}: local_share must be in (0, 1] (got {v})"),
             );
             usable = false;
+        }
+    }
+    if let Some(ca) = &raw.tls_ca_file {
+        let uses_tls = resolved
+            .url
+            .iter()
+            .chain(&resolved.cluster_nodes)
+            .any(|url| url.starts_with("rediss://"));
+        if !uses_tls {
+            d.error(
+                ca.span().start,
+                format!("{context}: tls_ca_file is set but no node uses TLS (rediss://)"),
+            );
+            usable = false;
+        } else if let Err(problem) = std::fs::read(ca.get_ref()) {
+            d.error(
+                ca.span().start,
+                format!(
+                    "{context}: cannot read tls_ca_file {:?}: {problem}",
+                    ca.get_ref()
+                ),
+            );
+            usable = false;
+        } else {
+            resolved.tls_ca_file = Some(PathBuf::from(ca.get_ref()));
         }
     }
     match (resolved.on_failure, &raw.local_share) {
@@ -1565,6 +1595,16 @@ mod tests {
             "duplicate group",
             "[[groups]]\nname = \"org\"\ntokens_per_minute = 1\n[[groups]]\nname = \"org\"\ntokens_per_minute = 1\n",
             "test.toml:5:8: groups[1] \"org\": duplicate group name \"org\" (first declared at line 2)",
+        ),
+        (
+            "a CA file without TLS",
+            "[redis]\nurl = \"redis://h\"\ntls_ca_file = \"/etc/ssl/ca.pem\"\n",
+            "test.toml:3:15: redis: tls_ca_file is set but no node uses TLS (rediss://)",
+        ),
+        (
+            "an unreadable CA file",
+            "[redis]\nurl = \"rediss://h\"\ntls_ca_file = \"/nonexistent/ca.pem\"\n",
+            "test.toml:3:15: redis: cannot read tls_ca_file \"/nonexistent/ca.pem\"",
         ),
         (
             "redis as a string, password masked",

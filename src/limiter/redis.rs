@@ -31,6 +31,11 @@ const REDIS_CLOCK: &str = "";
 pub enum RedisSetupError {
     #[error("invalid Redis node {node}: {source}")]
     InvalidNode { node: String, source: RedisError },
+    #[error("cannot read tls_ca_file {path}: {source}")]
+    TlsCa {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// Buckets in Redis (one node or a cluster), shared by every sidecar using it.
@@ -99,13 +104,27 @@ impl RedisStore {
         let timeout = Duration::from_millis(config.timeout_ms);
         let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
         let size = config.pool_size.max(1) as usize;
+        let certificates = match &config.tls_ca_file {
+            Some(path) => Some(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(
+                    std::fs::read(path).map_err(|source| RedisSetupError::TlsCa {
+                        path: path.display().to_string(),
+                        source,
+                    })?,
+                ),
+            }),
+            None => None,
+        };
         let pool = match &config.url {
             Some(url) => Pool::Single {
-                client: redis::Client::open(url.as_str()).map_err(|source| {
-                    RedisSetupError::InvalidNode {
-                        node: crate::config::mask_redis_url(url),
-                        source,
-                    }
+                client: match certificates {
+                    Some(certificates) => redis::Client::build_with_tls(url.as_str(), certificates),
+                    None => redis::Client::open(url.as_str()),
+                }
+                .map_err(|source| RedisSetupError::InvalidNode {
+                    node: crate::config::mask_redis_url(url),
+                    source,
                 })?,
                 config: AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
@@ -113,7 +132,12 @@ impl RedisStore {
                 slots: (0..size).map(|_| Slot::new()).collect(),
             },
             None => Pool::Cluster {
-                client: redis::cluster::ClusterClientBuilder::new(config.cluster_nodes.clone())
+                client: certificates
+                    .into_iter()
+                    .fold(
+                        redis::cluster::ClusterClientBuilder::new(config.cluster_nodes.clone()),
+                        |builder, certificates| builder.certs(certificates),
+                    )
                     .connection_timeout(connect_timeout)
                     .response_timeout(timeout)
                     .build()
