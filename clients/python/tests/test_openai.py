@@ -1,0 +1,228 @@
+"""The OpenAI wrapper, with the real `openai` package, the real daemon and a fake provider."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import openai
+import pytest
+
+from ratekeeper import AsyncClient, Client, RateLimited
+from ratekeeper.openai import retry_delay, wrap
+
+from _fake_openai import FakeProvider, prompt_tokens
+
+CONFIG = """
+[[limits]]
+name = "gpt"
+tokens_per_minute = 1
+burst_tokens = 1000000
+
+[[limits]]
+name = "tiny"
+tokens_per_minute = 60
+burst_tokens = 100
+
+[[limits]]
+name = "fleet"
+tokens_per_minute = 120000
+burst_tokens = 3000
+requests_per_minute = 1200
+burst_requests = 30
+"""
+CAPACITY = 1_000_000
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Summarise the plot of Hamlet in one sentence."},
+]
+
+
+@pytest.fixture
+def provider():
+    fake = FakeProvider()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def daemon(make_daemon):
+    return make_daemon(CONFIG)
+
+
+def level(limiter: Client, limit: str = "gpt") -> int:
+    return limiter.status(limit).limit(limit).bucket("tokens").level
+
+
+def sync_openai(provider: FakeProvider) -> openai.OpenAI:
+    return openai.OpenAI(base_url=provider.base_url, api_key="test-key", max_retries=2)
+
+
+def test_a_completion_reserves_calls_and_reports_its_usage(daemon, provider):
+    with Client(daemon.socket) as limiter:
+        llm = wrap(sync_openai(provider), limiter, limit="gpt")
+        reply = llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=50)
+        assert reply.choices[0].message.content == "fake reply"
+        assert reply.usage.total_tokens == prompt_tokens(MESSAGES) + 20
+        # What was reserved (estimate + 50) is settled to what the provider used.
+        assert level(limiter) == CAPACITY - reply.usage.total_tokens
+        assert len(provider.bodies) == 1
+        assert llm.base_url == sync_openai(provider).base_url  # the rest passes through
+
+
+def test_a_stream_reports_at_its_end_and_hides_the_usage_chunk(daemon, provider):
+    with Client(daemon.socket) as limiter:
+        llm = wrap(sync_openai(provider), limiter, limit="gpt")
+        stream = llm.chat.completions.create(
+            model="gpt-4o-mini", messages=MESSAGES, max_tokens=50, stream=True
+        )
+        assert provider.bodies[-1]["stream_options"] == {"include_usage": True}
+        pieces = [chunk.choices[0].delta.content or "" for chunk in stream]
+        assert "".join(pieces) == "fake streamed reply"
+        assert level(limiter) == CAPACITY - provider.last_usage["total_tokens"]
+
+
+def test_a_stream_that_asked_for_usage_sees_it(daemon, provider):
+    with Client(daemon.socket) as limiter:
+        llm = wrap(sync_openai(provider), limiter, limit="gpt")
+        with llm.chat.completions.create(
+            model="gpt-4o-mini",
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},
+        ) as stream:
+            chunks = list(stream)
+        assert chunks[-1].usage.total_tokens == provider.last_usage["total_tokens"]
+        assert level(limiter) == CAPACITY - provider.last_usage["total_tokens"]
+
+
+def test_provider_429s_are_retried_after_retry_after(daemon, provider):
+    provider.force(429, count=2, retry_after_ms="150", retry_after="1")
+    with Client(daemon.socket) as limiter:
+        llm = wrap(sync_openai(provider), limiter, limit="gpt")
+        started = time.monotonic()
+        reply = llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
+        assert time.monotonic() - started >= 0.3  # 2 x 150 ms, honoured
+        assert len(provider.bodies) == 3
+        # The two refused attempts gave their reservations back.
+        assert level(limiter) == CAPACITY - reply.usage.total_tokens
+
+
+def test_persistent_429s_give_up_after_max_retries(daemon, provider):
+    provider.force(429, count=10, retry_after_ms="50")
+    with Client(daemon.socket) as limiter:
+        llm = wrap(sync_openai(provider), limiter, limit="gpt", max_retries=2)
+        with pytest.raises(openai.RateLimitError):
+            llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
+        assert len(provider.bodies) == 3  # the wrapped client's own retries are off
+        assert level(limiter) == CAPACITY
+
+
+def test_a_refused_request_is_released_and_a_server_error_keeps_its_reservation(daemon, provider):
+    with Client(daemon.socket) as limiter:
+        llm = wrap(sync_openai(provider), limiter, limit="gpt", default_max_tokens=100)
+        provider.force(400)
+        with pytest.raises(openai.BadRequestError):
+            llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+        assert level(limiter) == CAPACITY
+        provider.force(500)
+        with pytest.raises(openai.InternalServerError):
+            llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+        # It may have been processed: the whole reservation (estimate + 100) stays spent.
+        assert level(limiter) == CAPACITY - (prompt_tokens(MESSAGES) + 100)
+
+
+def test_a_sidecar_denial_reaches_the_caller_before_the_provider(daemon, provider):
+    with Client(daemon.socket) as limiter:
+        limiter.acquire("tiny", 100).report(100)  # the whole burst
+        llm = wrap(sync_openai(provider), limiter, limit="tiny", max_wait=0)
+        with pytest.raises(RateLimited) as caught:
+            llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
+        assert caught.value.retry_after > 0
+        assert provider.bodies == []
+
+
+def test_the_wrapper_needs_a_matching_limiter(daemon, provider):
+    with pytest.raises(TypeError):
+        wrap(sync_openai(provider), AsyncClient(daemon.socket), limit="gpt")
+
+
+def test_async_completions_and_streams(daemon, provider):
+    async def main():
+        async with AsyncClient(daemon.socket) as limiter:
+            raw = openai.AsyncOpenAI(base_url=provider.base_url, api_key="test-key")
+            llm = wrap(raw, limiter, limit="gpt")
+            reply = await llm.chat.completions.create(
+                model="gpt-4o-mini", messages=MESSAGES, max_tokens=50
+            )
+            used = reply.usage.total_tokens
+            provider.force(429, retry_after_ms="100")
+            stream = await llm.chat.completions.create(
+                model="gpt-4o-mini", messages=MESSAGES, max_tokens=50, stream=True
+            )
+            pieces = [chunk.choices[0].delta.content or "" async for chunk in stream]
+            assert "".join(pieces) == "fake streamed reply"
+            used += provider.last_usage["total_tokens"]
+            status = await limiter.status("gpt")
+            assert status.limit("gpt").bucket("tokens").level == CAPACITY - used
+            assert len(provider.bodies) == 3
+            await raw.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_fleet_at_the_providers_limit_gets_few_429s(daemon):
+    """Eight threads with the sidecar's limit equal to the provider's: the
+    sidecar holds requests back instead of letting the provider refuse them.
+
+    Replies use their whole max_tokens, so the sidecar's refunds (reserved -
+    used) are zero and its accounting matches the fake's, which never refunds.
+    """
+    provider = FakeProvider(
+        tokens_per_minute=120000, requests_per_minute=1200, completion_tokens=100
+    )
+    provider.tokens.level = 3000  # the same bursts as the "fleet" limit
+    provider.requests.level = 30
+    errors = []
+    try:
+        with Client(daemon.socket) as limiter:
+            llm = wrap(sync_openai(provider), limiter, limit="fleet", max_wait=10)
+
+            def worker() -> None:
+                try:
+                    for _ in range(6):
+                        llm.chat.completions.create(
+                            model="gpt-4o-mini", messages=MESSAGES, max_tokens=100
+                        )
+                except Exception as error:
+                    errors.append(repr(error))
+
+            threads = [threading.Thread(target=worker) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+    finally:
+        provider.close()
+    assert errors == []
+    assert provider.served == 48
+    print(f"provider 429s: {provider.rate_limited} of {len(provider.bodies)} requests")
+    assert provider.rate_limited <= 4  # the ordering race of DESIGN.md, at most
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"retry-after-ms": "250", "retry-after": "3"}, 0.25),
+        ({"retry-after": "2"}, 2.0),
+        ({"x-ratelimit-reset-requests": "1s", "x-ratelimit-reset-tokens": "6m0s"}, 60.0),
+        ({"x-ratelimit-reset-tokens": "20ms"}, 0.02),
+        ({"x-ratelimit-reset-tokens": "1m30.5s"}, 60.0),
+        ({}, 0.5),
+        ({"retry-after": "soon"}, 0.5),
+    ],
+)
+def test_retry_delay_reads_the_provider_headers(headers, expected):
+    delay = retry_delay(headers, attempt=0, cap=60.0)
+    assert expected <= delay <= expected * 1.1
