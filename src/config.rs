@@ -43,6 +43,46 @@ pub struct Config {
     pub priorities: Vec<PriorityClass>,
     /// Name of the class used when an acquire names none.
     pub default_priority: String,
+    /// What happens to leases nobody reports.
+    pub leases: LeaseConfig,
+}
+
+/// The life of unreported leases.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LeaseConfig {
+    /// What a closed connection's unreported leases do to their reservation.
+    pub on_disconnect: DisconnectRule,
+    /// With `refund`: the fraction of each lease's tokens given back.
+    pub disconnect_refund_fraction: f64,
+    /// With `refund`: how long a lease may still be reported (from another
+    /// connection) before the refund.
+    pub disconnect_grace_ms: u64,
+    /// Unreported leases are forgotten, reservation kept, after this long.
+    pub expire_after_ms: u64,
+    /// Most unreported leases kept; past it the oldest are forgotten.
+    pub max_open: u64,
+}
+
+/// What a closed connection's unreported leases do to their reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisconnectRule {
+    /// Keep the reservation: the provider was probably called.
+    Keep,
+    /// Give `disconnect_refund_fraction` back after the grace period.
+    Refund,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            on_disconnect: DisconnectRule::Keep,
+            disconnect_refund_fraction: 0.5,
+            disconnect_grace_ms: 30_000,
+            expire_after_ms: 3_600_000,
+            max_open: 100_000,
+        }
+    }
 }
 
 /// Where and how the daemon listens.
@@ -190,6 +230,7 @@ impl Default for Config {
             limits: Vec::new(),
             priorities: vec![PriorityClass::implicit_default()],
             default_priority: PriorityClass::DEFAULT_NAME.to_string(),
+            leases: LeaseConfig::default(),
         }
     }
 }
@@ -372,6 +413,7 @@ impl Config {
             }),
             groups: &self.groups,
             limits: &self.limits,
+            leases: &self.leases,
             priorities: &self.priorities,
         };
         match toml::to_string(&view) {
@@ -391,6 +433,7 @@ struct EffectiveFile<'a> {
     redis: Option<RedisConfig>,
     groups: &'a [GroupConfig],
     limits: &'a [LimitConfig],
+    leases: &'a LeaseConfig,
     priorities: &'a [PriorityClass],
 }
 
@@ -420,6 +463,17 @@ struct RawFile {
     limits: Vec<Spanned<RawLimit>>,
     #[serde(default)]
     priorities: Vec<Spanned<RawPriority>>,
+    leases: Option<Spanned<RawLeases>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [leases] table")]
+struct RawLeases {
+    on_disconnect: Option<Spanned<DisconnectRule>>,
+    disconnect_refund_fraction: Option<Spanned<f64>>,
+    disconnect_grace_ms: Option<Spanned<i64>>,
+    expire_after_ms: Option<Spanned<i64>>,
+    max_open: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -729,6 +783,9 @@ fn resolve(raw: RawFile, d: &mut Diagnostics) -> Config {
     }
 
     config.groups = resolve_groups(&raw.groups, d);
+    if let Some(leases) = &raw.leases {
+        config.leases = resolve_leases(leases.get_ref(), d);
+    }
 
     // Limits.
     let mut limit_lines: Vec<(String, usize)> = Vec::new();
@@ -1033,6 +1090,42 @@ fn resolve_redis(redis: &Spanned<RawRedis>, d: &mut Diagnostics) -> Option<Redis
         _ => {}
     }
     usable.then_some(resolved)
+}
+
+/// The `[leases]` section; bad values are reported and left at their defaults.
+fn resolve_leases(raw: &RawLeases, d: &mut Diagnostics) -> LeaseConfig {
+    let context = "leases";
+    let mut resolved = LeaseConfig::default();
+    if let Some(rule) = &raw.on_disconnect {
+        resolved.on_disconnect = *rule.get_ref();
+    }
+    if let Some(fraction) = &raw.disconnect_refund_fraction {
+        let v = *fraction.get_ref();
+        if (0.0..=1.0).contains(&v) {
+            resolved.disconnect_refund_fraction = v;
+        } else {
+            d.error(
+                fraction.span().start,
+                format!("{context}: disconnect_refund_fraction must be in [0, 1] (got {v})"),
+            );
+        }
+    }
+    if let Some(grace) = &raw.disconnect_grace_ms {
+        if let Some(v) = check_int(d, context, "disconnect_grace_ms", grace, 0, MAX_WAIT_MS) {
+            resolved.disconnect_grace_ms = v;
+        }
+    }
+    if let Some(expire) = &raw.expire_after_ms {
+        if let Some(v) = check_int(d, context, "expire_after_ms", expire, 1, 7 * 24 * 3_600_000) {
+            resolved.expire_after_ms = v;
+        }
+    }
+    if let Some(max_open) = &raw.max_open {
+        if let Some(v) = check_int(d, context, "max_open", max_open, 1, 100_000_000) {
+            resolved.max_open = v;
+        }
+    }
+    resolved
 }
 
 /// The `[[groups]]`, each checked; duplicates and bad values reported.
@@ -1605,6 +1698,16 @@ mod tests {
             "an unreadable CA file",
             "[redis]\nurl = \"rediss://h\"\ntls_ca_file = \"/nonexistent/ca.pem\"\n",
             "test.toml:3:15: redis: cannot read tls_ca_file \"/nonexistent/ca.pem\"",
+        ),
+        (
+            "a refund fraction above one",
+            "[leases]\non_disconnect = \"refund\"\ndisconnect_refund_fraction = 1.5\n",
+            "test.toml:3:30: leases: disconnect_refund_fraction must be in [0, 1] (got 1.5)",
+        ),
+        (
+            "leases that never expire",
+            "[leases]\nexpire_after_ms = 0\n",
+            "test.toml:2:19: leases: expire_after_ms must be greater than zero",
         ),
         (
             "redis as a string, password masked",

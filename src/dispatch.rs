@@ -2,14 +2,15 @@
 //! socket I/O, so the server, tests and any future transport share it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, LimitConfig, PriorityClass};
-use crate::limiter::{Adjustment, BucketSpec, Decision, Draw, Origin, Store, StoreError};
+use crate::config::{Config, DisconnectRule, LimitConfig, PriorityClass};
+use crate::leases::{Lease, LeaseTable, Reserved};
+use crate::limiter::{Adjustment, BucketSpec, Decision, Draw, Store, StoreError};
 use crate::proto::{
     Acquire, BucketStatus, Cost, ErrorCode, LimitStatus, MAX_NAME_LEN, Request, Response,
 };
@@ -18,8 +19,7 @@ use crate::proto::{
 /// zero a level can go, which keeps the Lua arithmetic exact in doubles.
 pub const MAX_WAIT_MS: u64 = 3_600_000;
 
-/// Identifies the connection that owns a lease.
-pub type ConnectionId = u64;
+pub use crate::leases::ConnectionId;
 
 /// The role of a bucket within a limit; its name is what `Denied` and
 /// `status` show.
@@ -136,22 +136,11 @@ impl LimitBuckets {
 /// Key prefix when no Redis is configured (the embedded store ignores it).
 const DEFAULT_KEY_PREFIX: &str = "ratekeeper";
 
-/// A granted reservation awaiting its report or release.
-#[derive(Debug)]
-struct Lease {
-    owner: ConnectionId,
-    /// Where the reservation was made, so settlement adjusts the same buckets.
-    origin: Origin,
-    tokens: u64,
-    draws: Vec<(BucketRole, Draw)>,
-}
-
 /// Answers requests against one configuration and one store.
 pub struct Dispatcher {
     config: Arc<Config>,
     store: Arc<dyn Store>,
-    leases: Mutex<HashMap<u64, Lease>>,
-    next_lease: AtomicU64,
+    leases: LeaseTable,
     /// Acquires currently held back until their reservation is due, per limit.
     waiters: HashMap<String, AtomicU64>,
     buckets: HashMap<String, LimitBuckets>,
@@ -187,11 +176,14 @@ impl Dispatcher {
                 )
             })
             .collect();
+        let leases = LeaseTable::new(
+            Duration::from_millis(config.leases.expire_after_ms),
+            config.leases.max_open as usize,
+        );
         Dispatcher {
             config,
             store,
-            leases: Mutex::new(HashMap::new()),
-            next_lease: AtomicU64::new(1),
+            leases,
             waiters,
             buckets,
             draining: AtomicBool::new(false),
@@ -210,17 +202,100 @@ impl Dispatcher {
 
     /// Leases not yet reported or released.
     pub fn open_leases(&self) -> usize {
-        self.lock_leases().len()
+        self.leases.len()
     }
 
-    /// Forgets the leases of a closed connection, keeping their reservations:
-    /// the provider was probably called and the tokens spent. Returns how
-    /// many were forgotten.
-    pub fn connection_closed(&self, connection: ConnectionId) -> usize {
-        let mut leases = self.lock_leases();
-        let before = leases.len();
-        leases.retain(|_, lease| lease.owner != connection);
-        before - leases.len()
+    /// Counts of leases that ended without a report.
+    pub fn lease_counters(&self) -> &crate::leases::LeaseCounters {
+        &self.leases.counters
+    }
+
+    /// Applies `leases.on_disconnect` to the unreported leases of a closed
+    /// connection: `keep` forgets them with their reservation (the provider
+    /// was probably called); `refund` gives a fraction of their tokens back
+    /// after a grace period in which another connection may still report
+    /// them. Returns how many leases the connection left unreported.
+    pub fn connection_closed(self: &Arc<Self>, connection: ConnectionId) -> usize {
+        let orphans = self.leases.take_owned_by(connection);
+        let count = orphans.len();
+        if count == 0 {
+            return 0;
+        }
+        let rules = &self.config.leases;
+        match rules.on_disconnect {
+            DisconnectRule::Keep => {
+                self.leases
+                    .counters
+                    .kept_on_disconnect
+                    .fetch_add(count as u64, Ordering::Relaxed);
+            }
+            DisconnectRule::Refund => {
+                // Keep them reportable during the grace period.
+                let ids: Vec<u64> = orphans
+                    .into_iter()
+                    .map(|(id, lease)| {
+                        self.leases.restore(id, lease);
+                        id
+                    })
+                    .collect();
+                let dispatcher = Arc::clone(self);
+                let grace = Duration::from_millis(rules.disconnect_grace_ms);
+                tokio::spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    dispatcher.refund_orphans(&ids).await;
+                });
+            }
+        }
+        count
+    }
+
+    /// After the grace period: refunds the configured fraction of the
+    /// orphaned leases that are still unreported.
+    async fn refund_orphans(&self, ids: &[u64]) {
+        let fraction = self.config.leases.disconnect_refund_fraction;
+        for id in ids {
+            let Some(lease) = self.leases.take(*id) else {
+                continue; // reported meanwhile, or expired
+            };
+            let refund = (lease.tokens as f64 * fraction).floor() as i64;
+            let adjustments: Vec<Adjustment> = lease
+                .reserved
+                .iter()
+                .filter(|reserved| reserved.settles_with_usage)
+                .map(|reserved| Adjustment {
+                    bucket: reserved.draw.bucket.clone(),
+                    tokens: refund,
+                })
+                .collect();
+            match self.store.adjust(&adjustments, lease.origin).await {
+                Ok(()) => {
+                    self.leases
+                        .counters
+                        .refunded_on_disconnect
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Err(store_error) => {
+                    tracing::warn!(lease = id, %store_error, "could not refund an orphaned lease")
+                }
+            }
+        }
+    }
+
+    /// Forgets expired leases every so often, forever; the server aborts it.
+    pub async fn expire_leases_periodically(self: Arc<Self>) {
+        let mut ticks = tokio::time::interval(self.leases.sweep_interval());
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let expired = self.leases.expire(Instant::now());
+            if expired > 0 {
+                tracing::info!(
+                    expired,
+                    expire_after_ms = self.config.leases.expire_after_ms,
+                    "forgot unreported leases, keeping their reservations"
+                );
+            }
+        }
     }
 
     /// Answers one request. `cancel` fires when the client cancels the
@@ -273,7 +348,7 @@ impl Dispatcher {
             Ok(plan) => plan,
             Err(response) => return response,
         };
-        let draws: Vec<Draw> = plan.draws.iter().map(|(_, draw)| draw.clone()).collect();
+        let draws: Vec<Draw> = plan.reserved.iter().map(|r| r.draw.clone()).collect();
         let decision = match self.store.acquire(&draws, plan.max_wait_ms).await {
             Ok(decision) => decision,
             Err(store_error) => return store_error_response(&acquire.limit, store_error),
@@ -286,18 +361,18 @@ impl Dispatcher {
             } => {
                 return Response::Denied {
                     retry_after_ms,
-                    bucket: plan.draws[bucket].0.name().to_string(),
+                    bucket: plan.reserved[bucket].role.to_string(),
                 };
             }
         };
         let started = Instant::now();
         if !self.wait_until_due(&acquire.limit, wait_ms, &cancel).await {
             let refunds = plan
-                .draws
+                .reserved
                 .iter()
-                .map(|(_, draw)| Adjustment {
-                    bucket: draw.bucket.clone(),
-                    tokens: draw.cost as i64,
+                .map(|reserved| Adjustment {
+                    bucket: reserved.draw.bucket.clone(),
+                    tokens: reserved.draw.cost as i64,
                 })
                 .collect::<Vec<_>>();
             if let Err(store_error) = self.store.adjust(&refunds, origin).await {
@@ -315,16 +390,13 @@ impl Dispatcher {
                 )
             };
         }
-        let lease = self.next_lease.fetch_add(1, Ordering::Relaxed);
-        self.lock_leases().insert(
-            lease,
-            Lease {
-                owner: connection,
-                origin,
-                tokens: plan.tokens,
-                draws: plan.draws,
-            },
-        );
+        let lease = self.leases.insert(Lease {
+            owner: connection,
+            origin,
+            tokens: plan.tokens,
+            reserved: plan.reserved,
+            granted_at: Instant::now(),
+        });
         Response::Granted {
             lease,
             tokens: plan.tokens,
@@ -418,28 +490,35 @@ impl Dispatcher {
         Ok(AcquirePlan {
             tokens,
             max_wait_ms,
-            draws,
+            reserved: draws
+                .into_iter()
+                .map(|(role, draw)| Reserved {
+                    role: role.name(),
+                    draw,
+                    settles_with_usage: role.settles_with_usage(),
+                })
+                .collect(),
         })
     }
 
     async fn report(&self, lease_id: u64, used_tokens: u64) -> Response {
-        let Some(lease) = self.take_lease(lease_id) else {
+        let Some(lease) = self.leases.take(lease_id) else {
             return unknown_lease(lease_id);
         };
         let returned = lease.tokens as i64 - used_tokens.min(i64::MAX as u64) as i64;
         if returned != 0 {
             let adjustments: Vec<Adjustment> = lease
-                .draws
+                .reserved
                 .iter()
-                .filter(|(role, _)| role.settles_with_usage())
-                .map(|(_, draw)| Adjustment {
-                    bucket: draw.bucket.clone(),
+                .filter(|reserved| reserved.settles_with_usage)
+                .map(|reserved| Adjustment {
+                    bucket: reserved.draw.bucket.clone(),
                     tokens: returned,
                 })
                 .collect();
             if let Err(store_error) = self.store.adjust(&adjustments, lease.origin).await {
                 // Keep the lease so that the report can be retried.
-                self.lock_leases().insert(lease_id, lease);
+                self.leases.restore(lease_id, lease);
                 return error(
                     ErrorCode::StoreUnavailable,
                     format!(
@@ -454,19 +533,19 @@ impl Dispatcher {
     }
 
     async fn release(&self, lease_id: u64) -> Response {
-        let Some(lease) = self.take_lease(lease_id) else {
+        let Some(lease) = self.leases.take(lease_id) else {
             return unknown_lease(lease_id);
         };
         let adjustments: Vec<Adjustment> = lease
-            .draws
+            .reserved
             .iter()
-            .map(|(_, draw)| Adjustment {
-                bucket: draw.bucket.clone(),
-                tokens: draw.cost as i64,
+            .map(|reserved| Adjustment {
+                bucket: reserved.draw.bucket.clone(),
+                tokens: reserved.draw.cost as i64,
             })
             .collect();
         if let Err(store_error) = self.store.adjust(&adjustments, lease.origin).await {
-            self.lock_leases().insert(lease_id, lease);
+            self.leases.restore(lease_id, lease);
             return error(
                 ErrorCode::StoreUnavailable,
                 format!("lease {lease_id} could not be released, retry the release: {store_error}"),
@@ -570,24 +649,13 @@ impl Dispatcher {
             _ => Ok(class),
         }
     }
-
-    fn take_lease(&self, lease: u64) -> Option<Lease> {
-        self.lock_leases().remove(&lease)
-    }
-
-    fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Lease>> {
-        // Every update is a single insert or remove, so a poisoned map is whole.
-        self.leases
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
 }
 
 /// A validated acquire: what to reserve where.
 struct AcquirePlan {
     tokens: u64,
     max_wait_ms: u64,
-    draws: Vec<(BucketRole, Draw)>,
+    reserved: Vec<Reserved>,
 }
 
 fn check_name(what: &str, name: &str) -> Result<(), Response> {

@@ -3,6 +3,7 @@
 pub mod client;
 pub mod config;
 pub mod dispatch;
+pub mod leases;
 pub mod limiter;
 pub mod loadgen;
 pub mod proto;

@@ -335,8 +335,10 @@ fn init_logging(logging: &LoggingArgs) -> anyhow::Result<()> {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&logging.log_level))
         .context("invalid --log-level")?;
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match logging.log_format {
         LogFormat::Text => builder.init(),

@@ -367,3 +367,78 @@ async fn a_second_daemon_refuses_a_live_socket() {
     assert!(stderr.contains("already listening"), "{stderr}");
     daemon.assert_serving().await;
 }
+
+/// Waits (bounded) until the daemon's log shows `needle`.
+async fn wait_for_log(daemon: &Daemon, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemon.log().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "log never showed {needle:?}:\n{}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_crashed_worker_keeps_its_reservation_by_default() {
+    let daemon = Daemon::start(CONFIG);
+    let observer = daemon.client().await;
+    let worker = daemon.client().await;
+    granted(&worker.call(acquire("slow", 800, 0)).await.unwrap());
+    let before = level(&observer, "slow", "tokens").await;
+    drop(worker);
+    wait_for_log(&daemon, "unreported_leases=1").await;
+    let after = level(&observer, "slow", "tokens").await;
+    assert!((before..=before + 2).contains(&after), "{before} → {after}");
+}
+
+#[tokio::test]
+async fn the_refund_rule_returns_a_fraction_after_the_grace_period() {
+    let config = format!(
+        "{CONFIG}\n[leases]\non_disconnect = \"refund\"\ndisconnect_refund_fraction = 0.5\ndisconnect_grace_ms = 300\n"
+    );
+    let daemon = Daemon::start(&config);
+    let observer = daemon.client().await;
+    let worker = daemon.client().await;
+    granted(&worker.call(acquire("slow", 800, 0)).await.unwrap());
+    let before = level(&observer, "slow", "tokens").await;
+    let closed = Instant::now();
+    drop(worker);
+    let deadline = closed + Duration::from_secs(10);
+    while level(&observer, "slow", "tokens").await < before + 400 {
+        assert!(
+            Instant::now() < deadline,
+            "no refund after the grace period"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        closed.elapsed() >= Duration::from_millis(300),
+        "refunded before the grace period"
+    );
+    let after = level(&observer, "slow", "tokens").await;
+    assert!(
+        (before + 400..=before + 405).contains(&after),
+        "{before} → {after}"
+    );
+}
+
+#[tokio::test]
+async fn unreported_leases_expire() {
+    let config = format!("{CONFIG}\n[leases]\nexpire_after_ms = 200\n");
+    let daemon = Daemon::start(&config);
+    let client = daemon.client().await;
+    let (lease, _, _) = granted(&client.call(acquire("slow", 10, 0)).await.unwrap());
+    wait_for_log(&daemon, "forgot unreported leases").await;
+    let late = client
+        .call(Request::Report {
+            lease,
+            input_tokens: 1,
+            output_tokens: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(error_code(&late), ErrorCode::UnknownLease);
+}

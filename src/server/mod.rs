@@ -7,6 +7,7 @@ pub mod listener;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
@@ -41,6 +42,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) {
     let requests = TaskTracker::new();
+    let lease_sweeper = tokio::spawn(dispatcher.clone().expire_leases_periodically());
     let cancel_all = CancellationToken::new();
     let mut next_connection = 1u64;
     tokio::pin!(shutdown);
@@ -91,7 +93,15 @@ pub async fn run(
         cancel_all.cancel();
         let _ = tokio::time::timeout(CANCEL_GRACE, requests.wait()).await;
     }
-    tracing::info!(open_leases = dispatcher.open_leases(), "stopped");
+    lease_sweeper.abort();
+    let counters = dispatcher.lease_counters();
+    tracing::info!(
+        open_leases = dispatcher.open_leases(),
+        leases_kept_on_disconnect = counters.kept_on_disconnect.load(Ordering::Relaxed),
+        leases_refunded_on_disconnect = counters.refunded_on_disconnect.load(Ordering::Relaxed),
+        leases_expired = counters.expired.load(Ordering::Relaxed),
+        "stopped"
+    );
 }
 
 fn peer_allowed(stream: &UnixStream, settings: &ServerSettings, connection: u64) -> bool {
