@@ -46,7 +46,12 @@ class Daemon:
     """One `ratekeeper serve` process; `start` again reuses the same socket path."""
 
     def __init__(
-        self, config: str, redis_url: Optional[str] = None, socket: Optional[str] = None
+        self,
+        config: str,
+        redis_url: Optional[str] = None,
+        socket: Optional[str] = None,
+        key_prefix: Optional[str] = None,
+        on_failure: Optional[str] = None,
     ) -> None:
         # A short directory: Unix socket paths are limited to about 100 bytes.
         self.dir = Path(tempfile.mkdtemp(prefix="rk-py-"))
@@ -54,6 +59,11 @@ class Daemon:
         self.config_path = self.dir / "ratekeeper.toml"
         if redis_url:
             config = f'{config}\n[redis]\nurl = "{redis_url}"\n'
+            if key_prefix:
+                config += f'key_prefix = "{key_prefix}"\n'
+            if on_failure:
+                config += f'on_failure = "{on_failure}"\n'
+        self.store = "redis" if redis_url else "embedded"
         self.config_path.write_text(config)
         self.log_path = self.dir / "daemon.log"
         self.process: Optional[subprocess.Popen] = None
@@ -176,6 +186,7 @@ class RedisServer:
             return False
 
     def close(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=10)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from ratekeeper import Client
 
-from _daemon import Daemon, daemon_binary
+from _daemon import Daemon, RedisServer, daemon_binary
 
 #: The configuration of the session's daemon. Every test that looks at bucket
 #: levels uses a limit of its own (or a daemon of its own), so tests never see
@@ -81,12 +83,40 @@ def daemon(request) -> Iterator[Daemon]:
     running.close()
 
 
+#: The bucket stores a daemon can run: its own memory, or Redis shared by sidecars.
+STORES = ["embedded", "redis"]
+_prefixes = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One redis-server for the session; each daemon on it gets its own key prefix."""
+    server = RedisServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(params=STORES)
+def store(request) -> str:
+    """Runs a test once per bucket store; pass it to `make_daemon(..., store=store)`."""
+    return request.param
+
+
 @pytest.fixture
 def make_daemon(request):
-    """Starts daemons of the test's own; killed (log printed on failure) afterwards."""
+    """Starts daemons of the test's own; killed (log printed on failure) afterwards.
+
+    `store="redis"` points the daemon at the session's Redis under a fresh key
+    prefix (unless `redis_url` / `key_prefix` are given), so buckets never leak
+    between tests.
+    """
     started: list[Daemon] = []
 
-    def make(config: str = EXACT_CONFIG, **options) -> Daemon:
+    def make(config: str = EXACT_CONFIG, store: str = "embedded", **options) -> Daemon:
+        if store == "redis" and "redis_url" not in options:
+            options["redis_url"] = request.getfixturevalue("redis_server").url
+        if options.get("redis_url") and "key_prefix" not in options:
+            options["key_prefix"] = f"rk-py-{os.getpid()}-{next(_prefixes)}"
         daemon = Daemon(config, **options).start()
         started.append(daemon)
         return daemon

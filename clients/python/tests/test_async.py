@@ -50,8 +50,8 @@ async def level(client: AsyncClient, limit: str) -> int:
     return status.limit(limit).bucket("tokens").level
 
 
-def test_acquire_report_release_and_reserve(make_daemon):
-    daemon = make_daemon(CONFIG)
+def test_acquire_report_release_and_reserve(make_daemon, store):
+    daemon = make_daemon(CONFIG, store=store)
 
     async def main():
         async with AsyncClient(daemon.socket) as client:
@@ -98,8 +98,8 @@ def test_errors_raise_their_exceptions(make_daemon):
     run(main())
 
 
-def test_two_hundred_concurrent_tasks(make_daemon):
-    daemon = make_daemon(CONFIG)
+def test_two_hundred_concurrent_tasks(make_daemon, store):
+    daemon = make_daemon(CONFIG, store=store)
     tasks, tokens = 200, 10  # 2000 tokens: the 1000 burst, then 1000 at 1000/s
 
     async def one(client: AsyncClient) -> tuple[int, float]:
@@ -123,8 +123,8 @@ def test_two_hundred_concurrent_tasks(make_daemon):
     assert 0.9 <= elapsed < 5
 
 
-def test_a_cancelled_task_gives_its_reservation_back(make_daemon):
-    daemon = make_daemon(CONFIG)
+def test_a_cancelled_task_gives_its_reservation_back(make_daemon, store):
+    daemon = make_daemon(CONFIG, store=store)
 
     async def main():
         async with AsyncClient(daemon.socket) as client:

@@ -48,9 +48,10 @@ def test_estimate_of_tokens_is_the_given_counts(client):
     assert client.estimate("basic", 100, max_tokens=50) == ratekeeper.Estimated(100, 50)
 
 
-def test_acquire_report_and_release_settle_the_buckets(make_daemon):
-    daemon = make_daemon()
+def test_acquire_report_and_release_settle_the_buckets(make_daemon, store):
+    daemon = make_daemon(store=store)
     with Client(daemon.socket) as client:
+        assert client.status().store == store
         lease = client.acquire("exact", 1200, max_tokens=800)
         assert (lease.tokens, lease.waited, lease.settled) == (2000, 0.0, False)
         assert level(client, "exact") == CAPACITY - 2000
@@ -78,8 +79,8 @@ def test_a_lease_settles_once(client):
     assert not caught.value.retryable
 
 
-def test_reserve_releases_when_the_body_raises(make_daemon):
-    daemon = make_daemon()
+def test_reserve_releases_when_the_body_raises(make_daemon, store):
+    daemon = make_daemon(store=store)
     with Client(daemon.socket) as client:
         leases = []
 
@@ -97,8 +98,8 @@ def test_reserve_releases_when_the_body_raises(make_daemon):
         assert level(client, "exact") == CAPACITY
 
 
-def test_reserve_reports_the_usage_given_to_it(make_daemon):
-    daemon = make_daemon()
+def test_reserve_reports_the_usage_given_to_it(make_daemon, store):
+    daemon = make_daemon(store=store)
     with Client(daemon.socket) as client:
         with client.reserve("exact", 400, max_tokens=600) as lease:
             lease.report(input_tokens=380, output_tokens=20)
@@ -106,8 +107,8 @@ def test_reserve_reports_the_usage_given_to_it(make_daemon):
         assert level(client, "exact") == CAPACITY - 400
 
 
-def test_reserve_keeps_the_reservation_when_the_body_does_not_report(make_daemon):
-    daemon = make_daemon()
+def test_reserve_keeps_the_reservation_when_the_body_does_not_report(make_daemon, store):
+    daemon = make_daemon(store=store)
     with Client(daemon.socket) as client:
         with client.reserve("exact", 400, max_tokens=600) as lease:
             pass
@@ -139,8 +140,8 @@ def test_the_request_bucket_refuses_too(client):
     assert caught.value.bucket == "requests"
 
 
-def test_an_acquire_is_held_back_until_its_reservation_is_due(make_daemon):
-    daemon = make_daemon()
+def test_an_acquire_is_held_back_until_its_reservation_is_due(make_daemon, store):
+    daemon = make_daemon(store=store)
     with Client(daemon.socket) as client:
         client.acquire("metered", 1000).report(1000)  # empties the 1000-token burst
         started = time.monotonic()
@@ -150,8 +151,8 @@ def test_an_acquire_is_held_back_until_its_reservation_is_due(make_daemon):
         assert elapsed < 1.0
 
 
-def test_a_held_acquire_does_not_delay_other_requests(make_daemon):
-    daemon = make_daemon()
+def test_a_held_acquire_does_not_delay_other_requests(make_daemon, store):
+    daemon = make_daemon(store=store)
     with Client(daemon.socket) as client:
         client.acquire("metered", 1000).report(1000)
         done = threading.Event()

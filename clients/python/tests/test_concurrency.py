@@ -27,8 +27,8 @@ RATE = 2000.0  # tokens per second of "shared"
 BURST = 2000
 
 
-def test_four_processes_of_eight_threads_share_one_bucket(make_daemon):
-    daemon = make_daemon(SHARED_CONFIG)
+def test_four_processes_of_eight_threads_share_one_bucket(make_daemon, store):
+    daemon = make_daemon(SHARED_CONFIG, store=store)
     spawn = multiprocessing.get_context("spawn")
     processes_count, threads, duration, tokens = 4, 8, 2.0, 50
     barrier = spawn.Barrier(processes_count)

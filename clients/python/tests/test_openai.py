@@ -47,8 +47,8 @@ def provider():
 
 
 @pytest.fixture
-def daemon(make_daemon):
-    return make_daemon(CONFIG)
+def daemon(make_daemon, store):
+    return make_daemon(CONFIG, store=store)
 
 
 def level(limiter: Client, limit: str = "gpt") -> int:

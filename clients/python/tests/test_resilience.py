@@ -64,8 +64,8 @@ class Workload:
             thread.join(20)
 
 
-def test_calls_survive_a_crash_and_restart(make_daemon):
-    daemon = make_daemon(CONFIG)
+def test_calls_survive_a_crash_and_restart(make_daemon, store):
+    daemon = make_daemon(CONFIG, store=store)
     client = Client(daemon.socket, timeout=5)
     workload = Workload(client)
     try:
