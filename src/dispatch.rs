@@ -2,8 +2,8 @@
 //! socket I/O, so the server, tests and any future transport share it.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -138,14 +138,26 @@ const DEFAULT_KEY_PREFIX: &str = "ratekeeper";
 
 /// Answers requests against one configuration and one store.
 pub struct Dispatcher {
-    config: Arc<Config>,
+    /// Swapped whole by a config reload; requests keep the one they started with.
+    limits: RwLock<Arc<Limits>>,
     store: Arc<dyn Store>,
     leases: LeaseTable,
-    /// Acquires currently held back until their reservation is due, per limit.
-    waiters: HashMap<String, AtomicU64>,
-    buckets: HashMap<String, LimitBuckets>,
     draining: AtomicBool,
 }
+
+/// The configuration in force and what is derived from it.
+struct Limits {
+    config: Arc<Config>,
+    buckets: HashMap<String, LimitBuckets>,
+    /// Acquires currently held back until their reservation is due, per
+    /// limit; carried over by a reload for limits that stay.
+    waiters: HashMap<String, Arc<AtomicU64>>,
+}
+
+/// Why a new configuration was not taken by [`Dispatcher::reload`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0} cannot change while the daemon runs; restart it to apply the new value")]
+pub struct ReloadError(&'static str);
 
 /// The error response for `code`.
 pub fn error(code: ErrorCode, message: impl Into<String>) -> Response {
@@ -157,41 +169,52 @@ pub fn error(code: ErrorCode, message: impl Into<String>) -> Response {
 
 impl Dispatcher {
     pub fn new(config: Arc<Config>, store: Arc<dyn Store>) -> Self {
-        let waiters = config
-            .limits
-            .iter()
-            .map(|limit| (limit.name.clone(), AtomicU64::new(0)))
-            .collect();
-        let prefix = config
-            .redis
-            .as_ref()
-            .map_or(DEFAULT_KEY_PREFIX, |redis| redis.key_prefix.as_str());
-        let buckets = config
-            .limits
-            .iter()
-            .map(|limit| {
-                (
-                    limit.name.clone(),
-                    LimitBuckets::new(prefix, limit, &config),
-                )
-            })
-            .collect();
         let leases = LeaseTable::new(
             Duration::from_millis(config.leases.expire_after_ms),
             config.leases.max_open as usize,
         );
         Dispatcher {
-            config,
+            limits: RwLock::new(Arc::new(Limits::new(config, &HashMap::new()))),
             store,
             leases,
-            waiters,
-            buckets,
             draining: AtomicBool::new(false),
         }
     }
 
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.limits().config.clone()
+    }
+
+    /// Takes a new configuration for limits, groups and priority classes.
+    /// The socket, the store and the lease settings are fixed at start:
+    /// a change to them refuses the whole reload, and the old config stays.
+    pub fn reload(&self, config: Config) -> Result<(), ReloadError> {
+        let current = self.limits();
+        let old = &current.config;
+        if config.server != old.server {
+            return Err(ReloadError("[server]"));
+        }
+        if config.redis != old.redis {
+            return Err(ReloadError("[redis]"));
+        }
+        if config.leases != old.leases {
+            return Err(ReloadError("[leases]"));
+        }
+        let next = Limits::new(Arc::new(config), &current.waiters);
+        *self
+            .limits
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(next);
+        Ok(())
+    }
+
+    fn limits(&self) -> Arc<Limits> {
+        // Only ever replaced whole, so a poisoned lock still holds a whole value.
+        self.limits
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     /// New acquires are refused with `ShuttingDown` from now on; reports and
@@ -221,7 +244,8 @@ impl Dispatcher {
         if count == 0 {
             return 0;
         }
-        let rules = &self.config.leases;
+        let config = self.config();
+        let rules = &config.leases;
         match rules.on_disconnect {
             DisconnectRule::Keep => {
                 self.leases
@@ -252,7 +276,7 @@ impl Dispatcher {
     /// After the grace period: refunds the configured fraction of the
     /// orphaned leases that are still unreported.
     async fn refund_orphans(&self, ids: &[u64]) {
-        let fraction = self.config.leases.disconnect_refund_fraction;
+        let fraction = self.config().leases.disconnect_refund_fraction;
         for id in ids {
             let Some(lease) = self.leases.take(*id) else {
                 continue; // reported meanwhile, or expired
@@ -291,7 +315,7 @@ impl Dispatcher {
             if expired > 0 {
                 tracing::info!(
                     expired,
-                    expire_after_ms = self.config.leases.expire_after_ms,
+                    expire_after_ms = self.config().leases.expire_after_ms,
                     "forgot unreported leases, keeping their reservations"
                 );
             }
@@ -344,7 +368,8 @@ impl Dispatcher {
                 "the daemon is shutting down and takes no new acquires",
             );
         }
-        let plan = match self.plan_acquire(&acquire) {
+        let limits = self.limits();
+        let plan = match limits.plan_acquire(&acquire) {
             Ok(plan) => plan,
             Err(response) => return response,
         };
@@ -366,7 +391,8 @@ impl Dispatcher {
             }
         };
         let started = Instant::now();
-        if !self.wait_until_due(&acquire.limit, wait_ms, &cancel).await {
+        let waiters = &limits.waiters[&acquire.limit];
+        if !wait_until_due(waiters, wait_ms, &cancel).await {
             let refunds = plan
                 .reserved
                 .iter()
@@ -404,23 +430,151 @@ impl Dispatcher {
         }
     }
 
-    /// Sleeps `wait_ms` unless cancelled first; true when the wait completed.
-    async fn wait_until_due(&self, limit: &str, wait_ms: u64, cancel: &CancellationToken) -> bool {
-        if cancel.is_cancelled() {
-            return false;
-        }
-        if wait_ms == 0 {
-            return true;
-        }
-        let waiters = &self.waiters[limit];
-        waiters.fetch_add(1, Ordering::Relaxed);
-        let completed = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => false,
-            _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => true,
+    async fn report(&self, lease_id: u64, used_tokens: u64) -> Response {
+        let Some(lease) = self.leases.take(lease_id) else {
+            return unknown_lease(lease_id);
         };
-        waiters.fetch_sub(1, Ordering::Relaxed);
-        completed
+        let returned = lease.tokens as i64 - used_tokens.min(i64::MAX as u64) as i64;
+        if returned != 0 {
+            let adjustments: Vec<Adjustment> = lease
+                .reserved
+                .iter()
+                .filter(|reserved| reserved.settles_with_usage)
+                .map(|reserved| Adjustment {
+                    bucket: reserved.draw.bucket.clone(),
+                    tokens: returned,
+                })
+                .collect();
+            if let Err(store_error) = self.store.adjust(&adjustments, lease.origin).await {
+                // Keep the lease so that the report can be retried.
+                self.leases.restore(lease_id, lease);
+                return error(
+                    ErrorCode::StoreUnavailable,
+                    format!(
+                        "lease {lease_id} could not be settled, retry the report: {store_error}"
+                    ),
+                );
+            }
+        }
+        Response::Settled {
+            tokens_returned: returned,
+        }
+    }
+
+    async fn release(&self, lease_id: u64) -> Response {
+        let Some(lease) = self.leases.take(lease_id) else {
+            return unknown_lease(lease_id);
+        };
+        let adjustments: Vec<Adjustment> = lease
+            .reserved
+            .iter()
+            .map(|reserved| Adjustment {
+                bucket: reserved.draw.bucket.clone(),
+                tokens: reserved.draw.cost as i64,
+            })
+            .collect();
+        if let Err(store_error) = self.store.adjust(&adjustments, lease.origin).await {
+            self.leases.restore(lease_id, lease);
+            return error(
+                ErrorCode::StoreUnavailable,
+                format!("lease {lease_id} could not be released, retry the release: {store_error}"),
+            );
+        }
+        Response::Released {
+            tokens_returned: lease.tokens,
+        }
+    }
+
+    fn estimate(&self, limit: &str, cost: &Cost) -> Response {
+        let limits = self.limits();
+        if let Err(response) =
+            check_name("limit", limit).and_then(|()| limits.find_limit(limit).map(|_| ()))
+        {
+            return response;
+        }
+        match cost {
+            Cost::Tokens {
+                input_tokens,
+                output_tokens,
+            } => Response::Estimated {
+                input_tokens: *input_tokens,
+                output_tokens: *output_tokens,
+            },
+            Cost::Messages(_) => messages_unsupported(),
+        }
+    }
+
+    async fn status(&self, only: Option<&str>) -> Response {
+        let snapshot = self.limits();
+        let limits: Vec<&LimitConfig> = match only {
+            Some(name) => match snapshot.find_limit(name) {
+                Ok(limit) => vec![limit],
+                Err(response) => return response,
+            },
+            None => snapshot.config.limits.iter().collect(),
+        };
+        let mut statuses = Vec::with_capacity(limits.len());
+        for limit in limits {
+            let buckets = snapshot.buckets[&limit.name].fixed.clone();
+            let specs: Vec<BucketSpec> = buckets.iter().map(|(_, spec)| spec.clone()).collect();
+            let levels = match self.store.levels(&specs).await {
+                Ok(levels) => levels,
+                Err(store_error) => return store_error_response(&limit.name, store_error),
+            };
+            statuses.push(LimitStatus {
+                name: limit.name.clone(),
+                waiters: snapshot.waiters[&limit.name].load(Ordering::Relaxed),
+                buckets: buckets
+                    .into_iter()
+                    .zip(levels)
+                    .map(|((role, spec), level)| BucketStatus {
+                        name: role.name().to_string(),
+                        capacity: spec.capacity,
+                        level,
+                        per_minute: spec.per_minute,
+                    })
+                    .collect(),
+            });
+        }
+        Response::Status {
+            store: self.store.kind().to_string(),
+            limits: statuses,
+        }
+    }
+}
+
+impl Limits {
+    fn new(config: Arc<Config>, previous_waiters: &HashMap<String, Arc<AtomicU64>>) -> Self {
+        let prefix = config
+            .redis
+            .as_ref()
+            .map_or(DEFAULT_KEY_PREFIX, |redis| redis.key_prefix.as_str());
+        let buckets = config
+            .limits
+            .iter()
+            .map(|limit| {
+                (
+                    limit.name.clone(),
+                    LimitBuckets::new(prefix, limit, &config),
+                )
+            })
+            .collect();
+        let waiters = config
+            .limits
+            .iter()
+            .map(|limit| {
+                let count = previous_waiters
+                    .get(&limit.name)
+                    .cloned()
+                    .unwrap_or_default();
+                (limit.name.clone(), count)
+            })
+            .collect();
+        Limits {
+            config,
+            buckets,
+            waiters,
+        }
     }
 
     /// Validates an acquire and turns it into one draw per bucket.
@@ -501,114 +655,6 @@ impl Dispatcher {
         })
     }
 
-    async fn report(&self, lease_id: u64, used_tokens: u64) -> Response {
-        let Some(lease) = self.leases.take(lease_id) else {
-            return unknown_lease(lease_id);
-        };
-        let returned = lease.tokens as i64 - used_tokens.min(i64::MAX as u64) as i64;
-        if returned != 0 {
-            let adjustments: Vec<Adjustment> = lease
-                .reserved
-                .iter()
-                .filter(|reserved| reserved.settles_with_usage)
-                .map(|reserved| Adjustment {
-                    bucket: reserved.draw.bucket.clone(),
-                    tokens: returned,
-                })
-                .collect();
-            if let Err(store_error) = self.store.adjust(&adjustments, lease.origin).await {
-                // Keep the lease so that the report can be retried.
-                self.leases.restore(lease_id, lease);
-                return error(
-                    ErrorCode::StoreUnavailable,
-                    format!(
-                        "lease {lease_id} could not be settled, retry the report: {store_error}"
-                    ),
-                );
-            }
-        }
-        Response::Settled {
-            tokens_returned: returned,
-        }
-    }
-
-    async fn release(&self, lease_id: u64) -> Response {
-        let Some(lease) = self.leases.take(lease_id) else {
-            return unknown_lease(lease_id);
-        };
-        let adjustments: Vec<Adjustment> = lease
-            .reserved
-            .iter()
-            .map(|reserved| Adjustment {
-                bucket: reserved.draw.bucket.clone(),
-                tokens: reserved.draw.cost as i64,
-            })
-            .collect();
-        if let Err(store_error) = self.store.adjust(&adjustments, lease.origin).await {
-            self.leases.restore(lease_id, lease);
-            return error(
-                ErrorCode::StoreUnavailable,
-                format!("lease {lease_id} could not be released, retry the release: {store_error}"),
-            );
-        }
-        Response::Released {
-            tokens_returned: lease.tokens,
-        }
-    }
-
-    fn estimate(&self, limit: &str, cost: &Cost) -> Response {
-        if let Err(response) = check_name("limit", limit).and_then(|()| self.find_limit(limit)) {
-            return response;
-        }
-        match cost {
-            Cost::Tokens {
-                input_tokens,
-                output_tokens,
-            } => Response::Estimated {
-                input_tokens: *input_tokens,
-                output_tokens: *output_tokens,
-            },
-            Cost::Messages(_) => messages_unsupported(),
-        }
-    }
-
-    async fn status(&self, only: Option<&str>) -> Response {
-        let limits: Vec<&LimitConfig> = match only {
-            Some(name) => match self.find_limit(name) {
-                Ok(limit) => vec![limit],
-                Err(response) => return response,
-            },
-            None => self.config.limits.iter().collect(),
-        };
-        let mut statuses = Vec::with_capacity(limits.len());
-        for limit in limits {
-            let buckets = self.buckets[&limit.name].fixed.clone();
-            let specs: Vec<BucketSpec> = buckets.iter().map(|(_, spec)| spec.clone()).collect();
-            let levels = match self.store.levels(&specs).await {
-                Ok(levels) => levels,
-                Err(store_error) => return store_error_response(&limit.name, store_error),
-            };
-            statuses.push(LimitStatus {
-                name: limit.name.clone(),
-                waiters: self.waiters[&limit.name].load(Ordering::Relaxed),
-                buckets: buckets
-                    .into_iter()
-                    .zip(levels)
-                    .map(|((role, spec), level)| BucketStatus {
-                        name: role.name().to_string(),
-                        capacity: spec.capacity,
-                        level,
-                        per_minute: spec.per_minute,
-                    })
-                    .collect(),
-            });
-        }
-        Response::Status {
-            store: self.store.kind().to_string(),
-            limits: statuses,
-        }
-    }
-
     fn find_limit(&self, name: &str) -> Result<&LimitConfig, Response> {
         self.config.limit(name).ok_or_else(|| {
             let known: Vec<&str> = self.config.limits.iter().map(|l| l.name.as_str()).collect();
@@ -649,6 +695,25 @@ impl Dispatcher {
             _ => Ok(class),
         }
     }
+}
+
+/// Sleeps `wait_ms` unless cancelled first, counted in `waiters`; true
+/// when the wait completed.
+async fn wait_until_due(waiters: &AtomicU64, wait_ms: u64, cancel: &CancellationToken) -> bool {
+    if cancel.is_cancelled() {
+        return false;
+    }
+    if wait_ms == 0 {
+        return true;
+    }
+    waiters.fetch_add(1, Ordering::Relaxed);
+    let completed = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => true,
+    };
+    waiters.fetch_sub(1, Ordering::Relaxed);
+    completed
 }
 
 /// A validated acquire: what to reserve where.

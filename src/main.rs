@@ -43,7 +43,9 @@ enum Command {
     /// Run the daemon.
     #[command(
         after_help = "The config is validated exactly as by check-config before anything \
-starts. SIGTERM or SIGINT drains in-flight requests and removes the socket.\n\n\
+starts. SIGTERM or SIGINT drains in-flight requests and removes the socket. SIGHUP reloads \
+the config file (limits, groups, priority classes); a config that fails validation is logged \
+and the running one kept.\n\n\
 Exit codes: 0 clean shutdown, 1 invalid config or socket unavailable."
     )]
     Serve {
@@ -291,43 +293,71 @@ async fn serve(config_path: Option<&Path>, logging: &LoggingArgs) -> anyhow::Res
             Arc::new(EmbeddedStore::new())
         }
     };
-    let listener = server::bind(&config.server.socket, config.server.socket_mode)?;
-    tracing::info!(
-        socket = %config.server.socket.display(),
-        store = store.kind(),
-        limits = config.limits.len(),
-        version = env!("CARGO_PKG_VERSION"),
-        "listening"
-    );
     let settings = ServerSettings {
         socket_path: config.server.socket.clone(),
         allowed_uids: config.server.allowed_uids.clone(),
         allowed_gids: config.server.allowed_gids.clone(),
         drain_timeout: Duration::from_millis(config.server.drain_timeout_ms),
     };
+    let (socket, socket_mode, limits) = (
+        config.server.socket.clone(),
+        config.server.socket_mode,
+        config.limits.len(),
+    );
+    let store_kind = store.kind();
     let dispatcher = Arc::new(Dispatcher::new(Arc::new(config), store));
-    server::run(listener, dispatcher, settings, shutdown_signal()?).await;
+    // Signal handlers go in before the socket exists: a client that sees the
+    // socket may signal the daemon at once.
+    let shutdown = shutdown_signal()?;
+    let reloads = reload_on_sighup(config_path.map(Path::to_path_buf), dispatcher.clone())?;
+    let listener = server::bind(&socket, socket_mode)?;
+    tracing::info!(
+        socket = %socket.display(),
+        store = store_kind,
+        limits,
+        version = env!("CARGO_PKG_VERSION"),
+        "listening"
+    );
+    server::run(listener, dispatcher, settings, shutdown).await;
+    reloads.abort();
     Ok(ExitCode::SUCCESS)
 }
 
-/// Completes on the first SIGTERM or SIGINT. SIGHUP is logged and ignored
-/// until config reload exists, rather than killing the daemon.
+/// Completes on the first SIGTERM or SIGINT.
 fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook_tokio::Signals::new([SIGTERM, SIGINT, SIGHUP])
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook_tokio::Signals::new([SIGTERM, SIGINT])
         .context("cannot install signal handlers")?;
     Ok(async move {
-        while let Some(signal) = signals.next().await {
-            if signal == SIGHUP {
-                tracing::warn!(
-                    "SIGHUP received: config reload is not supported yet; restart to apply a new config"
-                );
-                continue;
-            }
+        if let Some(signal) = signals.next().await {
             tracing::info!(signal, "shutdown requested");
-            return;
         }
     })
+}
+
+/// On every SIGHUP, loads and validates the config again and hands it to
+/// the dispatcher; a config that fails is reported and the old one stays.
+fn reload_on_sighup(
+    config_path: Option<PathBuf>,
+    dispatcher: Arc<Dispatcher>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut signals = signal_hook_tokio::Signals::new([signal_hook::consts::SIGHUP])
+        .context("cannot install the SIGHUP handler")?;
+    Ok(tokio::spawn(async move {
+        while signals.next().await.is_some() {
+            let outcome = load_config(config_path.as_deref())
+                .and_then(|config| Ok(dispatcher.reload(config)?));
+            match outcome {
+                Ok(()) => tracing::info!(
+                    limits = dispatcher.config().limits.len(),
+                    "configuration reloaded"
+                ),
+                Err(failure) => tracing::error!(
+                    "configuration not reloaded, the previous one stays in force: {failure:#}"
+                ),
+            }
+        }
+    }))
 }
 
 fn init_logging(logging: &LoggingArgs) -> anyhow::Result<()> {

@@ -442,3 +442,27 @@ async fn unreported_leases_expire() {
         .unwrap();
     assert_eq!(error_code(&late), ErrorCode::UnknownLease);
 }
+
+#[tokio::test]
+async fn sighup_reloads_the_config_and_keeps_the_old_one_when_the_new_is_bad() {
+    let daemon = Daemon::start(CONFIG);
+    let client = daemon.client().await;
+    let with_new_limit =
+        format!("{CONFIG}\n[[limits]]\nname = \"added\"\ntokens_per_minute = 600\n");
+    std::fs::write(daemon.config_path(), with_new_limit).unwrap();
+    daemon.send_signal("HUP");
+    wait_for_log(&daemon, "configuration reloaded").await;
+    granted(&client.call(acquire("added", 10, 0)).await.unwrap());
+
+    std::fs::write(daemon.config_path(), "[[limits]]\nname = \"broken\"\n").unwrap();
+    daemon.send_signal("HUP");
+    wait_for_log(&daemon, "configuration not reloaded").await;
+    assert!(
+        daemon.log().contains("tokens_per_minute is required"),
+        "{}",
+        daemon.log()
+    );
+    granted(&client.call(acquire("added", 10, 0)).await.unwrap());
+    let unknown = client.call(acquire("broken", 1, 0)).await.unwrap();
+    assert_eq!(error_code(&unknown), ErrorCode::UnknownLimit);
+}

@@ -109,6 +109,16 @@ impl Daemon {
         self.wait_exit()
     }
 
+    /// Sends a signal by name (`"HUP"`, `"TERM"`).
+    pub fn send_signal(&self, name: &str) {
+        signal(&self.child, name);
+    }
+
+    /// The config file the daemon was started with.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("ratekeeper.toml")
+    }
+
     /// Waits for the daemon to exit by itself.
     pub fn wait_exit(&mut self) -> std::process::ExitStatus {
         self.child.wait().expect("wait for daemon")
