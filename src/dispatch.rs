@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, DisconnectRule, LimitConfig, PriorityClass};
-use crate::leases::{Lease, LeaseTable, Reserved};
-use crate::limiter::{Adjustment, BucketSpec, Decision, Draw, Store, StoreError};
+use crate::leases::{Lease, LeaseTable, Reserved, adjust_usage_buckets, refund_all};
+use crate::limiter::{BucketSpec, Decision, Draw, Store, StoreError};
 use crate::proto::{
     Acquire, BucketStatus, Cost, ErrorCode, LimitStatus, MAX_NAME_LEN, Request, Response,
 };
@@ -282,15 +282,7 @@ impl Dispatcher {
                 continue; // reported meanwhile, or expired
             };
             let refund = (lease.tokens as f64 * fraction).floor() as i64;
-            let adjustments: Vec<Adjustment> = lease
-                .reserved
-                .iter()
-                .filter(|reserved| reserved.settles_with_usage)
-                .map(|reserved| Adjustment {
-                    bucket: reserved.draw.bucket.clone(),
-                    tokens: refund,
-                })
-                .collect();
+            let adjustments = adjust_usage_buckets(&lease.reserved, refund);
             match self.store.adjust(&adjustments, lease.origin).await {
                 Ok(()) => {
                     self.leases
@@ -393,14 +385,7 @@ impl Dispatcher {
         let started = Instant::now();
         let waiters = &limits.waiters[&acquire.limit];
         if !wait_until_due(waiters, wait_ms, &cancel).await {
-            let refunds = plan
-                .reserved
-                .iter()
-                .map(|reserved| Adjustment {
-                    bucket: reserved.draw.bucket.clone(),
-                    tokens: reserved.draw.cost as i64,
-                })
-                .collect::<Vec<_>>();
+            let refunds = refund_all(&plan.reserved);
             if let Err(store_error) = self.store.adjust(&refunds, origin).await {
                 tracing::warn!(limit = %acquire.limit, %store_error, "could not return a cancelled reservation");
             }
@@ -436,15 +421,7 @@ impl Dispatcher {
         };
         let returned = lease.tokens as i64 - used_tokens.min(i64::MAX as u64) as i64;
         if returned != 0 {
-            let adjustments: Vec<Adjustment> = lease
-                .reserved
-                .iter()
-                .filter(|reserved| reserved.settles_with_usage)
-                .map(|reserved| Adjustment {
-                    bucket: reserved.draw.bucket.clone(),
-                    tokens: returned,
-                })
-                .collect();
+            let adjustments = adjust_usage_buckets(&lease.reserved, returned);
             if let Err(store_error) = self.store.adjust(&adjustments, lease.origin).await {
                 // Keep the lease so that the report can be retried.
                 self.leases.restore(lease_id, lease);
@@ -465,14 +442,7 @@ impl Dispatcher {
         let Some(lease) = self.leases.take(lease_id) else {
             return unknown_lease(lease_id);
         };
-        let adjustments: Vec<Adjustment> = lease
-            .reserved
-            .iter()
-            .map(|reserved| Adjustment {
-                bucket: reserved.draw.bucket.clone(),
-                tokens: reserved.draw.cost as i64,
-            })
-            .collect();
+        let adjustments = refund_all(&lease.reserved);
         if let Err(store_error) = self.store.adjust(&adjustments, lease.origin).await {
             self.leases.restore(lease_id, lease);
             return error(

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::limiter::{Draw, Origin};
+use crate::limiter::{Adjustment, Draw, Origin};
 
 /// Identifies the connection that owns a lease.
 pub type ConnectionId = u64;
@@ -37,6 +37,29 @@ pub struct Lease {
     pub tokens: u64,
     pub reserved: Vec<Reserved>,
     pub granted_at: Instant,
+}
+
+/// Gives back every bucket's whole cost: a release, or a cancelled wait.
+pub fn refund_all(reserved: &[Reserved]) -> Vec<Adjustment> {
+    reserved
+        .iter()
+        .map(|reserved| Adjustment {
+            bucket: reserved.draw.bucket.clone(),
+            tokens: reserved.draw.cost as i64,
+        })
+        .collect()
+}
+
+/// Adds `tokens` (negative: takes) to the buckets that usage settles.
+pub fn adjust_usage_buckets(reserved: &[Reserved], tokens: i64) -> Vec<Adjustment> {
+    reserved
+        .iter()
+        .filter(|reserved| reserved.settles_with_usage)
+        .map(|reserved| Adjustment {
+            bucket: reserved.draw.bucket.clone(),
+            tokens,
+        })
+        .collect()
 }
 
 /// Counts of leases that ended without a report.

@@ -6,7 +6,7 @@ mod support;
 use ratekeeper::proto::{
     Acquire, ClientFrame, Cost, ErrorCode, MAX_FRAME_LEN, MAX_IN_FLIGHT, Request, Response,
 };
-use support::{Daemon, error_code, frame_of, hello, receive, send, send_bytes};
+use support::{Daemon, acquire, error_code, frame_of, hello, receive, send, send_bytes};
 
 const CONFIG: &str = r#"
 [[limits]]
@@ -15,19 +15,6 @@ tokens_per_minute = 60
 burst_tokens = 1000
 max_request_tokens = 900
 "#;
-
-fn acquire(limit: &str, tokens: u64, max_wait_ms: u64) -> Request {
-    Request::Acquire(Acquire {
-        limit: limit.into(),
-        tenant: None,
-        priority: None,
-        cost: Cost::Tokens {
-            input_tokens: tokens,
-            output_tokens: 0,
-        },
-        max_wait_ms: Some(max_wait_ms),
-    })
-}
 
 /// The payload of a valid frame, for corrupting.
 fn payload_of(request_id: u64, request: Request) -> Vec<u8> {

@@ -5,9 +5,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use ratekeeper::client::Client;
-use ratekeeper::proto::{Acquire, Cost, ErrorCode, Request, Response};
-use support::{Daemon, error_code};
+use ratekeeper::proto::{ErrorCode, Request, Response};
+use support::{Daemon, acquire, error_code, granted, level};
 
 /// Waits may differ from the prediction by scheduling and the few
 /// milliseconds of refill between the requests.
@@ -29,50 +28,6 @@ burst_tokens = 1000
 requests_per_minute = 60
 burst_requests = 5
 "#;
-
-fn acquire(limit: &str, tokens: u64, max_wait_ms: u64) -> Request {
-    Request::Acquire(Acquire {
-        limit: limit.into(),
-        tenant: None,
-        priority: None,
-        cost: Cost::Tokens {
-            input_tokens: tokens,
-            output_tokens: 0,
-        },
-        max_wait_ms: Some(max_wait_ms),
-    })
-}
-
-async fn level(client: &Client, limit: &str, bucket: &str) -> i64 {
-    match client
-        .call(Request::Status {
-            limit: Some(limit.into()),
-        })
-        .await
-        .unwrap()
-    {
-        Response::Status { limits, .. } => {
-            limits[0]
-                .buckets
-                .iter()
-                .find(|b| b.name == bucket)
-                .expect("bucket in status")
-                .level
-        }
-        other => panic!("expected status, got {other:?}"),
-    }
-}
-
-fn granted(response: &Response) -> (u64, u64, u64) {
-    match response {
-        Response::Granted {
-            lease,
-            tokens,
-            waited_ms,
-        } => (*lease, *tokens, *waited_ms),
-        other => panic!("expected a grant, got {other:?}"),
-    }
-}
 
 fn assert_close(actual: i64, expected: i64, what: &str) {
     assert!(

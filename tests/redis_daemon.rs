@@ -7,9 +7,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use ratekeeper::client::Client;
-use ratekeeper::proto::{Acquire, Cost, ErrorCode, Request, Response};
+use ratekeeper::proto::{ErrorCode, Request, Response};
 use support::redis::{RedisCluster, RedisServer};
-use support::{Daemon, error_code};
+use support::{Daemon, acquire, error_code, granted, status_of};
 
 fn config(redis: &str, extra_redis: &str) -> String {
     format!(
@@ -53,46 +53,6 @@ burst_tokens = 1000
 
 fn single(server: &RedisServer) -> String {
     config(&format!("url = \"{}\"", server.url()), "")
-}
-
-fn acquire(limit: &str, tokens: u64, max_wait_ms: u64) -> Request {
-    Request::Acquire(Acquire {
-        limit: limit.into(),
-        tenant: None,
-        priority: None,
-        cost: Cost::Tokens {
-            input_tokens: tokens,
-            output_tokens: 0,
-        },
-        max_wait_ms: Some(max_wait_ms),
-    })
-}
-
-fn lease_of(response: Response) -> u64 {
-    match response {
-        Response::Granted { lease, .. } => lease,
-        other => panic!("expected a grant, got {other:?}"),
-    }
-}
-
-async fn levels(client: &Client, limit: &str) -> Vec<(String, i64)> {
-    match client
-        .call(Request::Status {
-            limit: Some(limit.into()),
-        })
-        .await
-        .unwrap()
-    {
-        Response::Status { store, limits } => {
-            assert_eq!(store, "redis");
-            limits[0]
-                .buckets
-                .iter()
-                .map(|bucket| (bucket.name.clone(), bucket.level))
-                .collect()
-        }
-        other => panic!("expected status, got {other:?}"),
-    }
 }
 
 #[tokio::test]
@@ -364,4 +324,15 @@ async fn the_scripts_work_on_a_redis_cluster() {
         })
         .count();
     assert_eq!(owners, 1);
+}
+
+fn lease_of(response: Response) -> u64 {
+    granted(&response).0
+}
+
+/// The `(name, level)` of each bucket of `limit`, as a Redis-backed daemon sees them.
+async fn levels(client: &Client, limit: &str) -> Vec<(String, i64)> {
+    let (store, buckets) = status_of(client, limit).await;
+    assert_eq!(store, "redis");
+    buckets
 }

@@ -48,7 +48,7 @@ TOML
 DAEMON_PID=$!
 until [ -S "$WORK/rk.sock" ]; do sleep 0.05; done
 
-SHA="$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat lua/acquire.lua)")"
+SHA="$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat lua/bucket.lua lua/acquire.lua)")"
 # The same two buckets and arguments as one sidecar acquire of 1 token.
 FLOOR_ARGS=(EVALSHA "$SHA" 2 "floor:{b}:tokens" "floor:{b}:requests" 0 ""
     10000000000 1000000000 1 0 10000000000 1000000000 1 0)

@@ -19,9 +19,19 @@ use super::bucket::{BucketSpec, Draw, Plan};
 use super::{Adjustment, Decision, Origin, Store, StoreError, decision_from_plan};
 use crate::config::RedisConfig;
 
-const ACQUIRE_LUA: &str = include_str!("../../lua/acquire.lua");
-const ADJUST_LUA: &str = include_str!("../../lua/adjust.lua");
-const LEVELS_LUA: &str = include_str!("../../lua/levels.lua");
+/// Each script is the shared bucket library followed by its own body.
+const ACQUIRE_LUA: &str = concat!(
+    include_str!("../../lua/bucket.lua"),
+    include_str!("../../lua/acquire.lua")
+);
+const ADJUST_LUA: &str = concat!(
+    include_str!("../../lua/bucket.lua"),
+    include_str!("../../lua/adjust.lua")
+);
+const LEVELS_LUA: &str = concat!(
+    include_str!("../../lua/bucket.lua"),
+    include_str!("../../lua/levels.lua")
+);
 
 /// The script argument that makes a script read Redis `TIME`.
 const REDIS_CLOCK: &str = "";

@@ -217,3 +217,66 @@ pub fn error_code(response: &Response) -> proto::ErrorCode {
         other => panic!("expected an error, got {other:?}"),
     }
 }
+
+/// An acquire of `tokens` input tokens from `limit`.
+pub fn acquire(limit: &str, tokens: u64, max_wait_ms: u64) -> Request {
+    Request::Acquire(ratekeeper::proto::Acquire {
+        limit: limit.into(),
+        tenant: None,
+        priority: None,
+        cost: ratekeeper::proto::Cost::Tokens {
+            input_tokens: tokens,
+            output_tokens: 0,
+        },
+        max_wait_ms: Some(max_wait_ms),
+    })
+}
+
+/// A report of `used` input tokens for `lease`.
+pub fn report(lease: u64, used: u64) -> Request {
+    Request::Report {
+        lease,
+        input_tokens: used,
+        output_tokens: 0,
+    }
+}
+
+/// `(lease, tokens, waited_ms)` of a grant, panicking on anything else.
+pub fn granted(response: &Response) -> (u64, u64, u64) {
+    match response {
+        Response::Granted {
+            lease,
+            tokens,
+            waited_ms,
+        } => (*lease, *tokens, *waited_ms),
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+/// The store kind and each bucket's `(name, level)` of one limit.
+pub async fn status_of(client: &Client, limit: &str) -> (String, Vec<(String, i64)>) {
+    let status = Request::Status {
+        limit: Some(limit.into()),
+    };
+    match client.call(status).await.unwrap() {
+        Response::Status { store, limits } => {
+            let buckets = limits[0]
+                .buckets
+                .iter()
+                .map(|bucket| (bucket.name.clone(), bucket.level))
+                .collect();
+            (store, buckets)
+        }
+        other => panic!("expected status, got {other:?}"),
+    }
+}
+
+/// The level of one bucket of one limit.
+pub async fn level(client: &Client, limit: &str, bucket: &str) -> i64 {
+    let (_, buckets) = status_of(client, limit).await;
+    buckets
+        .into_iter()
+        .find(|(name, _)| name == bucket)
+        .unwrap_or_else(|| panic!("no bucket {bucket} in {limit}"))
+        .1
+}

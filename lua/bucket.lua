@@ -1,0 +1,49 @@
+-- ratekeeper's bucket library, written once: the daemon prepends this file
+-- to acquire.lua, adjust.lua and levels.lua when it embeds them (so does
+-- bench/redis/run.sh), since a Redis script cannot load another.
+--
+-- A bucket is a hash: field l = level in units, t = time of l in ms.
+-- One token is 60000 units, so R tokens per minute refill exactly R units per
+-- ms; every number stays an integer far below 2^53, exact in a double.
+-- src/limiter/bucket.rs is the same arithmetic in Rust.
+local UNITS = 60000
+
+-- The script's clock in ms: Redis TIME (argument ""), or a test time.
+local function clock(arg)
+  if arg ~= "" then
+    return tonumber(arg)
+  end
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+
+local function ceil_div(a, b)
+  return math.floor((a + b - 1) / b)
+end
+
+-- The bucket's level at `now`, refilled and capped, and the time it holds
+-- for. A missing key is a full bucket; a clock that stepped back refills
+-- nothing.
+local function read_bucket(key, capacity, rate, now)
+  local state = redis.call('HMGET', key, 'l', 't')
+  if not state[1] then
+    return capacity, now
+  end
+  local level, updated = tonumber(state[1]), tonumber(state[2])
+  if now > updated then
+    level = math.min(capacity, level + (now - updated) * rate)
+    updated = now
+  end
+  return level, updated
+end
+
+-- Stores a level. The key expires when the bucket would be full again, and
+-- a full bucket is deleted: then it carries no information.
+local function write_bucket(key, level, updated, capacity, rate)
+  if level >= capacity then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('HSET', key, 'l', string.format('%d', level), 't', string.format('%d', updated))
+  redis.call('PEXPIRE', key, string.format('%d', ceil_div(capacity - level, rate)))
+end
