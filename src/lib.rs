@@ -8,3 +8,4 @@ pub mod limiter;
 pub mod loadgen;
 pub mod proto;
 pub mod server;
+pub mod tokens;

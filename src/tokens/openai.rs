@@ -1,0 +1,234 @@
+//! OpenAI's chat accounting: tiktoken counts plus the framing tokens the
+//! API adds around messages and tool definitions.
+//!
+//! Messages follow `num_tokens_from_messages` of OpenAI's cookbook "How to
+//! count tokens with tiktoken" (section 6, rules for gpt-3.5-turbo-0125,
+//! gpt-4-0613, gpt-4o-2024-08-06 and gpt-4o-mini-2024-07-18): 3 tokens per
+//! message, 1 more when it carries a `name`, the encoded role, name and
+//! content, and 3 tokens priming the reply. The cookbook shows these match
+//! the API's `prompt_tokens` exactly for its example.
+//!
+//! Tool definitions follow `num_tokens_for_tools` of the same notebook
+//! (section 7), which matches the API for its example; tool calls inside
+//! assistant messages have no published rule. Both are estimates: see
+//! [`TOOL_CALL_OVERHEAD`] and the rules of `count_tools`.
+
+use serde_json::{Map, Value};
+use tiktoken_rs::CoreBPE;
+
+use super::Encoding;
+use crate::proto::ChatMessage;
+
+/// Framing tokens of every message (`<|start|>{role}<|message|>…<|end|>`).
+pub const TOKENS_PER_MESSAGE: u64 = 3;
+/// Extra tokens of a message that carries a `name`.
+pub const TOKENS_PER_NAME: u64 = 1;
+/// Tokens priming the reply (`<|start|>assistant<|message|>`), once per request.
+pub const REPLY_PRIMING: u64 = 3;
+
+/// Framing tokens added per tool call of an assistant message, beyond its
+/// function name and arguments. OpenAI publishes no rule for chat
+/// completions; this is the framing of a call in the harmony format that
+/// OpenAI published for gpt-oss (`<|channel|>commentary to=functions.NAME
+/// <|constrain|>json … <|call|>` less the name), an estimate.
+pub const TOOL_CALL_OVERHEAD: u64 = 7;
+
+/// The cookbook's per-tool constants (`num_tokens_for_tools`): tokens at
+/// the start of each function, before its properties, per property, for an
+/// enum (negative), per enum item, and once after all functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ToolConstants {
+    func_init: i64,
+    prop_init: i64,
+    prop_key: i64,
+    enum_init: i64,
+    enum_item: i64,
+    func_end: i64,
+}
+
+impl ToolConstants {
+    /// The cookbook gives them for gpt-4o / gpt-4o-mini (o200k_base) and
+    /// gpt-3.5-turbo / gpt-4 (cl100k_base); other models of the same
+    /// encoding reuse them.
+    fn for_encoding(encoding: Encoding) -> ToolConstants {
+        let func_init = match encoding {
+            Encoding::O200kBase => 7,
+            Encoding::Cl100kBase => 10,
+        };
+        ToolConstants {
+            func_init,
+            prop_init: 3,
+            prop_key: 3,
+            enum_init: -3,
+            enum_item: 3,
+            func_end: 12,
+        }
+    }
+}
+
+/// Longest run of whitespace handed to the tokenizer in one call, in bytes.
+///
+/// tiktoken's split pattern has a look-ahead (`\s+(?!\S)`) that fancy-regex
+/// backtracks through one step per character; a whitespace run of about a
+/// million characters exceeds its backtrack limit and `encode_ordinary`
+/// panics. Longer runs are therefore cut into segments of this size, counted
+/// one after the other. Text without such a run (every real prompt) is
+/// counted in one call, exactly as tiktoken counts it; each cut may change
+/// the count by a token or two.
+pub const MAX_WHITESPACE_RUN: usize = 4096;
+
+/// Counts one piece of text as the API sees user text: special-token
+/// markers such as `<|endoftext|>` are ordinary characters there.
+pub(crate) fn count_text(bpe: &CoreBPE, text: &str) -> u64 {
+    let encode = |segment: &str| bpe.encode_ordinary(segment).len() as u64;
+    let mut total = 0;
+    let mut segment_start = 0;
+    let mut run_start: Option<usize> = None;
+    for (at, ch) in text.char_indices() {
+        if !ch.is_whitespace() {
+            run_start = None;
+            continue;
+        }
+        let start = *run_start.get_or_insert(at);
+        if at - start >= MAX_WHITESPACE_RUN {
+            total += encode(&text[segment_start..at]);
+            segment_start = at;
+            run_start = Some(at);
+        }
+    }
+    total + encode(&text[segment_start..])
+}
+
+/// Tokens of the messages: framing, role, name, every content part counted
+/// on its own, tool calls, and the reply priming.
+pub(crate) fn count_messages(bpe: &CoreBPE, messages: &[ChatMessage]) -> u64 {
+    let mut total = REPLY_PRIMING;
+    for message in messages {
+        total += TOKENS_PER_MESSAGE + count_text(bpe, &message.role);
+        if let Some(name) = &message.name {
+            total += TOKENS_PER_NAME + count_text(bpe, name);
+        }
+        for part in &message.content {
+            total += count_text(bpe, part);
+        }
+        if let Some(calls) = &message.tool_calls_json {
+            total += count_tool_calls(bpe, calls);
+        }
+    }
+    total
+}
+
+/// Tokens of an assistant message's `tool_calls` JSON: for each call its
+/// function name and arguments plus [`TOOL_CALL_OVERHEAD`]. Text that is not
+/// a list of `{"function": {"name", "arguments"}}` objects is counted whole,
+/// as one call.
+pub(crate) fn count_tool_calls(bpe: &CoreBPE, json: &str) -> u64 {
+    let Ok(Value::Array(calls)) = serde_json::from_str::<Value>(json) else {
+        return count_text(bpe, json) + TOOL_CALL_OVERHEAD;
+    };
+    calls
+        .iter()
+        .map(|call| {
+            let function = call.get("function");
+            let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
+            let arguments = function
+                .and_then(|f| f.get("arguments"))
+                .and_then(Value::as_str);
+            let content = match (name, arguments) {
+                (Some(name), Some(arguments)) => count_text(bpe, name) + count_text(bpe, arguments),
+                _ => count_text(bpe, &call.to_string()),
+            };
+            content + TOOL_CALL_OVERHEAD
+        })
+        .sum()
+}
+
+/// Tokens of the request's `tools` JSON, following the cookbook's
+/// `num_tokens_for_tools`: per function its constants, `name:description`,
+/// and per property `key:type:description` plus its enum items (a trailing
+/// period of a description is not counted).
+///
+/// The cookbook only renders flat properties; anything else a property
+/// declares (nested `properties`, `items`, `anyOf`, …) is counted as its
+/// JSON text, and a tool that is not a `{"type": "function", "function":
+/// {…}}` object, or text that is not a JSON list, is counted as its JSON
+/// text plus the function constants. An estimate beyond the cookbook's
+/// example.
+pub(crate) fn count_tools(bpe: &CoreBPE, encoding: Encoding, json: &str) -> u64 {
+    let k = ToolConstants::for_encoding(encoding);
+    let tools = match serde_json::from_str::<Value>(json) {
+        Ok(Value::Array(tools)) => tools,
+        Ok(Value::Null) => return 0,
+        _ => return count_text(bpe, json) + (k.func_init + k.func_end) as u64,
+    };
+    if tools.is_empty() {
+        return 0;
+    }
+    let mut total: i64 = 0;
+    for tool in &tools {
+        total += k.func_init;
+        match tool.get("function").and_then(Value::as_object) {
+            Some(function) if tool.get("type").and_then(Value::as_str) == Some("function") => {
+                total += count_function(bpe, &k, function);
+            }
+            _ => total += count_text(bpe, &tool.to_string()) as i64,
+        }
+    }
+    total += k.func_end;
+    total.max(0) as u64
+}
+
+fn count_function(bpe: &CoreBPE, k: &ToolConstants, function: &Map<String, Value>) -> i64 {
+    let name = function.get("name").map(text_of).unwrap_or_default();
+    let description = function.get("description").map(text_of).unwrap_or_default();
+    let line = format!("{name}:{}", without_final_period(&description));
+    let mut total = count_text(bpe, &line) as i64;
+
+    let properties = function
+        .get("parameters")
+        .and_then(|p| p.get("properties"))
+        .and_then(Value::as_object);
+    let Some(properties) = properties.filter(|p| !p.is_empty()) else {
+        return total;
+    };
+    total += k.prop_init;
+    for (key, property) in properties {
+        total += k.prop_key;
+        let Some(property) = property.as_object() else {
+            total += count_text(bpe, &format!("{key}:{property}")) as i64;
+            continue;
+        };
+        if let Some(items) = property.get("enum") {
+            total += k.enum_init;
+            for item in items.as_array().into_iter().flatten() {
+                total += k.enum_item + count_text(bpe, &text_of(item)) as i64;
+            }
+        }
+        let kind = property.get("type").map(text_of).unwrap_or_default();
+        let description = property.get("description").map(text_of).unwrap_or_default();
+        let line = format!("{key}:{kind}:{}", without_final_period(&description));
+        total += count_text(bpe, &line) as i64;
+
+        let rest: Map<String, Value> = property
+            .iter()
+            .filter(|(name, _)| !matches!(name.as_str(), "type" | "description" | "enum"))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        if !rest.is_empty() {
+            total += count_text(bpe, &Value::Object(rest).to_string()) as i64;
+        }
+    }
+    total
+}
+
+/// A string value as itself, anything else as its JSON text.
+fn text_of(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn without_final_period(text: &str) -> &str {
+    text.strip_suffix('.').unwrap_or(text)
+}
