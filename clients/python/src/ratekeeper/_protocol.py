@@ -12,6 +12,7 @@ decodes them all, so the layout of each message is written down once.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Union
@@ -259,16 +260,78 @@ BOOL = _Bool()
 STR = _Str()
 
 
+class _Plan:
+    """A struct's `WIRE` compiled for speed: runs of fixed-width integers are
+    packed and unpacked with one `struct.Struct`, other fields one by one."""
+
+    __slots__ = ("names", "positional", "steps")
+
+    def __init__(self, cls: type) -> None:
+        wire = cls.WIRE
+        self.names = tuple(name for name, _ in wire)
+        # Constructed positionally when the dataclass declares its fields in wire order.
+        declared = tuple(f.name for f in dataclasses.fields(cls))
+        self.positional = declared[: len(self.names)] == self.names
+        self.steps: list[tuple[Optional[struct.Struct], tuple[str, ...], Any]] = []
+        run: list[tuple[str, _Int]] = []
+
+        def close_run() -> None:
+            if run:
+                fmt = struct.Struct("<" + "".join(t.fmt.format[1:] for _, t in run))
+                self.steps.append((fmt, tuple(name for name, _ in run), tuple(run)))
+                run.clear()
+
+        for name, wire_type in wire:
+            if isinstance(wire_type, _Int):
+                run.append((name, wire_type))
+            else:
+                close_run()
+                self.steps.append((None, (name,), wire_type))
+        close_run()
+
+    def encode(self, out: bytearray, value: Any) -> None:
+        for fixed, names, wire in self.steps:
+            if fixed is None:
+                wire.encode(out, getattr(value, names[0]))
+                continue
+            values = [getattr(value, name) for name in names]
+            try:
+                out += fixed.pack(*values)
+            except struct.error:
+                for (_, int_type), item in zip(wire, values):
+                    int_type.encode(out, item)  # raises the precise error
+                raise
+
+    def decode(self, reader: _Reader, cls: type) -> Any:
+        values: list[Any] = []
+        for fixed, _, wire in self.steps:
+            if fixed is None:
+                values.append(wire.decode(reader))
+                continue
+            end = reader.pos + fixed.size
+            if end > len(reader.data):
+                raise MalformedMessage(f"truncated field at offset {reader.pos}")
+            values.extend(fixed.unpack_from(reader.data, reader.pos))
+            reader.pos = end
+        if self.positional:
+            return cls(*values)
+        return cls(**dict(zip(self.names, values)))
+
+
+def _plan(cls: type) -> _Plan:
+    plan = cls.__dict__.get("_PLAN")
+    if plan is None:
+        plan = _Plan(cls)
+        cls._PLAN = plan
+    return plan
+
+
 def _encode_fields(out: bytearray, value: Any) -> None:
-    for name, wire_type in value.WIRE:
-        wire_type.encode(out, getattr(value, name))
+    _plan(type(value)).encode(out, value)
 
 
 def _decode_fields(reader: _Reader, cls: type) -> Any:
-    wire = cls.WIRE
-    if not wire:
-        return cls()
-    return cls(**{name: wire_type.decode(reader) for name, wire_type in wire})
+    return _plan(cls).decode(reader, cls)
 
 
 # ---------------------------------------------------------------------------

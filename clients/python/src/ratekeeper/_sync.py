@@ -1,12 +1,15 @@
 """The blocking client: one pipelined connection per process, shared by threads.
 
 Design: every thread of a process sends its requests on one Unix socket, each
-under its own request id, and waits on a future; one reader thread per
-connection decodes answers and completes the futures, in whatever order the
-daemon sends them. A request that waits seconds for its reservation holds up
-nothing behind it, a process needs one connection (one file descriptor, one
-lease table entry on the daemon) however many threads it runs, and leases are
-settled on the connection that acquired them, as PROTOCOL.md asks.
+under its own request id, and waits on a future. There is no background
+thread: a waiting caller reads the socket while no other does (leader and
+followers), completing every caller's future as answers arrive, in whatever
+order the daemon sends them, and hands the reading over when its own answer
+is in. A request that waits seconds for its reservation holds up nothing
+behind it; a lone thread reads its answers itself, with no thread switch; a
+process needs one connection (one file descriptor on the daemon) however many
+threads it runs; and leases are settled on the connection that acquired them,
+as PROTOCOL.md asks.
 
 After `fork` the child never touches the parent's socket: a fork hook (and a
 pid check on every call) drops the inherited connection without shutting it
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -53,7 +57,15 @@ class _ConnectionLost(SidecarUnavailable):
 
 
 class _Connection:
-    """One socket to the daemon that has exchanged `Hello`, and its reader thread."""
+    """One socket to the daemon that has exchanged `Hello`.
+
+    No thread of its own: a caller waiting for an answer becomes the reader
+    while nobody else reads, decodes whatever arrives and completes the
+    futures of the other callers; when its own answer is in, it hands the
+    reading over to a caller still waiting. One thread alone therefore reads
+    its own answers without a thread switch, and many threads share one
+    socket without mixing up answers.
+    """
 
     def __init__(self, path: str, client_name: str, deadline: core.Deadline) -> None:
         self.pid = os.getpid()
@@ -79,19 +91,19 @@ class _Connection:
             sock.close()
             raise
         self._sock = sock
-        self._state = threading.Lock()  # guards _pending and _closed
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
+        self._state = threading.Lock()  # guards everything below but the socket writes
         self._send = threading.Lock()  # one frame at a time on the socket
         self._pending: dict[int, Future] = {}
         self._closed: Optional[_ConnectionLost] = None
+        self._reading = False  # whether a caller is the reader now
+        self._sleepers: dict[threading.Event, Future] = {}  # callers waiting on the reader
         #: Set when the daemon said ShuttingDown: new acquires go elsewhere.
         self.retired = False
         self._slots = threading.BoundedSemaphore(self.session.max_in_flight)
-        self._reader = threading.Thread(
-            target=self._read_loop, name="ratekeeper-reader", daemon=True
-        )
         for frame in frames[1:]:
             self._deliver(frame)
-        self._reader.start()
 
     @property
     def usable(self) -> bool:
@@ -99,7 +111,7 @@ class _Connection:
 
     @property
     def alive(self) -> bool:
-        """Open and owned by this process: its leases can still be settled on it."""
+        """Not known to be closed, and owned by this process: leases can be settled on it."""
         return self._closed is None and self.pid == os.getpid()
 
     def submit(self, request: p.Request, deadline: core.Deadline) -> tuple[int, Future]:
@@ -126,30 +138,71 @@ class _Connection:
         return request_id, future
 
     def send_and_forget(self, request: p.Request) -> None:
-        """Sends a request whose answer nobody waits for (cancels, late releases)."""
+        """Sends a request whose answer nobody waits for (cancels, late releases).
+
+        Its answer is read, and dropped, by whichever call reads next.
+        """
         try:
             self.submit(request, core.Deadline(0))
         except RatekeeperError as error:
             log.debug("could not send %s: %s", type(request).__name__, error)
 
-    def _read_loop(self) -> None:
-        reason: _ConnectionLost
+    def wait(self, future: Future, deadline: core.Deadline) -> p.Response:
+        """The answer of `future`, reading the socket when no other caller does.
+
+        Raises `FutureTimeout` at the deadline and `_ConnectionLost` when the
+        connection broke.
+        """
+        wake = threading.Event()
+        future.add_done_callback(lambda _: wake.set())
+        while not future.done():
+            if deadline.expired:
+                raise FutureTimeout
+            with self._state:
+                reader = not self._reading and self._closed is None and not future.done()
+                if reader:
+                    self._reading = True
+                elif not future.done():
+                    self._sleepers[wake] = future
+            if reader:
+                try:
+                    self._read_until(future, deadline)
+                finally:
+                    self._hand_over()
+            else:
+                wake.wait(deadline.remaining())
+                with self._state:
+                    self._sleepers.pop(wake, None)
+                wake.clear()
+        return future.result()
+
+    def _read_until(self, future: Future, deadline: core.Deadline) -> None:
         try:
-            while True:
+            while not future.done():
+                remaining = deadline.remaining()
+                if remaining is not None and not self._poll.poll(remaining * 1000):
+                    return  # the deadline passed; the caller's loop raises
                 data = self._sock.recv(_RECV_SIZE)
                 if not data:
-                    reason = _ConnectionLost("the daemon closed the connection")
-                    break
+                    self._fail(_ConnectionLost("the daemon closed the connection"))
+                    return
                 for frame in self.session.receive_data(data):
                     self._deliver(frame)
         except ProtocolError as error:
             log.error("closing the connection to the sidecar: %s", error)
-            reason = _ConnectionLost(f"protocol error: {error}")
+            self._fail(_ConnectionLost(f"protocol error: {error}"))
         except OSError as error:
-            reason = _ConnectionLost(str(error))
-        self._fail(reason)
-        with contextlib.suppress(OSError):
-            self._sock.close()
+            self._fail(_ConnectionLost(str(error)))
+
+    def _hand_over(self) -> None:
+        """Stops reading; wakes one caller still waiting so that it reads on."""
+        with self._state:
+            self._reading = False
+            successor = next(
+                (wake for wake, waiting in self._sleepers.items() if not waiting.done()), None
+            )
+        if successor is not None:
+            successor.set()
 
     def _deliver(self, frame: p.ServerFrame) -> None:
         if frame.request_id == 0:
@@ -176,12 +229,13 @@ class _Connection:
             if future.counted:  # type: ignore[attr-defined]
                 self._slots.release()
             future.set_exception(reason)
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes a reader blocked in recv
+        self._sock.close()
 
     def close(self) -> None:
         """Closes the connection; waiting calls fail with `SidecarUnavailable`."""
         self._fail(_ConnectionLost("the client was closed"))
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader, which closes
 
     def forget(self) -> None:
         """In a forked child: drop this process's copy of the parent's socket.
@@ -381,7 +435,7 @@ class Client:
         deadline: core.Deadline,
     ) -> p.Response:
         try:
-            return future.result(timeout=deadline.remaining())
+            return conn.wait(future, deadline)
         except FutureTimeout:
             self._abandon(conn, request_id, future, request)
             raise SidecarUnavailable(
