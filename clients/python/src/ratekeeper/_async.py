@@ -182,8 +182,8 @@ class _Connection:
         self._fail(_ConnectionLost("the client was closed"))
         self._task.cancel()
         self._writer.transport.abort()
-        with contextlib.suppress(BaseException):
-            await self._task
+        # The reader ends with the cancellation; a cancellation of our caller still propagates.
+        await asyncio.gather(self._task, return_exceptions=True)
 
     def abort(self) -> None:
         """Drops the connection without awaiting (another loop, or a forked child)."""
@@ -193,6 +193,12 @@ class _Connection:
                 self._writer.transport.abort()
         # In a forked child the transport is left alone: closing it would run
         # the parent's loop machinery; the descriptor goes when the child exits.
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    """Marks a connect task's failure as seen when no caller awaited it any more."""
+    if not task.cancelled():
+        task.exception()
 
 
 class AsyncLease(core.LeaseBase):
@@ -276,7 +282,7 @@ class AsyncClient:
         self.timeout = timeout
         self.on_unavailable = core.check_on_unavailable(on_unavailable)
         self._conn: Optional[_Connection] = None
-        self._connecting: Optional[asyncio.Future] = None
+        self._connecting: Optional[asyncio.Task] = None
         self._down = False
 
     # -- connections --------------------------------------------------------
@@ -285,31 +291,23 @@ class AsyncClient:
         conn = self._conn
         if conn is not None and conn.usable:
             return conn
-        if conn is not None and not conn.alive and conn.loop is not asyncio.get_running_loop():
+        loop = asyncio.get_running_loop()
+        if conn is not None and not conn.alive and conn.loop is not loop:
             conn.abort()  # opened on another loop or in the parent process
-        if (
-            self._connecting is not None
-            and self._connecting.get_loop() is asyncio.get_running_loop()
-        ):
-            # One task connects; the others wait for its result, within their deadline.
-            try:
-                return await asyncio.wait_for(
-                    asyncio.shield(self._connecting), deadline.remaining()
-                )
-            except asyncio.TimeoutError:
-                raise core.unavailable(self.socket_path, None) from None
-        connecting = asyncio.get_running_loop().create_future()
-        self._connecting = connecting
+        connecting = self._connecting
+        if connecting is None or connecting.done() or connecting.get_loop() is not loop:
+            # One task connects, for every caller; cancelling a caller does not stop it.
+            connecting = loop.create_task(self._connect_and_keep(deadline))
+            connecting.add_done_callback(_retrieve)
+            self._connecting = connecting
         try:
-            conn = await self._connect(deadline)
-        except BaseException as error:
-            connecting.set_exception(error)
-            connecting.exception()
-            raise
-        finally:
-            self._connecting = None
+            return await asyncio.wait_for(asyncio.shield(connecting), deadline.remaining())
+        except asyncio.TimeoutError:
+            raise core.unavailable(self.socket_path, None) from None
+
+    async def _connect_and_keep(self, deadline: core.Deadline) -> _Connection:
+        conn = await self._connect(deadline)
         self._conn = conn
-        connecting.set_result(conn)
         return conn
 
     async def _connect(self, deadline: core.Deadline) -> _Connection:
