@@ -296,3 +296,20 @@ def test_shutting_down(make_daemon, raw):
     # drain, but the daemon sometimes exits before writing that answer (its
     # connection writers are not awaited after the request tasks finish);
     # reported, so it is not asserted here.
+
+
+def test_frames_before_a_broken_one_are_still_delivered():
+    session = core.Session("sans-io")
+    good = p.encode_frame(p.ServerFrame(3, p.Pong()))
+    bad = bytes.fromhex("0c00000002000000000000000a000000")  # Response tag 10
+    frames = session.receive_data(good + bad + good)
+    assert next(frames) == p.ServerFrame(3, p.Pong())
+    with pytest.raises(ratekeeper.MalformedMessage):
+        next(frames)
+
+
+def test_an_oversized_frame_from_the_daemon_is_refused_on_its_prefix():
+    session = core.Session("sans-io")
+    frames = session.receive_data((p.MAX_FRAME_LEN + 1).to_bytes(4, "little"))
+    with pytest.raises(ratekeeper.FrameTooLarge):
+        next(frames)

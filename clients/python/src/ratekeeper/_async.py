@@ -76,7 +76,7 @@ class _Connection:
                 data = await reader.read(_RECV_SIZE)
                 if not data:
                     raise ConnectionResetError("the daemon closed the connection during Hello")
-                frames = session.receive_data(data)
+                frames = list(session.receive_data(data))
             if frames[0].request_id not in (hello_id, 0):
                 raise ProtocolError(f"answer to request {frames[0].request_id} before Hello")
             session.accept_hello(frames[0])

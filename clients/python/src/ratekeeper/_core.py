@@ -74,7 +74,9 @@ class Session:
 
     @property
     def max_frame_len(self) -> int:
-        return self.hello.max_frame_len if self.hello else p.MAX_FRAME_LEN
+        """The largest request payload: what the daemon announced, within the spec's bound."""
+        announced = self.hello.max_frame_len if self.hello else p.MAX_FRAME_LEN
+        return min(announced, p.MAX_FRAME_LEN)
 
     def next_id(self) -> int:
         """A fresh request id: a counter from 1 that skips 0 if it ever wraps."""
@@ -99,8 +101,6 @@ class Session:
                 f"this client speaks {p.PROTOCOL_VERSION}"
             )
         self.hello = response
-        # Frames may grow up to the bound the daemon announced, and no further.
-        self.decoder.max_frame_len = max(p.MAX_FRAME_LEN, response.max_frame_len)
         return response
 
     def request_frame(self, request: p.Request) -> tuple[int, bytes]:
@@ -108,10 +108,18 @@ class Session:
         request_id = self.next_id()
         return request_id, p.encode_frame(p.ClientFrame(request_id, request), self.max_frame_len)
 
-    def receive_data(self, data: bytes) -> list[p.ServerFrame]:
-        """The frames completed by `data`. A broken stream raises `ProtocolError`."""
-        self.decoder.receive_data(data)
-        return self.decoder.frames()
+    def receive_data(self, data: bytes) -> Iterator[p.ServerFrame]:
+        """Feeds `data`, then yields each frame it completed, in order.
+
+        A broken stream raises `ProtocolError` after the frames before it.
+        """
+        decoder = self.decoder
+        decoder.receive_data(data)
+        while True:
+            frame = decoder.next_frame()
+            if frame is p.NEED_DATA:
+                return
+            yield frame
 
 
 def counts_in_flight(request: p.Request) -> bool:

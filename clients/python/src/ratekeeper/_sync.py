@@ -82,7 +82,7 @@ class _Connection:
                 data = sock.recv(_RECV_SIZE)
                 if not data:
                     raise ConnectionResetError("the daemon closed the connection during Hello")
-                frames = self.session.receive_data(data)
+                frames = list(self.session.receive_data(data))
             if frames[0].request_id not in (hello_id, 0):
                 raise ProtocolError(f"answer to request {frames[0].request_id} before Hello")
             self.session.accept_hello(frames[0])
