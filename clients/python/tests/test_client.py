@@ -235,7 +235,10 @@ def test_refusals_raise_their_exception(client, call, error, code):
 
 
 def test_messages_cost_is_unsupported_until_the_daemon_counts_tokens(client):
-    """Update when token counting lands (issue 4): then this must be granted/estimated."""
+    """Update when token counting lands (issue 4): then this must be granted and estimated.
+
+    Until then it is also the real daemon's proof that code 16 surfaces as `Unsupported`.
+    """
     messages = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]},

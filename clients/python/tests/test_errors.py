@@ -2,9 +2,10 @@
 
 Codes the daemon can really be driven to send are provoked over a raw
 connection (the sans-IO session on a plain socket, so the tests can break the
-protocol on purpose); StoreUnavailable (needs a failing Redis under a closed
-failure policy), Internal (a daemon bug) and unknown codes are fed to the core
-as synthetic frames.
+protocol on purpose); StoreUnavailable is provoked with a dead Redis in
+test_redis.py, Unsupported with a messages cost in test_client.py (until the
+daemon counts tokens). Internal (a daemon bug) and unknown codes are fed to the
+core as synthetic frames, like every other code.
 """
 
 from __future__ import annotations
@@ -211,13 +212,6 @@ def test_unknown_limit_priority_cost_and_lease(raw):
     assert_code(connection.error(connection.send(p.Acquire("tiny", p.TokenCost(11)))), 8)
     assert_code(connection.error(connection.send(p.Report(424242, 1, 1))), 11)
     assert_code(connection.error(connection.send(p.Release(424242))), 11)
-
-
-def test_unsupported(raw):
-    connection = raw()
-    connection.hello()
-    cost = core.chat_request([{"role": "user", "content": "hi"}], 10)
-    assert_code(connection.error(connection.send(p.Estimate("basic", cost))), 16)
 
 
 def test_duplicate_request_id_and_cancelled(make_daemon, raw):
