@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
+use crate::tokens::{self, CharEstimator, Counter, Encoding};
+
 /// Environment variable overriding `server.socket`.
 pub const ENV_SOCKET: &str = "RATEKEEPER_SOCKET";
 /// Environment variable overriding `redis.url`.
@@ -20,6 +22,9 @@ pub const MAX_NAME_LEN: usize = 128;
 pub const MAX_RATE_PER_MINUTE: u64 = 1_000_000_000;
 /// Largest `burst_tokens` / `burst_requests`.
 pub const MAX_BURST: u64 = 10_000_000_000;
+/// Output tokens a messages cost reserves when it names no maximum and the
+/// limit sets no `default_max_output_tokens`.
+pub const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 1024;
 /// Largest `max_wait_ms` of a priority class (one hour).
 pub const MAX_WAIT_MS: u64 = 3_600_000;
 /// Largest `server.socket_mode`.
@@ -181,13 +186,27 @@ impl RedisConfig {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LimitConfig {
     pub name: String,
+    /// Refill rate of the combined token bucket; 0 when the limit has
+    /// separate input and output buckets instead (see [`Self::token_buckets`]).
+    #[serde(skip_serializing_if = "is_zero")]
     pub tokens_per_minute: u64,
     pub requests_per_minute: Option<u64>,
-    /// Token bucket capacity; defaults to one minute's worth.
+    /// Combined token bucket capacity; defaults to one minute's worth; 0
+    /// with separate input and output buckets.
+    #[serde(skip_serializing_if = "is_zero")]
     pub burst_tokens: u64,
     /// Request bucket capacity; defaults to one minute's worth.
     pub burst_requests: Option<u64>,
-    /// Model (tokenizer family) whose encoding counts this limit's messages.
+    /// Refill rate of the separate input-token bucket (prompt tokens).
+    pub input_tokens_per_minute: Option<u64>,
+    /// Refill rate of the separate output-token bucket (completion tokens).
+    pub output_tokens_per_minute: Option<u64>,
+    /// Input bucket capacity; defaults to one minute's worth.
+    pub burst_input_tokens: Option<u64>,
+    /// Output bucket capacity; defaults to one minute's worth.
+    pub burst_output_tokens: Option<u64>,
+    /// Model whose tokenizer counts this limit's messages; also the key
+    /// under which learned output sizes are kept.
     pub model: Option<String>,
     /// Fraction of the limit any one tenant may use, in (0, 1].
     pub tenant_share: Option<f64>,
@@ -195,6 +214,222 @@ pub struct LimitConfig {
     pub max_request_tokens: Option<u64>,
     /// The group whose buckets every acquire of this limit also draws from.
     pub group: Option<String>,
+    /// Whose accounting the limit mirrors; sets the defaults of
+    /// `tokenizer`, `cost_rule` and `settle`.
+    pub provider: Provider,
+    /// How messages are counted, resolved (never `"auto"`).
+    pub tokenizer: Tokenizer,
+    /// With the `chars` tokenizer: characters (UTF-8 bytes) per token.
+    pub chars_per_token: Option<f64>,
+    /// With the `chars` tokenizer: multiplier over the whole estimate.
+    pub safety_factor: Option<f64>,
+    /// Output tokens reserved when a messages cost names no maximum.
+    pub default_max_output_tokens: u64,
+    /// How input and output make the charge of the combined buckets.
+    pub cost_rule: CostRule,
+    /// Whether reports give back (or take) the difference to actual usage.
+    pub settle: SettleRule,
+    /// Replace `default_max_output_tokens` by a high percentile of the
+    /// output tokens recently reported for the model.
+    pub learn_max_output: bool,
+}
+
+/// Whose rate-limit accounting a limit mirrors: a preset of tokenizer, cost
+/// rule and settlement rule (README, "Token counting and cost").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Provider {
+    /// tiktoken by model; charge `max(input, output)`; the charge is kept.
+    Openai,
+    /// Character estimate; charge `input + output`; settled to usage.
+    Anthropic,
+    /// tiktoken when the model has an encoding, else the estimate; charge
+    /// `input + output`; settled to usage.
+    Generic,
+}
+
+impl Provider {
+    /// The preset's cost rule.
+    pub fn cost_rule(self) -> CostRule {
+        match self {
+            Provider::Openai => CostRule::Max,
+            Provider::Anthropic | Provider::Generic => CostRule::Sum,
+        }
+    }
+
+    /// The preset's settlement rule.
+    pub fn settle_rule(self) -> SettleRule {
+        match self {
+            Provider::Openai => SettleRule::NoRefund,
+            Provider::Anthropic | Provider::Generic => SettleRule::Refund,
+        }
+    }
+
+    /// The counter of `tokenizer = "auto"` for `model`, or why there is none.
+    pub fn auto_tokenizer(self, model: Option<&str>) -> Result<Tokenizer, String> {
+        let encoding = model.and_then(tokens::encoding_for_model);
+        match (self, encoding) {
+            (Provider::Anthropic, _) => Ok(Tokenizer::Chars),
+            (_, Some(encoding)) => Ok(Tokenizer::from(encoding)),
+            (Provider::Generic, None) => Ok(Tokenizer::Chars),
+            (Provider::Openai, None) => Err(match model {
+                Some(model) => format!(
+                    "provider = \"openai\" counts with tiktoken, but model {model:?} has no known encoding; set tokenizer = \"o200k_base\" or \"cl100k_base\" (or \"chars\" for an estimate)"
+                ),
+                None => "provider = \"openai\" counts with the model's tiktoken encoding: set model (e.g. \"gpt-4o-mini\") or tokenizer".to_string(),
+            }),
+        }
+    }
+}
+
+/// How a limit counts prompt tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tokenizer {
+    /// tiktoken's o200k_base (gpt-4o, gpt-4.1, gpt-5, o-series).
+    O200kBase,
+    /// tiktoken's cl100k_base (gpt-4, gpt-3.5-turbo).
+    Cl100kBase,
+    /// The character estimate (`chars_per_token`, `safety_factor`).
+    Chars,
+}
+
+impl From<Encoding> for Tokenizer {
+    fn from(encoding: Encoding) -> Self {
+        match encoding {
+            Encoding::O200kBase => Tokenizer::O200kBase,
+            Encoding::Cl100kBase => Tokenizer::Cl100kBase,
+        }
+    }
+}
+
+impl Tokenizer {
+    /// The tiktoken encoding, or `None` for the estimate.
+    pub fn encoding(self) -> Option<Encoding> {
+        match self {
+            Tokenizer::O200kBase => Some(Encoding::O200kBase),
+            Tokenizer::Cl100kBase => Some(Encoding::Cl100kBase),
+            Tokenizer::Chars => None,
+        }
+    }
+}
+
+/// The `tokenizer` key as written: a counter, or `auto` (the preset's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum RawTokenizer {
+    Auto,
+    O200kBase,
+    Cl100kBase,
+    Chars,
+}
+
+/// How a request's input and output tokens make the charge of the limit's
+/// combined token bucket (and its tenant and group buckets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostRule {
+    /// `input + output`.
+    Sum,
+    /// `max(input, output)`: OpenAI's documented per-request charge.
+    Max,
+}
+
+impl CostRule {
+    /// The charge of `input` and `output` tokens; `None` on overflow.
+    pub fn charge(self, input: u64, output: u64) -> Option<u64> {
+        match self {
+            CostRule::Sum => input.checked_add(output),
+            CostRule::Max => Some(input.max(output)),
+        }
+    }
+}
+
+/// What a usage report does to the limit's own and group token buckets
+/// (tenant buckets always settle: per-tenant accounting is ratekeeper's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SettleRule {
+    /// Give back reserved − used, or take the overrun.
+    Refund,
+    /// Keep the up-front charge, as a provider that never adjusts it does.
+    #[serde(rename = "none")]
+    NoRefund,
+}
+
+/// A token bucket's rate and capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenRate {
+    pub per_minute: u64,
+    pub burst: u64,
+}
+
+/// The token buckets of a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenBuckets {
+    /// One bucket for input and output together.
+    Combined(TokenRate),
+    /// Separate input (prompt) and output (completion) buckets.
+    Split { input: TokenRate, output: TokenRate },
+}
+
+impl LimitConfig {
+    /// The limit's token bucket or buckets.
+    pub fn token_buckets(&self) -> TokenBuckets {
+        match (
+            self.input_tokens_per_minute,
+            self.output_tokens_per_minute,
+            self.tokens_per_minute,
+        ) {
+            (Some(input), Some(output), 0) => TokenBuckets::Split {
+                input: TokenRate {
+                    per_minute: input,
+                    burst: self.burst_input_tokens.unwrap_or(input),
+                },
+                output: TokenRate {
+                    per_minute: output,
+                    burst: self.burst_output_tokens.unwrap_or(output),
+                },
+            },
+            _ => TokenBuckets::Combined(TokenRate {
+                per_minute: self.tokens_per_minute,
+                burst: self.burst_tokens,
+            }),
+        }
+    }
+
+    /// The rate and capacity of all token buckets together: what a tenant's
+    /// share is a share of.
+    pub fn total_token_rate(&self) -> TokenRate {
+        match self.token_buckets() {
+            TokenBuckets::Combined(rate) => rate,
+            TokenBuckets::Split { input, output } => TokenRate {
+                per_minute: input.per_minute.saturating_add(output.per_minute),
+                burst: input.burst.saturating_add(output.burst),
+            },
+        }
+    }
+
+    /// What counts this limit's messages.
+    pub fn counter(&self) -> Counter {
+        match self.tokenizer.encoding() {
+            Some(encoding) => Counter::Tiktoken(encoding),
+            None => Counter::Chars(
+                CharEstimator::new(
+                    self.chars_per_token
+                        .unwrap_or(CharEstimator::DEFAULT_CHARS_PER_TOKEN),
+                    self.safety_factor
+                        .unwrap_or(CharEstimator::DEFAULT_SAFETY_FACTOR),
+                )
+                // Validated when the config was loaded.
+                .unwrap_or_default(),
+            ),
+        }
+    }
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// A priority class.
@@ -275,6 +510,14 @@ impl Config {
     /// The group called `name`.
     pub fn group(&self, name: &str) -> Option<&GroupConfig> {
         self.groups.iter().find(|group| group.name == name)
+    }
+
+    /// The tiktoken encodings the limits count with: what to build at start.
+    pub fn encodings(&self) -> std::collections::BTreeSet<Encoding> {
+        self.limits
+            .iter()
+            .filter_map(|limit| limit.tokenizer.encoding())
+            .collect()
     }
 }
 
@@ -522,6 +765,18 @@ struct RawLimit {
     tenant_share: Option<Spanned<f64>>,
     max_request_tokens: Option<Spanned<i64>>,
     group: Option<Spanned<String>>,
+    input_tokens_per_minute: Option<Spanned<i64>>,
+    output_tokens_per_minute: Option<Spanned<i64>>,
+    burst_input_tokens: Option<Spanned<i64>>,
+    burst_output_tokens: Option<Spanned<i64>>,
+    provider: Option<Spanned<Provider>>,
+    tokenizer: Option<Spanned<RawTokenizer>>,
+    chars_per_token: Option<Spanned<f64>>,
+    safety_factor: Option<Spanned<f64>>,
+    default_max_output_tokens: Option<Spanned<i64>>,
+    cost_rule: Option<Spanned<CostRule>>,
+    settle: Option<Spanned<SettleRule>>,
+    learn_max_output: Option<Spanned<bool>>,
 }
 
 #[derive(Deserialize)]
@@ -1274,38 +1529,138 @@ fn resolve_limit(
     entry_at: usize,
     d: &mut Diagnostics,
 ) -> Option<LimitConfig> {
-    let tpm = match &limit.tokens_per_minute {
-        None => {
+    let checked = |d: &mut Diagnostics, field: &str, value: &Option<Spanned<i64>>, max: u64| {
+        value
+            .as_ref()
+            .map(|v| check_int(d, context, field, v, 1, max))
+    };
+    let mut usable = true;
+
+    // The token buckets: one combined bucket, or an input and an output one.
+    match (
+        &limit.tokens_per_minute,
+        &limit.input_tokens_per_minute,
+        &limit.output_tokens_per_minute,
+    ) {
+        (None, None, None) => {
             d.error(
                 entry_at,
-                format!("{context}: tokens_per_minute is required"),
+                format!(
+                    "{context}: tokens_per_minute is required (or input_tokens_per_minute and output_tokens_per_minute, for separate input and output buckets)"
+                ),
             );
-            None
+            usable = false;
         }
-        Some(v) => check_int(d, context, "tokens_per_minute", v, 1, MAX_RATE_PER_MINUTE),
-    };
-    let rpm = limit
-        .requests_per_minute
-        .as_ref()
-        .map(|v| check_int(d, context, "requests_per_minute", v, 1, MAX_RATE_PER_MINUTE));
-    let burst_tokens = limit
-        .burst_tokens
-        .as_ref()
-        .map(|v| check_int(d, context, "burst_tokens", v, 1, MAX_BURST));
-    let burst_requests = limit
-        .burst_requests
-        .as_ref()
-        .map(|v| check_int(d, context, "burst_requests", v, 1, MAX_BURST));
+        (Some(_), Some(split), _) | (Some(_), None, Some(split)) => {
+            d.error(
+                split.span().start,
+                format!(
+                    "{context}: give either tokens_per_minute (one token bucket) or input_tokens_per_minute and output_tokens_per_minute (separate buckets), not both"
+                ),
+            );
+            usable = false;
+        }
+        (None, Some(given), None) => {
+            d.error(
+                given.span().start,
+                format!(
+                    "{context}: input_tokens_per_minute needs output_tokens_per_minute too (separate buckets come in pairs)"
+                ),
+            );
+            usable = false;
+        }
+        (None, None, Some(given)) => {
+            d.error(
+                given.span().start,
+                format!(
+                    "{context}: output_tokens_per_minute needs input_tokens_per_minute too (separate buckets come in pairs)"
+                ),
+            );
+            usable = false;
+        }
+        _ => {}
+    }
+    let split = limit.tokens_per_minute.is_none()
+        && (limit.input_tokens_per_minute.is_some() || limit.output_tokens_per_minute.is_some());
+    let tpm = checked(
+        d,
+        "tokens_per_minute",
+        &limit.tokens_per_minute,
+        MAX_RATE_PER_MINUTE,
+    );
+    let input_tpm = checked(
+        d,
+        "input_tokens_per_minute",
+        &limit.input_tokens_per_minute,
+        MAX_RATE_PER_MINUTE,
+    );
+    let output_tpm = checked(
+        d,
+        "output_tokens_per_minute",
+        &limit.output_tokens_per_minute,
+        MAX_RATE_PER_MINUTE,
+    );
+    let rpm = checked(
+        d,
+        "requests_per_minute",
+        &limit.requests_per_minute,
+        MAX_RATE_PER_MINUTE,
+    );
+    let burst_tokens = checked(d, "burst_tokens", &limit.burst_tokens, MAX_BURST);
+    let burst_input = checked(
+        d,
+        "burst_input_tokens",
+        &limit.burst_input_tokens,
+        MAX_BURST,
+    );
+    let burst_output = checked(
+        d,
+        "burst_output_tokens",
+        &limit.burst_output_tokens,
+        MAX_BURST,
+    );
+    let burst_requests = checked(d, "burst_requests", &limit.burst_requests, MAX_BURST);
     if let (Some(burst), None) = (&limit.burst_requests, &limit.requests_per_minute) {
         d.error(
             burst.span().start,
             format!("{context}: burst_requests is set but requests_per_minute is not (a request bucket needs a rate)"),
         );
     }
-    let max_request_tokens = limit
-        .max_request_tokens
-        .as_ref()
-        .map(|v| check_int(d, context, "max_request_tokens", v, 1, MAX_BURST));
+    if let (Some(burst), true) = (&limit.burst_tokens, split) {
+        d.error(
+            burst.span().start,
+            format!("{context}: burst_tokens is set but this limit has separate input and output buckets (use burst_input_tokens and burst_output_tokens)"),
+        );
+        usable = false;
+    }
+    for (burst, burst_field, rate, rate_field) in [
+        (
+            &limit.burst_input_tokens,
+            "burst_input_tokens",
+            &limit.input_tokens_per_minute,
+            "input_tokens_per_minute",
+        ),
+        (
+            &limit.burst_output_tokens,
+            "burst_output_tokens",
+            &limit.output_tokens_per_minute,
+            "output_tokens_per_minute",
+        ),
+    ] {
+        if let (Some(burst), None) = (burst, rate) {
+            d.error(
+                burst.span().start,
+                format!("{context}: {burst_field} is set but {rate_field} is not (a bucket needs a rate)"),
+            );
+            usable = false;
+        }
+    }
+    let max_request_tokens = checked(
+        d,
+        "max_request_tokens",
+        &limit.max_request_tokens,
+        MAX_BURST,
+    );
     let tenant_share = limit.tenant_share.as_ref().map(|share| {
         let v = *share.get_ref();
         if v > 0.0 && v <= 1.0 {
@@ -1319,19 +1674,35 @@ fn resolve_limit(
         }
     });
 
-    let effective_burst = match burst_tokens {
+    // The largest request must fit in the token buckets.
+    let or_rate = |burst: Option<Option<u64>>, rate: Option<Option<u64>>| match burst {
         Some(explicit) => explicit,
-        None => tpm,
+        None => rate.flatten(),
     };
-    if let (Some(burst), Some(Some(max_request))) = (effective_burst, max_request_tokens) {
+    let effective_burst = burst_tokens.unwrap_or(tpm.flatten());
+    let (input_burst, output_burst) = (
+        or_rate(burst_input, input_tpm),
+        or_rate(burst_output, output_tpm),
+    );
+    let capacity = if split {
+        input_burst.zip(output_burst).map(|(i, o)| i + o)
+    } else {
+        effective_burst
+    };
+    if let (Some(burst), Some(Some(max_request))) = (capacity, max_request_tokens) {
         if burst < max_request {
-            let (at, burst_desc) = match &limit.burst_tokens {
-                Some(b) => (b.span().start, format!("burst_tokens ({burst})")),
-                None => (
-                    limit
-                        .max_request_tokens
-                        .as_ref()
-                        .map_or(entry_at, |m| m.span().start),
+            let max_at = limit
+                .max_request_tokens
+                .as_ref()
+                .map_or(entry_at, |m| m.span().start);
+            let (at, burst_desc) = match (&limit.burst_tokens, split) {
+                (_, true) => (
+                    max_at,
+                    format!("the input and output buckets together ({burst})"),
+                ),
+                (Some(b), false) => (b.span().start, format!("burst_tokens ({burst})")),
+                (None, false) => (
+                    max_at,
                     format!("burst_tokens (defaulted to tokens_per_minute = {burst})"),
                 ),
             };
@@ -1344,20 +1715,134 @@ fn resolve_limit(
         }
     }
 
+    // Counting and settlement: the provider's preset, then the overrides.
+    let provider = limit
+        .provider
+        .as_ref()
+        .map_or(Provider::Generic, |p| *p.get_ref());
+    let model = limit.model.as_ref().map(|m| m.get_ref().as_str());
+    let tokenizer = match limit.tokenizer.as_ref().map(|t| *t.get_ref()) {
+        Some(RawTokenizer::O200kBase) => Some(Tokenizer::O200kBase),
+        Some(RawTokenizer::Cl100kBase) => Some(Tokenizer::Cl100kBase),
+        Some(RawTokenizer::Chars) => Some(Tokenizer::Chars),
+        None | Some(RawTokenizer::Auto) => match provider.auto_tokenizer(model) {
+            Ok(tokenizer) => Some(tokenizer),
+            Err(problem) => {
+                let at = match (&limit.model, &limit.provider) {
+                    (Some(model), _) => model.span().start,
+                    (None, Some(provider)) => provider.span().start,
+                    (None, None) => entry_at,
+                };
+                d.error(at, format!("{context}: {problem}"));
+                None
+            }
+        },
+    };
+    let (mut chars_per_token, mut safety_factor) = (None, None);
+    match tokenizer {
+        Some(Tokenizer::Chars) => {
+            let given = |value: &Option<Spanned<f64>>, default: f64| {
+                value.as_ref().map_or(default, |v| *v.get_ref())
+            };
+            let chars = given(
+                &limit.chars_per_token,
+                CharEstimator::DEFAULT_CHARS_PER_TOKEN,
+            );
+            let safety = given(&limit.safety_factor, CharEstimator::DEFAULT_SAFETY_FACTOR);
+            match CharEstimator::new(chars, safety) {
+                Ok(_) => (chars_per_token, safety_factor) = (Some(chars), Some(safety)),
+                Err(tokens::TokenError::InvalidEstimator {
+                    parameter,
+                    value,
+                    expected,
+                }) => {
+                    let spanned = match parameter {
+                        "chars_per_token" => &limit.chars_per_token,
+                        _ => &limit.safety_factor,
+                    };
+                    let at = spanned.as_ref().map_or(entry_at, |v| v.span().start);
+                    d.error(
+                        at,
+                        format!("{context}: {parameter} must be {expected} (got {value})"),
+                    );
+                    usable = false;
+                }
+                Err(other) => {
+                    d.error(entry_at, format!("{context}: {other}"));
+                    usable = false;
+                }
+            }
+        }
+        Some(tiktoken) => {
+            for (field, value) in [
+                ("chars_per_token", &limit.chars_per_token),
+                ("safety_factor", &limit.safety_factor),
+            ] {
+                if let Some(value) = value {
+                    let encoding = tiktoken.encoding().map_or("tiktoken", Encoding::name);
+                    d.error(
+                        value.span().start,
+                        format!(
+                            "{context}: {field} only applies to the character estimate (tokenizer = \"chars\"), but this limit counts with {encoding}"
+                        ),
+                    );
+                    usable = false;
+                }
+            }
+        }
+        None => usable = false,
+    }
+    let default_max_output_tokens = match &limit.default_max_output_tokens {
+        Some(v) => check_int(d, context, "default_max_output_tokens", v, 0, MAX_BURST),
+        None => Some(DEFAULT_MAX_OUTPUT_TOKENS),
+    };
+
     let rpm = valid(rpm)?;
+    if !usable {
+        return None;
+    }
     Some(LimitConfig {
         name: String::new(),
-        tokens_per_minute: tpm?,
+        tokens_per_minute: if split { 0 } else { tpm.flatten()? },
         requests_per_minute: rpm,
-        burst_tokens: effective_burst?,
+        burst_tokens: if split { 0 } else { effective_burst? },
         burst_requests: match burst_requests {
             Some(b) => Some(b?),
             None => rpm,
         },
-        model: limit.model.as_ref().map(|m| m.get_ref().clone()),
+        input_tokens_per_minute: if split {
+            Some(input_tpm.flatten()?)
+        } else {
+            None
+        },
+        output_tokens_per_minute: if split {
+            Some(output_tpm.flatten()?)
+        } else {
+            None
+        },
+        burst_input_tokens: if split { Some(input_burst?) } else { None },
+        burst_output_tokens: if split { Some(output_burst?) } else { None },
+        model: model.map(str::to_string),
         tenant_share: valid(tenant_share)?,
         max_request_tokens: valid(max_request_tokens)?,
         group: limit.group.as_ref().map(|g| g.get_ref().clone()),
+        provider,
+        tokenizer: tokenizer?,
+        chars_per_token,
+        safety_factor,
+        default_max_output_tokens: default_max_output_tokens?,
+        cost_rule: limit
+            .cost_rule
+            .as_ref()
+            .map_or(provider.cost_rule(), |rule| *rule.get_ref()),
+        settle: limit
+            .settle
+            .as_ref()
+            .map_or(provider.settle_rule(), |rule| *rule.get_ref()),
+        learn_max_output: limit
+            .learn_max_output
+            .as_ref()
+            .is_some_and(|learn| *learn.get_ref()),
     })
 }
 
@@ -1708,6 +2193,96 @@ mod tests {
             "leases that never expire",
             "[leases]\nexpire_after_ms = 0\n",
             "test.toml:2:19: leases: expire_after_ms must be greater than zero",
+        ),
+        (
+            "unknown provider",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"azure\"\n",
+            "test.toml:4:12: limits.provider: unknown variant `azure`, expected one of `openai`, `anthropic`, `generic`",
+        ),
+        (
+            "unknown tokenizer",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntokenizer = \"p50k_base\"\n",
+            "test.toml:4:13: limits.tokenizer: unknown variant `p50k_base`, expected one of `auto`, `o200k_base`, `cl100k_base`, `chars`",
+        ),
+        (
+            "unknown cost rule",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ncost_rule = \"min\"\n",
+            "test.toml:4:13: limits.cost_rule: unknown variant `min`, expected `sum` or `max`",
+        ),
+        (
+            "unknown settlement rule",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nsettle = \"keep\"\n",
+            "test.toml:4:10: limits.settle: unknown variant `keep`, expected `refund` or `none`",
+        ),
+        (
+            "learn_max_output as a string",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nlearn_max_output = \"yes\"\n",
+            "test.toml:4:20: limits.learn_max_output: invalid type: string \"yes\", expected a boolean",
+        ),
+        (
+            "combined and separate token buckets",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ninput_tokens_per_minute = 1\noutput_tokens_per_minute = 1\n",
+            "test.toml:4:27: limits[0] \"a\": give either tokens_per_minute (one token bucket) or input_tokens_per_minute and output_tokens_per_minute (separate buckets), not both",
+        ),
+        (
+            "an input bucket without an output bucket",
+            "[[limits]]\nname = \"a\"\ninput_tokens_per_minute = 1000\n",
+            "test.toml:3:27: limits[0] \"a\": input_tokens_per_minute needs output_tokens_per_minute too (separate buckets come in pairs)",
+        ),
+        (
+            "an output bucket without an input bucket",
+            "[[limits]]\nname = \"a\"\noutput_tokens_per_minute = 1000\n",
+            "test.toml:3:28: limits[0] \"a\": output_tokens_per_minute needs input_tokens_per_minute too",
+        ),
+        (
+            "zero output_tokens_per_minute",
+            "[[limits]]\nname = \"a\"\ninput_tokens_per_minute = 1000\noutput_tokens_per_minute = 0\n",
+            "test.toml:4:28: limits[0] \"a\": output_tokens_per_minute must be greater than zero (got 0)",
+        ),
+        (
+            "burst_tokens with separate buckets",
+            "[[limits]]\nname = \"a\"\ninput_tokens_per_minute = 1000\noutput_tokens_per_minute = 100\nburst_tokens = 5\n",
+            "test.toml:5:16: limits[0] \"a\": burst_tokens is set but this limit has separate input and output buckets (use burst_input_tokens and burst_output_tokens)",
+        ),
+        (
+            "burst_input_tokens without its rate",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nburst_input_tokens = 5\n",
+            "test.toml:4:22: limits[0] \"a\": burst_input_tokens is set but input_tokens_per_minute is not (a bucket needs a rate)",
+        ),
+        (
+            "separate buckets below max_request_tokens",
+            "[[limits]]\nname = \"a\"\ninput_tokens_per_minute = 100\noutput_tokens_per_minute = 50\nmax_request_tokens = 200\n",
+            "test.toml:5:22: limits[0] \"a\": the input and output buckets together (150) is below max_request_tokens (200)",
+        ),
+        (
+            "openai with a model tiktoken does not know",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"openai\"\nmodel = \"my-proxy\"\n",
+            "test.toml:5:9: limits[0] \"a\": provider = \"openai\" counts with tiktoken, but model \"my-proxy\" has no known encoding; set tokenizer = \"o200k_base\" or \"cl100k_base\" (or \"chars\" for an estimate)",
+        ),
+        (
+            "openai without a model",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"openai\"\n",
+            "test.toml:4:12: limits[0] \"a\": provider = \"openai\" counts with the model's tiktoken encoding: set model",
+        ),
+        (
+            "chars_per_token with a tiktoken model",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nmodel = \"gpt-4o\"\nchars_per_token = 4.0\n",
+            "test.toml:5:19: limits[0] \"a\": chars_per_token only applies to the character estimate (tokenizer = \"chars\"), but this limit counts with o200k_base",
+        ),
+        (
+            "chars_per_token of zero",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"anthropic\"\nchars_per_token = 0.0\n",
+            "test.toml:5:19: limits[0] \"a\": chars_per_token must be from 0.5 to 16 (got 0)",
+        ),
+        (
+            "safety_factor below one",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntokenizer = \"chars\"\nsafety_factor = 0.9\n",
+            "test.toml:5:17: limits[0] \"a\": safety_factor must be from 1 to 10 (got 0.9)",
+        ),
+        (
+            "negative default_max_output_tokens",
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ndefault_max_output_tokens = -1\n",
+            "test.toml:4:29: limits[0] \"a\": default_max_output_tokens must not be negative (got -1)",
         ),
         (
             "redis as a string, password masked",
@@ -2134,6 +2709,160 @@ limits = [\"gpt-4o\"]
         // The defaults round-trip too (implicit class made explicit).
         let defaults = Config::default();
         assert_eq!(parse_ok(&defaults.to_effective_toml()), defaults);
+    }
+
+    #[test]
+    fn config_provider_presets_and_overrides() {
+        use CostRule::{Max, Sum};
+        use SettleRule::{NoRefund, Refund};
+        use Tokenizer::{Chars, Cl100kBase, O200kBase};
+        // (keys after name and tokens_per_minute) → (tokenizer, chars
+        // per token and safety factor, cost rule, settlement rule)
+        type Expected = (Tokenizer, Option<(f64, f64)>, CostRule, SettleRule);
+        let cases: &[(&str, Expected)] = &[
+            ("", (Chars, Some((3.5, 1.1)), Sum, Refund)),
+            ("model = \"gpt-4o-mini\"", (O200kBase, None, Sum, Refund)),
+            ("model = \"gpt-4\"", (Cl100kBase, None, Sum, Refund)),
+            (
+                "model = \"claude-sonnet-4-5\"",
+                (Chars, Some((3.5, 1.1)), Sum, Refund),
+            ),
+            (
+                "provider = \"openai\"\nmodel = \"gpt-4o\"",
+                (O200kBase, None, Max, NoRefund),
+            ),
+            (
+                "provider = \"openai\"\nmodel = \"gpt-3.5-turbo\"",
+                (Cl100kBase, None, Max, NoRefund),
+            ),
+            (
+                "provider = \"openai\"\ntokenizer = \"o200k_base\"",
+                (O200kBase, None, Max, NoRefund),
+            ),
+            (
+                "provider = \"openai\"\nmodel = \"gpt-4o\"\ncost_rule = \"sum\"\nsettle = \"refund\"",
+                (O200kBase, None, Sum, Refund),
+            ),
+            (
+                "provider = \"anthropic\"",
+                (Chars, Some((3.5, 1.1)), Sum, Refund),
+            ),
+            // An Anthropic limit never uses tiktoken, whatever the model.
+            (
+                "provider = \"anthropic\"\nmodel = \"gpt-4o\"\nchars_per_token = 3\nsafety_factor = 1.25",
+                (Chars, Some((3.0, 1.25)), Sum, Refund),
+            ),
+            (
+                "provider = \"anthropic\"\nsettle = \"none\"\ncost_rule = \"max\"",
+                (Chars, Some((3.5, 1.1)), Max, NoRefund),
+            ),
+            (
+                "model = \"gpt-4o\"\ntokenizer = \"chars\"",
+                (Chars, Some((3.5, 1.1)), Sum, Refund),
+            ),
+            (
+                "model = \"gpt-4o\"\ntokenizer = \"auto\"",
+                (O200kBase, None, Sum, Refund),
+            ),
+        ];
+        for (keys, (tokenizer, estimate, cost_rule, settle)) in cases {
+            let text = format!("{LIMIT_A}{keys}\n");
+            let config = parse_ok(&text);
+            let limit = &config.limits[0];
+            assert_eq!(limit.tokenizer, *tokenizer, "{keys}");
+            assert_eq!(
+                limit.chars_per_token.zip(limit.safety_factor),
+                *estimate,
+                "{keys}"
+            );
+            assert_eq!(limit.cost_rule, *cost_rule, "{keys}");
+            assert_eq!(limit.settle, *settle, "{keys}");
+            assert_eq!(limit.default_max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS);
+            assert!(!limit.learn_max_output);
+            // check-config's output reads back as the same configuration.
+            assert_eq!(parse_ok(&config.to_effective_toml()), config, "{keys}");
+        }
+        let limit = &parse_ok("[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"anthropic\"\nchars_per_token = 2.5\n").limits[0];
+        assert_eq!(
+            limit.counter(),
+            Counter::Chars(CharEstimator::new(2.5, 1.1).unwrap())
+        );
+        let config = parse_ok(
+            "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nmodel = \"gpt-4o\"\n[[limits]]\nname = \"b\"\ntokens_per_minute = 1\nmodel = \"gpt-4o-mini\"\n[[limits]]\nname = \"c\"\ntokens_per_minute = 1\nprovider = \"anthropic\"\n",
+        );
+        assert_eq!(
+            config.encodings(),
+            std::collections::BTreeSet::from([Encoding::O200kBase])
+        );
+    }
+
+    #[test]
+    fn config_separate_input_and_output_buckets() {
+        let config = parse_ok(
+            "\
+[[limits]]
+name = \"claude\"
+provider = \"anthropic\"
+input_tokens_per_minute = 40000
+output_tokens_per_minute = 8000
+burst_output_tokens = 4000
+requests_per_minute = 50
+tenant_share = 0.5
+default_max_output_tokens = 2048
+learn_max_output = true
+max_request_tokens = 40000
+",
+        );
+        let limit = config.limit("claude").unwrap();
+        assert_eq!(
+            limit.token_buckets(),
+            TokenBuckets::Split {
+                input: TokenRate {
+                    per_minute: 40_000,
+                    burst: 40_000
+                },
+                output: TokenRate {
+                    per_minute: 8_000,
+                    burst: 4_000
+                },
+            }
+        );
+        assert_eq!(
+            limit.total_token_rate(),
+            TokenRate {
+                per_minute: 48_000,
+                burst: 44_000
+            }
+        );
+        assert_eq!((limit.tokens_per_minute, limit.burst_tokens), (0, 0));
+        assert_eq!(limit.default_max_output_tokens, 2048);
+        assert!(limit.learn_max_output);
+        let effective = config.to_effective_toml();
+        assert!(!effective.contains("\ntokens_per_minute"), "{effective}");
+        assert!(!effective.contains("\nburst_tokens"), "{effective}");
+        assert!(
+            effective.contains("burst_input_tokens = 40000"),
+            "{effective}"
+        );
+        assert_eq!(parse_ok(&effective), config);
+
+        let combined = parse_ok(LIMIT_A);
+        assert_eq!(
+            combined.limits[0].token_buckets(),
+            TokenBuckets::Combined(TokenRate {
+                per_minute: 100,
+                burst: 100
+            })
+        );
+    }
+
+    #[test]
+    fn config_cost_rules() {
+        assert_eq!(CostRule::Sum.charge(500, 1000), Some(1500));
+        assert_eq!(CostRule::Max.charge(500, 1000), Some(1000));
+        assert_eq!(CostRule::Max.charge(1500, 1000), Some(1500));
+        assert_eq!(CostRule::Sum.charge(u64::MAX, 1), None);
+        assert_eq!(CostRule::Max.charge(u64::MAX, 1), Some(u64::MAX));
     }
 
     #[test]
