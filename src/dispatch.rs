@@ -1,59 +1,34 @@
-//! Request → limiter → response. Owns the lease table and the waits; does no
-//! socket I/O, so the server, tests and any future transport share it.
+//! Request → limiter → response. Owns the lease table, the waits and the
+//! turning of a cost into reservations (counting messages off the socket
+//! loop); does no socket I/O, so the server, tests and any future transport
+//! share it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, DisconnectRule, LimitConfig, PriorityClass};
-use crate::leases::{Lease, LeaseTable, Reserved, adjust_usage_buckets, refund_all};
+use crate::config::{
+    Config, DisconnectRule, LimitConfig, PriorityClass, SettleRule, TokenBuckets, TokenRate,
+};
+use crate::leases::{
+    BucketRole, Lease, LeaseTable, Reserved, Settle, refund_all, refund_fraction, settle_usage,
+};
 use crate::limiter::{BucketSpec, Decision, Draw, Store, StoreError};
 use crate::proto::{
-    Acquire, BucketStatus, Cost, ErrorCode, LimitStatus, MAX_NAME_LEN, Request, Response,
+    Acquire, BucketStatus, ChatRequest, Cost, ErrorCode, LimitStatus, MAX_NAME_LEN, Request,
+    Response,
 };
+use crate::tokens::{self, Bounds, Counter, OutputTokenLearner, PromptCount, TokenError};
 
 /// Longest `max_wait_ms` an acquire may ask for. Also bounds how far below
 /// zero a level can go, which keeps the Lua arithmetic exact in doubles.
 pub const MAX_WAIT_MS: u64 = 3_600_000;
 
 pub use crate::leases::ConnectionId;
-
-/// The role of a bucket within a limit; its name is what `Denied` and
-/// `status` show.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BucketRole {
-    Tokens,
-    Requests,
-    Tenant,
-    GroupTokens,
-    GroupRequests,
-}
-
-impl BucketRole {
-    fn name(self) -> &'static str {
-        match self {
-            BucketRole::Tokens => "tokens",
-            BucketRole::Requests => "requests",
-            BucketRole::Tenant => "tenant",
-            BucketRole::GroupTokens => "group_tokens",
-            BucketRole::GroupRequests => "group_requests",
-        }
-    }
-
-    /// Whether usage reports settle this bucket (requests are spent once
-    /// the provider is called, whatever the usage).
-    fn settles_with_usage(self) -> bool {
-        !self.counts_requests()
-    }
-
-    /// Whether the bucket counts requests (cost 1) rather than tokens.
-    fn counts_requests(self) -> bool {
-        matches!(self, BucketRole::Requests | BucketRole::GroupRequests)
-    }
-}
 
 /// The buckets of one limit, keyed once at startup.
 ///
@@ -74,14 +49,23 @@ impl LimitBuckets {
             None => format!("{{l:{}}}", limit.name),
         };
         let limit_key = |suffix: &str| format!("{prefix}:{tag}:{}:{suffix}", limit.name);
-        let mut fixed = vec![(
-            BucketRole::Tokens,
-            BucketSpec {
-                key: limit_key("tokens"),
-                capacity: limit.burst_tokens,
-                per_minute: limit.tokens_per_minute,
-            },
-        )];
+        let token_bucket = |role: BucketRole, rate: TokenRate| {
+            (
+                role,
+                BucketSpec {
+                    key: limit_key(role.name()),
+                    capacity: rate.burst,
+                    per_minute: rate.per_minute,
+                },
+            )
+        };
+        let mut fixed = match limit.token_buckets() {
+            TokenBuckets::Combined(rate) => vec![token_bucket(BucketRole::Tokens, rate)],
+            TokenBuckets::Split { input, output } => vec![
+                token_bucket(BucketRole::InputTokens, input),
+                token_bucket(BucketRole::OutputTokens, output),
+            ],
+        };
         if let Some(per_minute) = limit.requests_per_minute {
             fixed.push((
                 BucketRole::Requests,
@@ -121,14 +105,16 @@ impl LimitBuckets {
         }
     }
 
-    /// The tenant's own bucket: `tenant_share` of the limit's token bucket.
+    /// The tenant's own bucket: `tenant_share` of the limit's token
+    /// bucket (of both together, with separate input and output buckets).
     fn tenant(&self, limit: &LimitConfig, tenant: &str) -> Option<BucketSpec> {
         let share = limit.tenant_share?;
         let scaled = |value: u64| ((value as f64 * share).floor() as u64).max(1);
+        let total = limit.total_token_rate();
         Some(BucketSpec {
             key: format!("{}:tenant:{tenant}", self.tenant_key_base),
-            capacity: scaled(limit.burst_tokens),
-            per_minute: scaled(limit.tokens_per_minute),
+            capacity: scaled(total.burst),
+            per_minute: scaled(total.per_minute),
         })
     }
 }
@@ -143,6 +129,12 @@ pub struct Dispatcher {
     store: Arc<dyn Store>,
     leases: LeaseTable,
     draining: AtomicBool,
+    /// Counting slots, one per CPU: counts run on tokio's blocking pool, and
+    /// this keeps a burst of large prompts from taking every blocking thread.
+    counting: Semaphore,
+    /// Output tokens recently reported, per model, for limits that learn
+    /// their default max output.
+    learner: Mutex<OutputTokenLearner>,
 }
 
 /// The configuration in force and what is derived from it.
@@ -173,12 +165,21 @@ impl Dispatcher {
             Duration::from_millis(config.leases.expire_after_ms),
             config.leases.max_open as usize,
         );
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Dispatcher {
             limits: RwLock::new(Arc::new(Limits::new(config, &HashMap::new()))),
             store,
             leases,
             draining: AtomicBool::new(false),
+            counting: Semaphore::new(cpus),
+            learner: Mutex::new(OutputTokenLearner::default()),
         }
+    }
+
+    /// Replaces the learner of max output tokens (tests use small windows).
+    pub fn with_learner(mut self, learner: OutputTokenLearner) -> Self {
+        self.learner = Mutex::new(learner);
+        self
     }
 
     /// The configuration in force.
@@ -281,8 +282,15 @@ impl Dispatcher {
             let Some(lease) = self.leases.take(*id) else {
                 continue; // reported meanwhile, or expired
             };
-            let refund = (lease.tokens as f64 * fraction).floor() as i64;
-            let adjustments = adjust_usage_buckets(&lease.reserved, refund);
+            let adjustments = refund_fraction(&lease.reserved, fraction);
+            if adjustments.is_empty() {
+                // Only buckets that keep the charge: nothing to give back.
+                self.leases
+                    .counters
+                    .kept_on_disconnect
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             match self.store.adjust(&adjustments, lease.origin).await {
                 Ok(()) => {
                     self.leases
@@ -329,12 +337,9 @@ impl Dispatcher {
                 lease,
                 input_tokens,
                 output_tokens,
-            } => {
-                self.report(lease, input_tokens.saturating_add(output_tokens))
-                    .await
-            }
+            } => self.report(lease, input_tokens, output_tokens).await,
             Request::Release { lease } => self.release(lease).await,
-            Request::Estimate { limit, cost } => self.estimate(&limit, &cost),
+            Request::Estimate { limit, cost } => self.estimate(&limit, cost).await,
             Request::Status { limit } => self.status(limit.as_deref()).await,
             Request::Ping => Response::Pong,
             Request::Hello { .. } => error(
@@ -361,14 +366,38 @@ impl Dispatcher {
             );
         }
         let limits = self.limits();
-        let plan = match limits.plan_acquire(&acquire) {
+        let Acquire {
+            limit,
+            tenant,
+            priority,
+            cost,
+            max_wait_ms,
+        } = acquire;
+        let checked =
+            limits.check_acquire(&limit, tenant.as_deref(), priority.as_deref(), max_wait_ms);
+        let (limit, class, max_wait_ms) = match checked {
+            Ok(checked) => checked,
+            Err(response) => return response,
+        };
+        let (input, output) = match self.reservation(limit, cost).await {
+            Ok(figures) => figures,
+            Err(response) => return response,
+        };
+        if cancel.is_cancelled() {
+            return error(
+                ErrorCode::Cancelled,
+                "the acquire was cancelled before it was granted; nothing was reserved",
+            );
+        }
+        let plan = match limits.plan_acquire(limit, class, tenant.as_deref(), input, output) {
             Ok(plan) => plan,
             Err(response) => return response,
         };
+        let acquire_limit = &limit.name;
         let draws: Vec<Draw> = plan.reserved.iter().map(|r| r.draw.clone()).collect();
-        let decision = match self.store.acquire(&draws, plan.max_wait_ms).await {
+        let decision = match self.store.acquire(&draws, max_wait_ms).await {
             Ok(decision) => decision,
-            Err(store_error) => return store_error_response(&acquire.limit, store_error),
+            Err(store_error) => return store_error_response(acquire_limit, store_error),
         };
         let (wait_ms, origin) = match decision {
             Decision::Granted { wait_ms, origin } => (wait_ms, origin),
@@ -378,16 +407,16 @@ impl Dispatcher {
             } => {
                 return Response::Denied {
                     retry_after_ms,
-                    bucket: plan.reserved[bucket].role.to_string(),
+                    bucket: plan.reserved[bucket].role.name().to_string(),
                 };
             }
         };
         let started = Instant::now();
-        let waiters = &limits.waiters[&acquire.limit];
+        let waiters = &limits.waiters[acquire_limit];
         if !wait_until_due(waiters, wait_ms, &cancel).await {
             let refunds = refund_all(&plan.reserved);
             if let Err(store_error) = self.store.adjust(&refunds, origin).await {
-                tracing::warn!(limit = %acquire.limit, %store_error, "could not return a cancelled reservation");
+                tracing::warn!(limit = %acquire_limit, %store_error, "could not return a cancelled reservation");
             }
             return if self.draining.load(Ordering::SeqCst) {
                 error(
@@ -407,6 +436,9 @@ impl Dispatcher {
             tokens: plan.tokens,
             reserved: plan.reserved,
             granted_at: Instant::now(),
+            learn_as: limit
+                .learn_max_output
+                .then(|| Arc::from(learning_key(limit))),
         });
         Response::Granted {
             lease,
@@ -415,14 +447,19 @@ impl Dispatcher {
         }
     }
 
-    async fn report(&self, lease_id: u64, used_tokens: u64) -> Response {
+    /// Settles a lease: each bucket that settles gets back what it reserved
+    /// less its matching usage figure (see [`settle_usage`]).
+    async fn report(&self, lease_id: u64, input_tokens: u64, output_tokens: u64) -> Response {
         let Some(lease) = self.leases.take(lease_id) else {
             return unknown_lease(lease_id);
         };
-        let returned = lease.tokens as i64 - used_tokens.min(i64::MAX as u64) as i64;
-        if returned != 0 {
-            let adjustments = adjust_usage_buckets(&lease.reserved, returned);
-            if let Err(store_error) = self.store.adjust(&adjustments, lease.origin).await {
+        let settlement = settle_usage(&lease.reserved, input_tokens, output_tokens);
+        if !settlement.adjustments.is_empty() {
+            if let Err(store_error) = self
+                .store
+                .adjust(&settlement.adjustments, lease.origin)
+                .await
+            {
                 // Keep the lease so that the report can be retried.
                 self.leases.restore(lease_id, lease);
                 return error(
@@ -433,8 +470,14 @@ impl Dispatcher {
                 );
             }
         }
+        if let Some(key) = &lease.learn_as {
+            self.learner
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .record(key, output_tokens);
+        }
         Response::Settled {
-            tokens_returned: returned,
+            tokens_returned: settlement.tokens_returned,
         }
     }
 
@@ -455,22 +498,85 @@ impl Dispatcher {
         }
     }
 
-    fn estimate(&self, limit: &str, cost: &Cost) -> Response {
+    /// What an acquire of `cost` would reserve, counted the same way.
+    async fn estimate(&self, limit: &str, cost: Cost) -> Response {
         let limits = self.limits();
-        if let Err(response) =
-            check_name("limit", limit).and_then(|()| limits.find_limit(limit).map(|_| ()))
-        {
-            return response;
+        let limit = match check_name("limit", limit).and_then(|()| limits.find_limit(limit)) {
+            Ok(limit) => limit,
+            Err(response) => return response,
+        };
+        match self.reservation(limit, cost).await {
+            Ok((input_tokens, output_tokens)) => Response::Estimated {
+                input_tokens,
+                output_tokens,
+            },
+            Err(response) => response,
         }
+    }
+
+    /// The input and output figures `cost` reserves on `limit`: the counts
+    /// given, or the counted prompt and the output maximum (the request's,
+    /// else the learned one, else the limit's default).
+    async fn reservation(&self, limit: &LimitConfig, cost: Cost) -> Result<(u64, u64), Response> {
         match cost {
             Cost::Tokens {
                 input_tokens,
                 output_tokens,
-            } => Response::Estimated {
-                input_tokens: *input_tokens,
-                output_tokens: *output_tokens,
-            },
-            Cost::Messages(_) => messages_unsupported(),
+            } => Ok((input_tokens, output_tokens)),
+            Cost::Messages(request) => {
+                let output = match request.max_output_tokens {
+                    Some(given) => given,
+                    None => self.default_max_output(limit),
+                };
+                let prompt = self.count_prompt(limit.counter(), request).await?;
+                Ok((prompt.total, output))
+            }
+        }
+    }
+
+    /// Output tokens reserved when a messages cost names no maximum.
+    fn default_max_output(&self, limit: &LimitConfig) -> u64 {
+        let learned = if limit.learn_max_output {
+            self.learner
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .estimate(learning_key(limit))
+        } else {
+            None
+        };
+        match learned {
+            Some(learned) => limit
+                .max_request_tokens
+                .map_or(learned, |largest| learned.min(largest)),
+            None => limit.default_max_output_tokens,
+        }
+    }
+
+    /// Counts a prompt on the blocking pool, at most one count per CPU at a
+    /// time; requests beyond [`Bounds::DEFAULT`] are refused before they
+    /// wait for a slot.
+    async fn count_prompt(
+        &self,
+        counter: Counter,
+        request: ChatRequest,
+    ) -> Result<PromptCount, Response> {
+        for message in &request.messages {
+            check_name("role", &message.role)?;
+        }
+        Bounds::DEFAULT.check(&request).map_err(token_error)?;
+        let _slot = self
+            .counting
+            .acquire()
+            .await
+            .map_err(|closed| error(ErrorCode::Internal, closed.to_string()))?;
+        let counted =
+            tokio::task::spawn_blocking(move || tokens::count_messages(counter, &request)).await;
+        match counted {
+            Ok(count) => count.map_err(token_error),
+            Err(failed) => Err(error(
+                ErrorCode::Internal,
+                format!("counting the prompt failed: {failed}"),
+            )),
         }
     }
 
@@ -547,25 +653,66 @@ impl Limits {
         }
     }
 
-    /// Validates an acquire and turns it into one draw per bucket.
-    fn plan_acquire(&self, acquire: &Acquire) -> Result<AcquirePlan, Response> {
-        check_name("limit", &acquire.limit)?;
-        if let Some(tenant) = &acquire.tenant {
+    /// Checks an acquire's names and wait: its limit, priority class and
+    /// `max_wait_ms` (the class's default when it gives none).
+    fn check_acquire(
+        &self,
+        limit: &str,
+        tenant: Option<&str>,
+        priority: Option<&str>,
+        max_wait_ms: Option<u64>,
+    ) -> Result<(&LimitConfig, &PriorityClass, u64), Response> {
+        check_name("limit", limit)?;
+        if let Some(tenant) = tenant {
             check_name("tenant", tenant)?;
         }
-        if let Some(priority) = &acquire.priority {
+        if let Some(priority) = priority {
             check_name("priority", priority)?;
         }
-        let limit = self.find_limit(&acquire.limit)?;
-        let class = self.find_class(limit, acquire.priority.as_deref())?;
-        let tokens = token_cost(&acquire.cost)?;
-        let max_wait_ms = acquire.max_wait_ms.unwrap_or(class.max_wait_ms);
+        let limit = self.find_limit(limit)?;
+        let class = self.find_class(limit, priority)?;
+        let max_wait_ms = max_wait_ms.unwrap_or(class.max_wait_ms);
         if max_wait_ms > MAX_WAIT_MS {
             return Err(error(
                 ErrorCode::InvalidRequest,
                 format!("max_wait_ms {max_wait_ms} exceeds the maximum of {MAX_WAIT_MS}"),
             ));
         }
+        Ok((limit, class, max_wait_ms))
+    }
+
+    /// Turns `input` and `output` tokens into one draw per bucket: separate
+    /// input and output buckets take their own figure; the combined, tenant
+    /// and group token buckets take the charge of the limit's cost rule.
+    fn plan_acquire(
+        &self,
+        limit: &LimitConfig,
+        class: &PriorityClass,
+        tenant: Option<&str>,
+        input: u64,
+        output: u64,
+    ) -> Result<AcquirePlan, Response> {
+        let total = match input.checked_add(output) {
+            Some(0) => {
+                return Err(error(
+                    ErrorCode::InvalidRequest,
+                    "a cost must be at least one token",
+                ));
+            }
+            Some(total) => total,
+            None => {
+                return Err(error(
+                    ErrorCode::CostExceedsCapacity,
+                    "input_tokens + output_tokens overflows 64 bits",
+                ));
+            }
+        };
+        let charge = limit.cost_rule.charge(input, output).unwrap_or(total);
+        // What the limit's own token buckets reserve: Granted.tokens.
+        let tokens = match limit.token_buckets() {
+            TokenBuckets::Combined(_) => charge,
+            TokenBuckets::Split { .. } => total,
+        };
         if let Some(largest) = limit.max_request_tokens.filter(|&largest| tokens > largest) {
             return Err(error(
                 ErrorCode::CostExceedsCapacity,
@@ -575,21 +722,39 @@ impl Limits {
                 ),
             ));
         }
+        // Buckets that mirror the provider keep its charge under "none";
+        // tenant buckets are ratekeeper's own accounting and always settle.
+        let mirrors = |settle: Settle| match limit.settle {
+            SettleRule::Refund => settle,
+            SettleRule::NoRefund => Settle::Never,
+        };
         let buckets = &self.buckets[&limit.name];
-        let mut draws: Vec<(BucketRole, Draw)> = buckets
+        let mut draws: Vec<(BucketRole, Draw, Settle)> = buckets
             .fixed
             .iter()
             .map(|(role, bucket)| {
-                let cost = if role.counts_requests() { 1 } else { tokens };
-                (*role, draw(class, bucket.clone(), cost))
+                let (cost, settle) = match role {
+                    BucketRole::Tokens | BucketRole::GroupTokens => {
+                        (charge, mirrors(Settle::Total))
+                    }
+                    BucketRole::InputTokens => (input, mirrors(Settle::Input)),
+                    BucketRole::OutputTokens => (output, mirrors(Settle::Output)),
+                    BucketRole::Tenant => (charge, Settle::Total),
+                    BucketRole::Requests | BucketRole::GroupRequests => (1, Settle::Never),
+                };
+                (*role, draw(class, bucket.clone(), cost), settle)
             })
             .collect();
         // A tenant on a limit without a share is accepted and draws nothing
         // extra, so clients can always send their tenant.
-        if let Some(bucket) = (acquire.tenant.as_deref()).and_then(|t| buckets.tenant(limit, t)) {
-            draws.push((BucketRole::Tenant, draw(class, bucket, tokens)));
+        if let Some(bucket) = tenant.and_then(|t| buckets.tenant(limit, t)) {
+            draws.push((
+                BucketRole::Tenant,
+                draw(class, bucket, charge),
+                Settle::Total,
+            ));
         }
-        for (role, draw) in &draws {
+        for (role, draw, _) in &draws {
             if draw.cost + draw.floor > draw.bucket.capacity {
                 let reserved = if draw.floor > 0 {
                     format!(
@@ -613,14 +778,9 @@ impl Limits {
         }
         Ok(AcquirePlan {
             tokens,
-            max_wait_ms,
             reserved: draws
                 .into_iter()
-                .map(|(role, draw)| Reserved {
-                    role: role.name(),
-                    draw,
-                    settles_with_usage: role.settles_with_usage(),
-                })
+                .map(|(role, draw, settle)| Reserved { role, draw, settle })
                 .collect(),
         })
     }
@@ -688,9 +848,14 @@ async fn wait_until_due(waiters: &AtomicU64, wait_ms: u64, cancel: &Cancellation
 
 /// A validated acquire: what to reserve where.
 struct AcquirePlan {
+    /// Reserved in the limit's own token buckets (`Granted.tokens`).
     tokens: u64,
-    max_wait_ms: u64,
     reserved: Vec<Reserved>,
+}
+
+/// The key of a limit's learned max output: its model, else its name.
+fn learning_key(limit: &LimitConfig) -> &str {
+    limit.model.as_deref().unwrap_or(&limit.name)
 }
 
 fn check_name(what: &str, name: &str) -> Result<(), Response> {
@@ -706,31 +871,18 @@ fn check_name(what: &str, name: &str) -> Result<(), Response> {
     Ok(())
 }
 
-fn token_cost(cost: &Cost) -> Result<u64, Response> {
-    match cost {
-        Cost::Tokens {
-            input_tokens,
-            output_tokens,
-        } => match input_tokens.checked_add(*output_tokens) {
-            Some(0) => Err(error(
-                ErrorCode::InvalidRequest,
-                "a cost must be at least one token",
-            )),
-            Some(total) => Ok(total),
-            None => Err(error(
-                ErrorCode::CostExceedsCapacity,
-                "input_tokens + output_tokens overflows 64 bits",
-            )),
-        },
-        Cost::Messages(_) => Err(messages_unsupported()),
-    }
-}
-
-fn messages_unsupported() -> Response {
-    error(
-        ErrorCode::Unsupported,
-        "counting tokens from messages is not available in this release; send Cost::Tokens",
-    )
+/// The answer for a prompt that could not be counted: too large for the
+/// bounds is the client's mistake, anything else the daemon's.
+fn token_error(token_error: TokenError) -> Response {
+    let code = match token_error {
+        TokenError::TextTooLarge { .. }
+        | TokenError::TooManyMessages { .. }
+        | TokenError::TooManyParts { .. } => ErrorCode::InvalidRequest,
+        TokenError::EncoderUnavailable { .. } | TokenError::InvalidEstimator { .. } => {
+            ErrorCode::Internal
+        }
+    };
+    error(code, token_error.to_string())
 }
 
 fn unknown_lease(lease: u64) -> Response {

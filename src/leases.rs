@@ -7,8 +7,8 @@
 //! spent — and is counted.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::limiter::{Adjustment, Draw, Origin};
@@ -16,15 +16,71 @@ use crate::limiter::{Adjustment, Draw, Origin};
 /// Identifies the connection that owns a lease.
 pub type ConnectionId = u64;
 
+/// The role of a bucket within a limit; its name is what `Denied` and
+/// `status` show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketRole {
+    /// The limit's combined token bucket (input and output together).
+    Tokens,
+    /// The limit's separate bucket of input (prompt) tokens.
+    InputTokens,
+    /// The limit's separate bucket of output (completion) tokens.
+    OutputTokens,
+    Requests,
+    Tenant,
+    GroupTokens,
+    GroupRequests,
+}
+
+impl BucketRole {
+    pub fn name(self) -> &'static str {
+        match self {
+            BucketRole::Tokens => "tokens",
+            BucketRole::InputTokens => "input_tokens",
+            BucketRole::OutputTokens => "output_tokens",
+            BucketRole::Requests => "requests",
+            BucketRole::Tenant => "tenant",
+            BucketRole::GroupTokens => "group_tokens",
+            BucketRole::GroupRequests => "group_requests",
+        }
+    }
+
+    /// Whether the bucket counts requests (cost 1) rather than tokens.
+    pub fn counts_requests(self) -> bool {
+        matches!(self, BucketRole::Requests | BucketRole::GroupRequests)
+    }
+
+    /// Whether the bucket is one of the limit's own token buckets, whose
+    /// settlement `Settled.tokens_returned` reports.
+    pub fn is_limit_tokens(self) -> bool {
+        matches!(
+            self,
+            BucketRole::Tokens | BucketRole::InputTokens | BucketRole::OutputTokens
+        )
+    }
+}
+
+/// Which reported figure a bucket settles to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// Never by usage: request buckets (the request was made), and token
+    /// buckets of a limit that keeps its up-front charge (`settle = "none"`).
+    Never,
+    /// To the reported input tokens: a separate input bucket.
+    Input,
+    /// To the reported output tokens: a separate output bucket.
+    Output,
+    /// To input + output: combined, tenant and group token buckets.
+    Total,
+}
+
 /// What one bucket of a lease holds.
 #[derive(Debug, Clone)]
 pub struct Reserved {
-    /// The bucket's role name (`"tokens"`, `"requests"`, …).
-    pub role: &'static str,
+    pub role: BucketRole,
     pub draw: Draw,
-    /// Whether a usage report settles this bucket (token buckets do, request
-    /// buckets are spent once the provider is called).
-    pub settles_with_usage: bool,
+    /// How a usage report settles this bucket.
+    pub settle: Settle,
 }
 
 /// A granted reservation.
@@ -33,10 +89,15 @@ pub struct Lease {
     pub owner: ConnectionId,
     /// Where the reservation was made, so settlement adjusts the same buckets.
     pub origin: Origin,
-    /// Tokens reserved in the token buckets.
+    /// Tokens reserved in the limit's own token buckets (`Granted.tokens`).
     pub tokens: u64,
+    /// Each bucket's reservation, which carries the input and output
+    /// figures apart where the limit has separate buckets.
     pub reserved: Vec<Reserved>,
     pub granted_at: Instant,
+    /// The key under which the reported output tokens are learned, when
+    /// the limit learns its default max output (`learn_max_output`).
+    pub learn_as: Option<Arc<str>>,
 }
 
 /// Gives back every bucket's whole cost: a release, or a cancelled wait.
@@ -50,15 +111,60 @@ pub fn refund_all(reserved: &[Reserved]) -> Vec<Adjustment> {
         .collect()
 }
 
-/// Adds `tokens` (negative: takes) to the buckets that usage settles.
-pub fn adjust_usage_buckets(reserved: &[Reserved], tokens: i64) -> Vec<Adjustment> {
+/// What a report changes: the adjustments, and what the limit's own token
+/// buckets got back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    /// One per bucket whose level changes.
+    pub adjustments: Vec<Adjustment>,
+    /// The sum of the adjustments of the limit's own token buckets
+    /// (`Settled.tokens_returned`): reserved − used, negative for an
+    /// overrun; 0 when they keep the up-front charge.
+    pub tokens_returned: i64,
+}
+
+/// Settles a report of `input` and `output` tokens: each bucket that
+/// settles gets back what it reserved less its matching figure (negative:
+/// the overrun is taken).
+pub fn settle_usage(reserved: &[Reserved], input: u64, output: u64) -> Settlement {
+    let as_i64 = |tokens: u64| tokens.min(i64::MAX as u64) as i64;
+    let mut settlement = Settlement {
+        adjustments: Vec::new(),
+        tokens_returned: 0,
+    };
+    for reserved in reserved {
+        let used = match reserved.settle {
+            Settle::Never => continue,
+            Settle::Input => input,
+            Settle::Output => output,
+            Settle::Total => input.saturating_add(output),
+        };
+        let tokens = as_i64(reserved.draw.cost).saturating_sub(as_i64(used));
+        if reserved.role.is_limit_tokens() {
+            settlement.tokens_returned = settlement.tokens_returned.saturating_add(tokens);
+        }
+        if tokens != 0 {
+            settlement.adjustments.push(Adjustment {
+                bucket: reserved.draw.bucket.clone(),
+                tokens,
+            });
+        }
+    }
+    settlement
+}
+
+/// Gives back `fraction` of each settling bucket's reservation: the refund
+/// rule for leases of a closed connection, which treats the lease as if it
+/// had been reported with that fraction unused.
+pub fn refund_fraction(reserved: &[Reserved], fraction: f64) -> Vec<Adjustment> {
     reserved
         .iter()
-        .filter(|reserved| reserved.settles_with_usage)
+        .filter(|reserved| reserved.settle != Settle::Never)
         .map(|reserved| Adjustment {
             bucket: reserved.draw.bucket.clone(),
-            tokens,
+            tokens: (reserved.draw.cost as f64 * fraction).floor() as i64,
         })
+        .filter(|adjustment| adjustment.tokens != 0)
         .collect()
 }
 
@@ -175,26 +281,141 @@ mod tests {
     use super::*;
     use crate::limiter::BucketSpec;
 
+    fn reserved(role: BucketRole, cost: u64, settle: Settle) -> Reserved {
+        Reserved {
+            role,
+            draw: Draw {
+                bucket: BucketSpec {
+                    key: role.name().into(),
+                    capacity: 10_000,
+                    per_minute: 60,
+                },
+                cost,
+                floor: 0,
+            },
+            settle,
+        }
+    }
+
     fn lease(owner: ConnectionId, granted_at: Instant) -> Lease {
         Lease {
             owner,
             origin: Origin::Store,
             tokens: 10,
-            reserved: vec![Reserved {
-                role: "tokens",
-                draw: Draw {
-                    bucket: BucketSpec {
-                        key: "k".into(),
-                        capacity: 100,
-                        per_minute: 60,
-                    },
-                    cost: 10,
-                    floor: 0,
-                },
-                settles_with_usage: true,
-            }],
+            reserved: vec![reserved(BucketRole::Tokens, 10, Settle::Total)],
             granted_at,
+            learn_as: None,
         }
+    }
+
+    /// (buckets as role, cost, settle; report input, output) → (adjustment
+    /// per bucket key, tokens_returned)
+    #[test]
+    fn reports_settle_each_bucket_from_its_figure() {
+        use BucketRole::*;
+        use Settle::*;
+        type Case = (
+            &'static str,
+            Vec<Reserved>,
+            (u64, u64),
+            Vec<(&'static str, i64)>,
+            i64,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "combined, refunded; the request stays spent",
+                vec![
+                    reserved(Tokens, 1_500, Total),
+                    reserved(Requests, 1, Never),
+                    reserved(Tenant, 1_500, Total),
+                ],
+                (300, 200),
+                vec![("tokens", 1_000), ("tenant", 1_000)],
+                1_000,
+            ),
+            (
+                "combined, overrun debited",
+                vec![reserved(Tokens, 1_500, Total)],
+                (1_200, 800),
+                vec![("tokens", -500)],
+                -500,
+            ),
+            (
+                "exact usage changes nothing",
+                vec![reserved(Tokens, 1_500, Total)],
+                (1_000, 500),
+                vec![],
+                0,
+            ),
+            (
+                "charge kept (openai); the tenant still settles",
+                vec![
+                    reserved(Tokens, 1_000, Never),
+                    reserved(Tenant, 1_000, Total),
+                    reserved(GroupTokens, 1_000, Never),
+                ],
+                (500, 100),
+                vec![("tenant", 400)],
+                0,
+            ),
+            (
+                "separate buckets: input overrun debited, output refunded",
+                vec![
+                    reserved(InputTokens, 500, Input),
+                    reserved(OutputTokens, 1_000, Output),
+                    reserved(Tenant, 1_500, Total),
+                ],
+                (700, 300),
+                vec![
+                    ("input_tokens", -200),
+                    ("output_tokens", 700),
+                    ("tenant", 500),
+                ],
+                500,
+            ),
+            (
+                "usage beyond i64 saturates",
+                vec![reserved(Tokens, 10, Total)],
+                (u64::MAX, u64::MAX),
+                vec![("tokens", 10 - i64::MAX)],
+                10 - i64::MAX,
+            ),
+        ];
+        for (what, buckets, (input, output), adjustments, returned) in cases {
+            let settlement = settle_usage(&buckets, input, output);
+            let got: Vec<(&str, i64)> = settlement
+                .adjustments
+                .iter()
+                .map(|a| (a.bucket.key.as_str(), a.tokens))
+                .collect();
+            assert_eq!(got, adjustments, "{what}");
+            assert_eq!(settlement.tokens_returned, returned, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_disconnect_refund_is_a_fraction_of_each_settling_bucket() {
+        use BucketRole::*;
+        use Settle::*;
+        let buckets = vec![
+            reserved(InputTokens, 501, Input),
+            reserved(OutputTokens, 1_000, Output),
+            reserved(Requests, 1, Never),
+            reserved(GroupTokens, 1_501, Never),
+        ];
+        let refunds: Vec<(String, i64)> = refund_fraction(&buckets, 0.5)
+            .into_iter()
+            .map(|a| (a.bucket.key, a.tokens))
+            .collect();
+        assert_eq!(
+            refunds,
+            [
+                ("input_tokens".to_string(), 250),
+                ("output_tokens".to_string(), 500)
+            ]
+        );
+        let all: Vec<i64> = refund_all(&buckets).iter().map(|a| a.tokens).collect();
+        assert_eq!(all, [501, 1_000, 1, 1_501]);
     }
 
     #[test]

@@ -183,7 +183,17 @@ pub struct Preloaded {
 pub fn preload<'a>(
     models: impl IntoIterator<Item = &'a str>,
 ) -> Result<Vec<Preloaded>, TokenError> {
-    encodings_for_models(models)
+    preload_encodings(encodings_for_models(models))
+}
+
+/// [`preload`] for encodings named directly (a limit's `tokenizer`
+/// override rather than its model).
+pub fn preload_encodings(
+    encodings: impl IntoIterator<Item = Encoding>,
+) -> Result<Vec<Preloaded>, TokenError> {
+    encodings
+        .into_iter()
+        .collect::<BTreeSet<_>>()
         .into_iter()
         .map(|encoding| {
             let started = Instant::now();

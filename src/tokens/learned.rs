@@ -10,7 +10,9 @@
 //! that overrun (where the provider's accounting allows it).
 //!
 //! In memory, per sidecar, off by default; the dispatcher decides when to
-//! consult it and clamps what it returns to the limit's configured default.
+//! consult it (a messages cost that names no maximum, on a limit with
+//! `learn_max_output`) and caps what it returns at the limit's
+//! `max_request_tokens`.
 //! Memory is bounded: `window` samples per model and at most `max_models`
 //! models (reports for further models are ignored).
 
@@ -149,6 +151,16 @@ impl OutputTokenLearner {
         self.models
             .get(model)
             .map_or(0, |samples| samples.recent.len())
+    }
+}
+
+impl Default for OutputTokenLearner {
+    /// A learner with [`LearnerSettings::default`].
+    fn default() -> Self {
+        OutputTokenLearner {
+            settings: LearnerSettings::default(),
+            models: HashMap::new(),
+        }
     }
 }
 

@@ -38,7 +38,9 @@ mod learned;
 pub mod openai;
 
 pub use chars::CharEstimator;
-pub use encoding::{Encoding, Preloaded, encoding_for_model, encodings_for_models, preload};
+pub use encoding::{
+    Encoding, Preloaded, encoding_for_model, encodings_for_models, preload, preload_encodings,
+};
 pub use learned::{LearnerSettings, OutputTokenLearner};
 
 use crate::proto::ChatRequest;
