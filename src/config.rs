@@ -304,6 +304,14 @@ impl From<Encoding> for Tokenizer {
 }
 
 impl Tokenizer {
+    /// The counter of this tokenizer, with `estimator` for `chars`.
+    pub fn counter(self, estimator: CharEstimator) -> Counter {
+        match self.encoding() {
+            Some(encoding) => Counter::Tiktoken(encoding),
+            None => Counter::Chars(estimator),
+        }
+    }
+
     /// The tiktoken encoding, or `None` for the estimate.
     pub fn encoding(self) -> Option<Encoding> {
         match self {
@@ -412,19 +420,15 @@ impl LimitConfig {
 
     /// What counts this limit's messages.
     pub fn counter(&self) -> Counter {
-        match self.tokenizer.encoding() {
-            Some(encoding) => Counter::Tiktoken(encoding),
-            None => Counter::Chars(
-                CharEstimator::new(
-                    self.chars_per_token
-                        .unwrap_or(CharEstimator::DEFAULT_CHARS_PER_TOKEN),
-                    self.safety_factor
-                        .unwrap_or(CharEstimator::DEFAULT_SAFETY_FACTOR),
-                )
-                // Validated when the config was loaded.
-                .unwrap_or_default(),
-            ),
-        }
+        let estimator = CharEstimator::new(
+            self.chars_per_token
+                .unwrap_or(CharEstimator::DEFAULT_CHARS_PER_TOKEN),
+            self.safety_factor
+                .unwrap_or(CharEstimator::DEFAULT_SAFETY_FACTOR),
+        )
+        // Validated when the config was loaded.
+        .unwrap_or_default();
+        self.tokenizer.counter(estimator)
     }
 }
 

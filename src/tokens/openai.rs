@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use tiktoken_rs::CoreBPE;
 
 use super::Encoding;
-use crate::proto::ChatMessage;
+use crate::proto::{ChatMessage, ChatRequest};
 
 /// Framing tokens of every message (`<|start|>{role}<|message|>…<|end|>`).
 pub const TOKENS_PER_MESSAGE: u64 = 3;
@@ -231,4 +231,227 @@ fn text_of(value: &Value) -> String {
 
 fn without_final_period(text: &str) -> &str {
     text.strip_suffix('.').unwrap_or(text)
+}
+
+/// Why a chat request's JSON could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatJsonError {
+    #[error("not valid JSON: {0}")]
+    Syntax(String),
+    #[error("{0}")]
+    Shape(String),
+}
+
+/// A chat completion request in OpenAI's JSON shape as the protocol's
+/// [`ChatRequest`]: `{"messages": [...], "tools": [...], "max_tokens": N}`
+/// (`max_completion_tokens` is read too), or just the messages array.
+///
+/// The conversion is the Python client's: a string content is one part, a
+/// list keeps its text parts (strings, `text`, `refusal`) and drops the rest
+/// (images, audio, files), a missing role is `"user"`, and `tool_calls` (or
+/// a legacy `function_call`) and `tools` are kept as JSON text.
+pub fn chat_request_from_json(text: &str) -> Result<ChatRequest, ChatJsonError> {
+    let shape = |message: String| ChatJsonError::Shape(message);
+    let parsed = serde_json::from_str::<Value>(text)
+        .map_err(|syntax| ChatJsonError::Syntax(syntax.to_string()))?;
+    let (messages, tools, max_tokens) = match parsed {
+        Value::Array(messages) => (messages, None, None),
+        Value::Object(mut request) => {
+            let messages = match request.remove("messages") {
+                Some(Value::Array(messages)) => messages,
+                Some(_) => return Err(shape("\"messages\" must be a list".into())),
+                None => return Err(shape("the request has no \"messages\"".into())),
+            };
+            let max_tokens = match request
+                .remove("max_tokens")
+                .or_else(|| request.remove("max_completion_tokens"))
+            {
+                None | Some(Value::Null) => None,
+                Some(value) => Some(value.as_u64().ok_or_else(|| {
+                    shape(format!(
+                        "max_tokens must be a non-negative integer, not {value}"
+                    ))
+                })?),
+            };
+            let tools = request
+                .remove("tools")
+                .filter(|tools| !tools.is_null() && tools.as_array().is_none_or(|t| !t.is_empty()));
+            (messages, tools, max_tokens)
+        }
+        _ => {
+            return Err(shape(
+                "expected a chat request object or a list of messages".into(),
+            ));
+        }
+    };
+    let messages = messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, message)| {
+            chat_message(message).map_err(|problem| shape(format!("messages[{index}]: {problem}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ChatRequest {
+        messages,
+        tools_json: tools.map(|tools| json_text(&tools)),
+        max_output_tokens: max_tokens,
+    })
+}
+
+fn chat_message(message: Value) -> Result<ChatMessage, String> {
+    let Value::Object(mut message) = message else {
+        return Err("a message must be an object".into());
+    };
+    let role = match message.remove("role") {
+        None | Some(Value::Null) => "user".to_string(),
+        Some(Value::String(role)) => role,
+        Some(other) => return Err(format!("role must be a string, not {other}")),
+    };
+    let name = match message.remove("name") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(name)) => Some(name),
+        Some(other) => return Err(format!("name must be a string, not {other}")),
+    };
+    let content = match message.remove("content") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(text)) => vec![text],
+        Some(Value::Array(parts)) => parts
+            .into_iter()
+            .filter_map(|part| match part {
+                Value::String(text) => Some(text),
+                Value::Object(mut part) => match (part.remove("text"), part.remove("refusal")) {
+                    (Some(Value::String(text)), _) | (_, Some(Value::String(text))) => Some(text),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect(),
+        Some(other) => {
+            return Err(format!(
+                "content must be a string or a list of parts, not {other}"
+            ));
+        }
+    };
+    let tool_calls = match message.remove("tool_calls") {
+        None | Some(Value::Null) => message
+            .remove("function_call")
+            .filter(|call| !call.is_null())
+            .map(|call| Value::Array(vec![call])),
+        calls => calls,
+    };
+    Ok(ChatMessage {
+        role,
+        name,
+        content,
+        tool_calls_json: tool_calls.map(|calls| json_text(&calls)),
+    })
+}
+
+/// A JSON string as its text, anything else as compact JSON.
+fn json_text(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(role: &str, content: &[&str]) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            name: None,
+            content: content.iter().map(|part| part.to_string()).collect(),
+            tool_calls_json: None,
+        }
+    }
+
+    #[test]
+    fn chat_json_in_openai_shape() {
+        let request = chat_request_from_json(
+            r#"{
+                "model": "gpt-4o",
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "name": "ann", "content": [
+                        {"type": "text", "text": "What is in"},
+                        {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                        "this picture?"
+                    ]},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                    ]},
+                    {"role": "assistant", "function_call": {"name": "g", "arguments": "{}"}},
+                    {"content": "no role"}
+                ],
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "max_tokens": 300
+            }"#,
+        )
+        .unwrap();
+        let mut named = message("user", &["What is in", "this picture?"]);
+        named.name = Some("ann".into());
+        let mut called = message("assistant", &[]);
+        called.tool_calls_json = Some(
+            r#"[{"function":{"arguments":"{}","name":"f"},"id":"c1","type":"function"}]"#.into(),
+        );
+        let mut legacy = message("assistant", &[]);
+        legacy.tool_calls_json = Some(r#"[{"arguments":"{}","name":"g"}]"#.into());
+        assert_eq!(
+            request,
+            ChatRequest {
+                messages: vec![
+                    message("system", &["Be brief."]),
+                    named,
+                    called,
+                    legacy,
+                    message("user", &["no role"]),
+                ],
+                tools_json: Some(r#"[{"function":{"name":"f"},"type":"function"}]"#.into()),
+                max_output_tokens: Some(300),
+            }
+        );
+    }
+
+    #[test]
+    fn chat_json_variants_and_mistakes() {
+        let bare = chat_request_from_json(r#"[{"role": "user", "content": "hi"}]"#).unwrap();
+        assert_eq!(bare.messages, vec![message("user", &["hi"])]);
+        assert_eq!((bare.tools_json, bare.max_output_tokens), (None, None));
+        let newer =
+            chat_request_from_json(r#"{"messages": [], "tools": [], "max_completion_tokens": 5}"#)
+                .unwrap();
+        assert_eq!((newer.tools_json, newer.max_output_tokens), (None, Some(5)));
+
+        // (input, start of the message)
+        let mistakes: &[(&str, &str)] = &[
+            ("", "not valid JSON: EOF"),
+            ("{\"messages\": [", "not valid JSON"),
+            (
+                "\"hello\"",
+                "expected a chat request object or a list of messages",
+            ),
+            ("{}", "the request has no \"messages\""),
+            ("{\"messages\": {}}", "\"messages\" must be a list"),
+            ("[1]", "messages[0]: a message must be an object"),
+            (
+                "[{\"role\": 7}]",
+                "messages[0]: role must be a string, not 7",
+            ),
+            (
+                "[{}, {\"content\": 7}]",
+                "messages[1]: content must be a string or a list of parts",
+            ),
+            (
+                "{\"messages\": [], \"max_tokens\": -1}",
+                "max_tokens must be a non-negative integer, not -1",
+            ),
+        ];
+        for (input, expected) in mistakes {
+            let message = chat_request_from_json(input).unwrap_err().to_string();
+            assert!(message.starts_with(expected), "{input}: {message}");
+        }
+    }
 }
