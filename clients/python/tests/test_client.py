@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,8 @@ from ratekeeper import (
     UnknownPriority,
     Unsupported,
 )
+
+from _daemon import wait_for
 
 CAPACITY = 1_000_000  # burst of the "exact" limit
 
@@ -234,20 +238,43 @@ def test_refusals_raise_their_exception(client, call, error, code):
     assert caught.value.message
 
 
-def test_messages_cost_is_unsupported_until_the_daemon_counts_tokens(client):
-    """Update when token counting lands (issue 4): then this must be granted and estimated.
+#: PROTOCOL.md, the normative spec, still says messages costs are refused.
+MESSAGES_UNSUPPORTED = (
+    "is answered `Error` `Unsupported`"
+    in (Path(__file__).resolve().parents[3] / "proto-spec" / "PROTOCOL.md").read_text()
+)
 
-    Until then it is also the real daemon's proof that code 16 surfaces as `Unsupported`.
-    """
+COUNTING_CONFIG = """
+[[limits]]
+name = "counted"
+tokens_per_minute = 1000000
+model = "gpt-4o"
+"""
+
+
+def test_messages_cost_is_answered_as_protocol_md_says(make_daemon):
+    """Until token counting lands (issue 4) PROTOCOL.md says Unsupported, and
+    this is the real daemon's proof that code 16 surfaces as `Unsupported`;
+    once the spec drops that sentence, the messages must be counted."""
+    daemon = make_daemon(COUNTING_CONFIG)
     messages = [
         {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]},
+        {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}], "name": "bob"},
     ]
-    with pytest.raises(Unsupported) as caught:
-        client.acquire("basic", messages=messages, max_tokens=16)
-    assert caught.value.code == 16
-    with pytest.raises(Unsupported):
-        client.estimate("basic", messages=messages)
+    with Client(daemon.socket) as client:
+        if MESSAGES_UNSUPPORTED:
+            with pytest.raises(Unsupported) as caught:
+                client.acquire("counted", messages=messages, max_tokens=16)
+            assert caught.value.code == 16
+            with pytest.raises(Unsupported):
+                client.estimate("counted", messages=messages)
+            return
+        estimate = client.estimate("counted", messages=messages, max_tokens=16)
+        assert estimate.output_tokens == 16
+        assert 10 < estimate.input_tokens < 40
+        lease = client.acquire("counted", messages=messages, max_tokens=16)
+        assert lease.tokens == estimate.input_tokens + 16
+        assert lease.report(input_tokens=estimate.input_tokens, output_tokens=6) == 10
 
 
 def test_arguments_are_checked_before_sending(client):
@@ -295,3 +322,28 @@ def test_allow_proceeds_unlimited_with_a_warning(tmp_path):
     # Other calls are not limited work: they still raise.
     with pytest.raises(SidecarUnavailable):
         client.status()
+
+
+def test_an_interrupted_acquire_is_cancelled_and_its_reservation_returned(make_daemon):
+    daemon = make_daemon()
+    with Client(daemon.socket) as client:
+        client.acquire("exact", CAPACITY).report(CAPACITY)  # empty: one token a minute
+
+        class Interrupted(Exception):
+            pass
+
+        def interrupt(signum, frame):
+            raise Interrupted
+
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            with pytest.raises(Interrupted):
+                client.acquire("exact", 1, max_wait=3600)  # due in a minute
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        # The client sent Cancel: the daemon stops holding it and refunds it.
+        waiters = lambda: client.status("exact").limit("exact").waiters  # noqa: E731
+        wait_for(lambda: waiters() == 0, 5, "the cancelled acquire to be dropped")
+        assert level(client, "exact") >= 0
