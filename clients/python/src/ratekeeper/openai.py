@@ -60,8 +60,10 @@ class LimitOptions:
     priority: Optional[str] = None
     #: Seconds an acquire may wait for its reservation (None: the class default).
     max_wait: Optional[float] = None
-    #: Output tokens reserved when a request names no `max_tokens`.
-    default_max_tokens: int = 1024
+    #: Output tokens reserved when a request names no `max_tokens`. None: the
+    #: daemon's default for the limit, or `FALLBACK_MAX_TOKENS` when the client
+    #: has to estimate.
+    default_max_tokens: Optional[int] = None
     #: Provider 429s retried per call before the error is raised.
     max_retries: int = 3
     #: Longest single wait for a 429, whatever the headers say.
@@ -94,6 +96,9 @@ def wrap(
 # ---------------------------------------------------------------------------
 # What the sync and asyncio paths share
 # ---------------------------------------------------------------------------
+
+#: Output tokens reserved by the client-side estimate when nothing says more.
+FALLBACK_MAX_TOKENS = 1024
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
@@ -240,6 +245,7 @@ class _Completions:
         settings = self._settings
         limiter: Client = self._wrapped.limiter
         messages, tools, max_tokens = _cost(kwargs)
+        max_tokens = max_tokens or settings.default_max_tokens
         common = {
             "tenant": settings.tenant,
             "priority": settings.priority,
@@ -251,7 +257,7 @@ class _Completions:
             )
         except Unsupported:  # temporary: the daemon cannot count messages yet
             prompt = settings.estimate(messages, tools)
-            output = max_tokens or settings.default_max_tokens
+            output = max_tokens or FALLBACK_MAX_TOKENS
             return limiter.acquire(settings.limit, prompt, max_tokens=output, **common)
 
     def create(self, **kwargs: Any) -> Any:
@@ -367,6 +373,7 @@ class _AsyncCompletions:
         settings = self._settings
         limiter: AsyncClient = self._wrapped.limiter
         messages, tools, max_tokens = _cost(kwargs)
+        max_tokens = max_tokens or settings.default_max_tokens
         common = {
             "tenant": settings.tenant,
             "priority": settings.priority,
@@ -378,7 +385,7 @@ class _AsyncCompletions:
             )
         except Unsupported:  # temporary: the daemon cannot count messages yet
             prompt = settings.estimate(messages, tools)
-            output = max_tokens or settings.default_max_tokens
+            output = max_tokens or FALLBACK_MAX_TOKENS
             return await limiter.acquire(settings.limit, prompt, max_tokens=output, **common)
 
     async def create(self, **kwargs: Any) -> Any:
