@@ -176,12 +176,6 @@ impl Dispatcher {
         }
     }
 
-    /// Replaces the learner of max output tokens (tests use small windows).
-    pub fn with_learner(mut self, learner: OutputTokenLearner) -> Self {
-        self.learner = Mutex::new(learner);
-        self
-    }
-
     /// The configuration in force.
     pub fn config(&self) -> Arc<Config> {
         self.limits().config.clone()
