@@ -1,5 +1,6 @@
 //! The command line as a user meets it: exit codes and messages of
-//! `check-config`, `acquire`, `status` and `ping` against a real daemon.
+//! `check-config`, `acquire`, `status`, `ping` (against a real daemon) and
+//! `count-tokens`.
 
 mod support;
 
@@ -120,4 +121,120 @@ fn client_commands_fail_clearly_without_a_daemon() {
         "{}",
         text(&output.stderr)
     );
+}
+
+/// `ratekeeper count-tokens` with `stdin` as its input.
+fn count_tokens(args: &[&str], stdin: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .arg("count-tokens")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ratekeeper");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn count_tokens_prints_the_prompt_and_the_reservation() {
+    use ratekeeper::tokens::{self, CharEstimator, Counter};
+    let request = r#"{
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": [{"type": "text", "text": "How many tokens is this?"}]}
+        ],
+        "tools": [{"type": "function", "function": {"name": "lookup", "description": "Look it up."}}],
+        "max_tokens": 20
+    }"#;
+    let parsed = tokens::openai::chat_request_from_json(request).unwrap();
+    let prompt = tokens::count_messages(
+        Counter::for_model("gpt-4o", CharEstimator::default()),
+        &parsed,
+    )
+    .unwrap();
+    assert!(prompt.total > 20);
+
+    let output = count_tokens(&["--model", "gpt-4o"], request);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let expected = format!(
+        "counter: o200k_base (tiktoken)\n\
+         prompt_tokens: {} (messages {}, tools {})\n\
+         output_tokens: 20 (max_tokens)\n\
+         reserved: {} (generic: prompt + output)\n",
+        prompt.total,
+        prompt.messages,
+        prompt.tools,
+        prompt.total + 20
+    );
+    assert_eq!(text(&output.stdout), expected);
+
+    // openai charges the larger figure; --max-tokens overrides the request's.
+    let output = count_tokens(
+        &[
+            "--model",
+            "gpt-4o",
+            "--provider",
+            "openai",
+            "--max-tokens",
+            "5000",
+        ],
+        request,
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout.contains("output_tokens: 5000 (--max-tokens)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.ends_with("reserved: 5000 (openai: max(prompt, output))\n"),
+        "{stdout}"
+    );
+
+    // A bare list of messages, counted with the estimate, default output.
+    let output = count_tokens(
+        &["--model", "claude-sonnet-4-5", "--provider", "anthropic"],
+        r#"[{"role": "user", "content": "hello there"}]"#,
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout.starts_with("counter: the character estimate"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("output_tokens: 1024 (default)"), "{stdout}");
+
+    // Bad input: exit 1 and a message that says what is wrong.
+    for (args, input, message) in [
+        (
+            &["--model", "gpt-4o"][..],
+            "{\"messages\": [",
+            "not valid JSON",
+        ),
+        (
+            &["--model", "gpt-4o"][..],
+            "{\"prompt\": \"hi\"}",
+            "no \"messages\"",
+        ),
+        (
+            &["--model", "llama-3", "--provider", "openai"][..],
+            "[]",
+            "has no known tiktoken encoding",
+        ),
+    ] {
+        let output = count_tokens(args, input);
+        assert_eq!(output.status.code(), Some(1), "{input}");
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains(message), "{input}: {stderr}");
+        assert!(text(&output.stdout).is_empty());
+    }
 }
