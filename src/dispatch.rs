@@ -546,9 +546,9 @@ impl Dispatcher {
         }
     }
 
-    /// Counts a prompt on the blocking pool, at most one count per CPU at a
-    /// time; requests beyond [`Bounds::DEFAULT`] are refused before they
-    /// wait for a slot.
+    /// Counts a prompt: with tiktoken on the blocking pool, at most one
+    /// count per CPU at a time; requests beyond [`Bounds::DEFAULT`] are
+    /// refused before they wait for a slot.
     async fn count_prompt(
         &self,
         counter: Counter,
@@ -558,6 +558,11 @@ impl Dispatcher {
             check_name("role", &message.role)?;
         }
         Bounds::DEFAULT.check(&request).map_err(token_error)?;
+        if let Counter::Chars(_) = counter {
+            // The estimate only adds up string lengths (a few µs within the
+            // bounds): the hop to a blocking thread would cost more.
+            return tokens::count_messages(counter, &request).map_err(token_error);
+        }
         let _slot = self
             .counting
             .acquire()
