@@ -245,8 +245,26 @@ async fn measure(rounds: usize) {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!(
-        "# prompt: {PROMPT_BYTES} bytes, {} tokens (o200k_base), {} estimated (chars); max output {MAX_OUTPUT_TOKENS}\n",
+        "# prompt: {PROMPT_BYTES} bytes, {} tokens (o200k_base), {} estimated (chars); max output {MAX_OUTPUT_TOKENS}",
         prompt.total, estimate.total
+    );
+    // The counting alone, in this process: what the daemon's path adds on top.
+    let (tiktoken, sample) = (
+        Counter::for_model("gpt-4o", CharEstimator::default()),
+        chat(),
+    );
+    let mut counts: Vec<Duration> = (0..rounds)
+        .map(|_| {
+            let started = Instant::now();
+            std::hint::black_box(tokens::count_messages(tiktoken, &sample).expect("count"));
+            started.elapsed()
+        })
+        .collect();
+    counts.sort();
+    println!(
+        "# counting alone (o200k_base, in process): p50 {:.0} µs, p99 {:.0} µs\n",
+        percentile(&counts, 50.0),
+        percentile(&counts, 99.0)
     );
     println!("| acquire | p50 µs | p99 µs | p50 vs count | p99 vs count |");
     println!("| --- | ---: | ---: | ---: | ---: |");
@@ -258,7 +276,7 @@ async fn measure(rounds: usize) {
             base = (p50, p99);
         }
         println!(
-            "| {name} | {p50:.0} | {p99:.0} | {:.2}× (+{:.0} µs) | {:.2}× (+{:.0} µs) |",
+            "| {name} | {p50:.0} | {p99:.0} | {:.2}× ({:+.0} µs) | {:.2}× ({:+.0} µs) |",
             p50 / base.0,
             p50 - base.0,
             p99 / base.1,
