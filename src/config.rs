@@ -2861,6 +2861,50 @@ max_request_tokens = 40000
     }
 
     #[test]
+    fn config_example_commented_anthropic_limit_is_valid() {
+        let example = include_str!("../examples/ratekeeper.toml");
+        let start = example
+            .find("# --- anthropic example ---\n")
+            .expect("the example marks its anthropic block");
+        let end = example[start..]
+            .find("# --- end of anthropic example ---")
+            .expect("the block ends")
+            + start;
+        let block: String = example[start..end]
+            .lines()
+            .skip(1)
+            .map(|line| format!("{}\n", line.strip_prefix("# ").unwrap_or(line)))
+            .collect();
+        let config = parse_ok(&block);
+        let limit = config.limit("claude-sonnet").unwrap();
+        assert_eq!(limit.provider, Provider::Anthropic);
+        assert!(matches!(limit.token_buckets(), TokenBuckets::Split { .. }));
+        assert_eq!(limit.tokenizer, Tokenizer::Chars);
+        // The commented keys of the first limit are its defaults.
+        let uncommented: String = example
+            .lines()
+            .map(|line| {
+                let key = line.trim_start_matches("# ");
+                let is_default_key = [
+                    "provider =",
+                    "tokenizer =",
+                    "default_max_output_tokens =",
+                    "cost_rule =",
+                    "settle =",
+                    "learn_max_output =",
+                ]
+                .iter()
+                .any(|k| key.starts_with(k));
+                if is_default_key { key } else { line }.to_string() + "\n"
+            })
+            .collect();
+        assert_eq!(
+            parse_ok(&uncommented).limits[0],
+            parse_ok(example).limits[0]
+        );
+    }
+
+    #[test]
     fn config_cost_rules() {
         assert_eq!(CostRule::Sum.charge(500, 1000), Some(1500));
         assert_eq!(CostRule::Max.charge(500, 1000), Some(1000));
