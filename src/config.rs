@@ -2905,6 +2905,31 @@ max_request_tokens = 40000
     }
 
     #[test]
+    fn config_readme_token_counting_example_is_valid() {
+        let readme = include_str!("../README.md");
+        let section = readme
+            .split("## Token counting and cost")
+            .nth(1)
+            .and_then(|rest| rest.split("\n## ").next())
+            .expect("README has a token counting section");
+        let blocks: Vec<&str> = section
+            .split("```toml\n")
+            .skip(1)
+            .filter_map(|rest| rest.split("```").next())
+            .collect();
+        assert!(!blocks.is_empty(), "no TOML example in the section");
+        for block in blocks {
+            let config = parse_ok(block);
+            assert!(
+                config
+                    .limits
+                    .iter()
+                    .any(|l| l.provider != Provider::Generic)
+            );
+        }
+    }
+
+    #[test]
     fn config_cost_rules() {
         assert_eq!(CostRule::Sum.charge(500, 1000), Some(1500));
         assert_eq!(CostRule::Max.charge(500, 1000), Some(1000));
