@@ -6,7 +6,6 @@ import signal
 import threading
 import time
 import warnings
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +20,6 @@ from ratekeeper import (
     UnknownLease,
     UnknownLimit,
     UnknownPriority,
-    Unsupported,
 )
 
 from _daemon import wait_for
@@ -238,12 +236,6 @@ def test_refusals_raise_their_exception(client, call, error, code):
     assert caught.value.message
 
 
-#: PROTOCOL.md, the normative spec, still says messages costs are refused.
-MESSAGES_UNSUPPORTED = (
-    "is answered `Error` `Unsupported`"
-    in (Path(__file__).resolve().parents[3] / "proto-spec" / "PROTOCOL.md").read_text()
-)
-
 COUNTING_CONFIG = """
 [[limits]]
 name = "counted"
@@ -252,28 +244,23 @@ model = "gpt-4o"
 """
 
 
-def test_messages_cost_is_answered_as_protocol_md_says(make_daemon):
-    """Until token counting lands (issue 4) PROTOCOL.md says Unsupported, and
-    this is the real daemon's proof that code 16 surfaces as `Unsupported`;
-    once the spec drops that sentence, the messages must be counted."""
+def test_the_daemon_counts_the_tokens_of_messages(make_daemon):
+    """Messages (text parts, names, tool calls as JSON) are counted by the
+    daemon's tokenizer: reserved as the prompt plus max_tokens."""
     daemon = make_daemon(COUNTING_CONFIG)
     messages = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}], "name": "bob"},
     ]
     with Client(daemon.socket) as client:
-        if MESSAGES_UNSUPPORTED:
-            with pytest.raises(Unsupported) as caught:
-                client.acquire("counted", messages=messages, max_tokens=16)
-            assert caught.value.code == 16
-            with pytest.raises(Unsupported):
-                client.estimate("counted", messages=messages)
-            return
         estimate = client.estimate("counted", messages=messages, max_tokens=16)
         assert estimate.output_tokens == 16
         assert 10 < estimate.input_tokens < 40
+        longer = client.estimate("counted", messages=[*messages, *messages], max_tokens=16)
+        assert longer.input_tokens > estimate.input_tokens
         lease = client.acquire("counted", messages=messages, max_tokens=16)
         assert lease.tokens == estimate.input_tokens + 16
+        assert lease.reserved.output_tokens == 16
         assert lease.report(input_tokens=estimate.input_tokens, output_tokens=6) == 10
 
 

@@ -3,9 +3,9 @@
 Codes the daemon can really be driven to send are provoked over a raw
 connection (the sans-IO session on a plain socket, so the tests can break the
 protocol on purpose); StoreUnavailable is provoked with a dead Redis in
-test_redis.py, Unsupported with a messages cost in test_client.py (until the
-daemon counts tokens). Internal (a daemon bug) and unknown codes are fed to the
-core as synthetic frames, like every other code.
+test_redis.py. Internal (a daemon bug), Unsupported (no longer sent since the
+daemon counts message tokens) and unknown codes are fed to the core as
+synthetic frames, like every other code.
 """
 
 from __future__ import annotations

@@ -361,8 +361,8 @@ def report_counts(
 def estimate_prompt_tokens(messages: Iterable[MessageLike], tools: Any = None) -> int:
     """A rough client-side count of a chat request's prompt: about 4 characters a token.
 
-    Used by the OpenAI wrapper while the daemon answers `Unsupported` to message
-    costs (token counting in the daemon lands later); it is no tokenizer.
+    Used by the OpenAI wrapper when a daemon from before token counting answers
+    `Unsupported` to message costs; it is no tokenizer.
     """
     total = 3  # every reply is primed with a few tokens
     for message in messages:

@@ -22,10 +22,11 @@ and `ratekeeper.AsyncClient` respectively); everything other than
 client's own retries are turned off (`max_retries=0`) for these calls, so that
 429s are not retried behind the limiter's back; other errors propagate.
 
-Token counting of messages in the daemon lands later. Until then the daemon
-answers `Unsupported` to a messages cost and the wrapper falls back to a rough
-client-side estimate (`ratekeeper.estimate_prompt_tokens`, about four
-characters a token) plus `max_tokens`; this fallback is temporary.
+The daemon counts the messages with the limit's tokenizer. A daemon from
+before token counting answers `Unsupported` to a messages cost; the wrapper
+then falls back to a rough client-side estimate
+(`ratekeeper.estimate_prompt_tokens`, about four characters a token) plus
+`max_tokens`. The fallback is transitional and goes once such daemons are gone.
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ class _Completions:
             return limiter.acquire(
                 settings.limit, messages=messages, max_tokens=max_tokens, tools=tools, **common
             )
-        except Unsupported:  # temporary: the daemon cannot count messages yet
+        except Unsupported:  # transitional: a daemon from before token counting
             prompt = settings.estimate(messages, tools)
             output = max_tokens or FALLBACK_MAX_TOKENS
             return limiter.acquire(settings.limit, prompt, max_tokens=output, **common)
@@ -383,7 +384,7 @@ class _AsyncCompletions:
             return await limiter.acquire(
                 settings.limit, messages=messages, max_tokens=max_tokens, tools=tools, **common
             )
-        except Unsupported:  # temporary: the daemon cannot count messages yet
+        except Unsupported:  # transitional: a daemon from before token counting
             prompt = settings.estimate(messages, tools)
             output = max_tokens or FALLBACK_MAX_TOKENS
             return await limiter.acquire(settings.limit, prompt, max_tokens=output, **common)
