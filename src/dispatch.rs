@@ -464,7 +464,9 @@ impl Dispatcher {
                 );
             }
         }
-        if let Some(key) = &lease.learn_as {
+        // A report without output tokens (a total reported as input) says
+        // nothing about completion sizes.
+        if let Some(key) = lease.learn_as.as_ref().filter(|_| output_tokens > 0) {
             self.learner
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())

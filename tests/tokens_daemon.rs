@@ -500,6 +500,16 @@ async fn learned_max_output_replaces_the_default_after_min_samples() {
     let daemon = Daemon::start(LIMITS);
     let client = daemon.client().await;
     let no_max = chat(100, None);
+    // Reports without output tokens (a total reported as input) teach nothing.
+    for _ in 0..60 {
+        let (lease, _, _) = granted(
+            &client
+                .call(by_tokens("learning", None, 10, 10))
+                .await
+                .unwrap(),
+        );
+        client.call(report(lease, 20, 0)).await.unwrap();
+    }
     // Until 50 reports (the learner's min_samples) the default is reserved.
     for report_number in 1..=50u64 {
         let (_, output) = estimated(
