@@ -566,3 +566,53 @@ async fn learned_max_output_replaces_the_default_after_min_samples() {
     let (_, output) = estimated(&client.call(estimate("gpt", no_max)).await.unwrap());
     assert_eq!(output, 500);
 }
+
+/// Waits (bounded) until the daemon's log shows `needle`.
+async fn wait_for_log(daemon: &Daemon, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemon.log().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "log never showed {needle:?}:\n{}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn encoders_are_built_at_start_and_for_new_models_on_reload() {
+    let start = "[[limits]]\nname = \"gpt\"\nmodel = \"gpt-4o\"\ntokens_per_minute = 6000\n";
+    let daemon = Daemon::start(start);
+    // Built before the socket appeared, and only the one the limits need.
+    let log = daemon.log();
+    assert!(
+        log.contains("tokenizer ready encoding=o200k_base build_ms="),
+        "{log}"
+    );
+    assert!(!log.contains("cl100k_base"), "{log}");
+
+    let reloaded =
+        format!("{start}[[limits]]\nname = \"old\"\nmodel = \"gpt-4\"\ntokens_per_minute = 6000\n");
+    std::fs::write(daemon.config_path(), reloaded).unwrap();
+    daemon.send_signal("HUP");
+    wait_for_log(&daemon, "configuration reloaded").await;
+    let log = daemon.log();
+    let built = log
+        .find("tokenizer ready encoding=cl100k_base")
+        .unwrap_or_else(|| panic!("cl100k_base was not built on reload:\n{log}"));
+    assert!(built < log.find("configuration reloaded").unwrap(), "{log}");
+    let client = daemon.client().await;
+    let request = chat(500, Some(10));
+    let prompt = counted(
+        Counter::for_model("gpt-4", CharEstimator::default()),
+        &request,
+    );
+    let (_, tokens, _) = granted(
+        &client
+            .call(by_messages("old", None, request))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(tokens, prompt.total + 10);
+}
