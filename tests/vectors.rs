@@ -1049,8 +1049,8 @@ fn error_cases() -> Vec<CaseSpec> {
                 ),
                 ErrorCode::Unsupported => (
                     "unsupported",
-                    "Code 16, e.g. a Messages cost in this release.",
-                    "token counting from messages is not available in this release",
+                    "Code 16: something this build does not provide.",
+                    "this build does not provide that",
                 ),
             };
             let request_id = if code == ErrorCode::FrameTooLarge {
