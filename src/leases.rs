@@ -125,7 +125,7 @@ pub struct Settlement {
 
 /// Settles a report of `input` and `output` tokens: each bucket that
 /// settles gets back what it reserved less its matching figure (negative:
-/// the overrun is taken).
+/// the overrun is taken, at most the bucket's capacity).
 pub fn settle_usage(reserved: &[Reserved], input: u64, output: u64) -> Settlement {
     let as_i64 = |tokens: u64| tokens.min(i64::MAX as u64) as i64;
     let mut settlement = Settlement {
@@ -139,7 +139,12 @@ pub fn settle_usage(reserved: &[Reserved], input: u64, output: u64) -> Settlemen
             Settle::Output => output,
             Settle::Total => input.saturating_add(output),
         };
-        let tokens = as_i64(reserved.draw.cost).saturating_sub(as_i64(used));
+        // An overrun is taken, but never more than one full bucket: usage
+        // beyond that is a client bug or a hostile report, and must neither
+        // lock the limit for everyone nor push levels out of exact range.
+        let tokens = as_i64(reserved.draw.cost)
+            .saturating_sub(as_i64(used))
+            .max(-as_i64(reserved.draw.bucket.capacity));
         if reserved.role.is_limit_tokens() {
             settlement.tokens_returned = settlement.tokens_returned.saturating_add(tokens);
         }
@@ -374,11 +379,11 @@ mod tests {
                 500,
             ),
             (
-                "usage beyond i64 saturates",
+                "an overrun beyond one full bucket takes one full bucket",
                 vec![reserved(Tokens, 10, Total)],
                 (u64::MAX, u64::MAX),
-                vec![("tokens", 10 - i64::MAX)],
-                10 - i64::MAX,
+                vec![("tokens", -10_000)],
+                -10_000,
             ),
         ];
         for (what, buckets, (input, output), adjustments, returned) in cases {

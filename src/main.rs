@@ -272,7 +272,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 tokens: args.tokens,
                 connections: args.connections.max(1),
                 concurrency: args.concurrency.max(1),
-                duration: Duration::from_secs_f64(args.seconds.max(0.0)),
+                duration: Duration::try_from_secs_f64(args.seconds)
+                    .context("--seconds must be a finite number of seconds, not negative")?,
                 max_wait_ms: args.max_wait,
                 release: args.release,
                 grant_log: args.grant_log,
