@@ -233,6 +233,32 @@ mod tests {
         assert_eq!(hello_version_hint(&payload), None);
     }
 
+    proptest::proptest! {
+        /// Whatever the bytes, splitting and decoding answer with a value or
+        /// an error: never a panic, never an allocation a length merely names.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = split_frame(&bytes);
+            let _ = decode_payload::<ClientFrame>(&bytes);
+            let _ = decode_payload::<crate::proto::ServerFrame>(&bytes);
+        }
+
+        /// Valid frames with a few bytes flipped: the decoder still only
+        /// answers.
+        #[test]
+        fn corrupted_frames_never_panic(flips in proptest::collection::vec((0usize..64, proptest::num::u8::ANY), 1..6)) {
+            let mut bytes = ping_frame();
+            bytes.extend_from_slice(&[0u8; 52]);
+            let len = bytes.len();
+            for (at, value) in flips {
+                bytes[at % len] = value;
+            }
+            if let Ok(Some((payload, _))) = split_frame(&bytes) {
+                let _ = decode_payload::<ClientFrame>(payload);
+            }
+        }
+    }
+
     fn hex(bytes: &[u8]) -> String {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
