@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use ratekeeper::client::Client;
 use ratekeeper::config::{self, Config, Provider};
 use ratekeeper::dispatch::Dispatcher;
-use ratekeeper::limiter::{EmbeddedStore, FallbackStore, RedisStore, Store};
+use ratekeeper::limiter::{EmbeddedStore, FailFastStore, FallbackStore, RedisStore, Store};
 use ratekeeper::proto::{Acquire, Cost, ErrorCode, Request, Response};
 use ratekeeper::server::{self, ServerSettings};
 use ratekeeper::tokens::{self, CharEstimator};
@@ -326,11 +326,13 @@ async fn serve(config_path: Option<&Path>, logging: &LoggingArgs) -> anyhow::Res
                 on_failure = ?redis.on_failure,
                 "buckets are shared through Redis"
             );
-            Arc::new(FallbackStore::new(
+            // Denials this sidecar can prove from the last answer are
+            // repeated locally instead of costing Redis a script call.
+            Arc::new(FailFastStore::new(Box::new(FallbackStore::new(
                 Box::new(shared),
                 redis.on_failure,
                 redis.local_share.unwrap_or(1.0),
-            ))
+            ))))
         }
         None => {
             tracing::warn!(

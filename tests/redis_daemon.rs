@@ -336,3 +336,45 @@ async fn levels(client: &Client, limit: &str) -> Vec<(String, i64)> {
     assert_eq!(store, "redis");
     buckets
 }
+
+#[tokio::test]
+async fn a_denial_the_sidecar_can_prove_costs_redis_nothing() {
+    let server = RedisServer::start();
+    let daemon = Daemon::start(&single(&server));
+    let client = daemon.client().await;
+    // Load both scripts first, so that counted calls are all EVALSHA hits.
+    let warm_up = lease_of(client.call(acquire("gpt", 1, 0)).await.unwrap());
+    client
+        .call(Request::Release { lease: warm_up })
+        .await
+        .unwrap();
+    let lease = lease_of(client.call(acquire("gpt", 900, 0)).await.unwrap());
+    // Asked of Redis: 500 more need 400 s of refill.
+    let first = client.call(acquire("gpt", 500, 0)).await.unwrap();
+    assert!(matches!(first, Response::Denied { .. }), "{first:?}");
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).unwrap(), "OK");
+    // The same or a larger cost, as impatient: answered by the sidecar.
+    for tokens in [500, 600, 500] {
+        match client.call(acquire("gpt", tokens, 0)).await.unwrap() {
+            Response::Denied {
+                retry_after_ms,
+                bucket,
+            } => {
+                assert_eq!(bucket, "tokens");
+                assert!(
+                    (390_000..=400_000).contains(&retry_after_ms),
+                    "{retry_after_ms}"
+                );
+            }
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+    assert_eq!(server.command_calls("evalsha"), 0);
+    // A smaller cost still asks Redis, and is granted.
+    lease_of(client.call(acquire("gpt", 50, 0)).await.unwrap());
+    assert_eq!(server.command_calls("evalsha"), 1);
+    // A release through this sidecar makes room: the next 500 asks again.
+    client.call(Request::Release { lease }).await.unwrap();
+    lease_of(client.call(acquire("gpt", 500, 0)).await.unwrap());
+    assert_eq!(server.command_calls("evalsha"), 3);
+}

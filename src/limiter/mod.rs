@@ -6,6 +6,7 @@
 
 pub mod bucket;
 pub mod embedded;
+pub mod fail_fast;
 pub mod fallback;
 pub mod redis;
 
@@ -13,6 +14,7 @@ use async_trait::async_trait;
 
 pub use bucket::{BucketSpec, BucketState, Draw, Plan};
 pub use embedded::EmbeddedStore;
+pub use fail_fast::FailFastStore;
 pub use fallback::FallbackStore;
 pub use redis::RedisStore;
 

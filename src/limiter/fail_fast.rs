@@ -1,0 +1,239 @@
+//! Local fail-fast: a sidecar that was just told a bucket cannot serve a
+//! cost within some wait answers the next such request itself, without a
+//! Redis round trip, until the bucket could have recovered.
+//!
+//! After a denial the store has said: this bucket needs `W` ms before it can
+//! hold `cost` above `floor`. Until then any request for at least that cost
+//! (and floor) on that bucket needs at least the rest of `W`, because the
+//! only things that shorten it are refunds. Refunds made through this
+//! sidecar clear the note at once; refunds from other sidecars can make a
+//! local denial stale by at most the `retry_after` it carries, after which the
+//! client's retry reaches Redis. Nothing is ever granted locally.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::bucket::{BucketSpec, Draw};
+use super::{Adjustment, Decision, Origin, Store, StoreError};
+
+/// Notes kept before expired ones are pruned.
+const PRUNE_AT: usize = 1024;
+
+/// A store that remembers recent denials and repeats them locally.
+pub struct FailFastStore {
+    inner: Box<dyn Store>,
+    blocked: Mutex<HashMap<String, Blocked>>,
+    local_denials: AtomicU64,
+}
+
+/// What a denial taught about one bucket.
+#[derive(Debug, Clone, Copy)]
+struct Blocked {
+    cost: u64,
+    floor: u64,
+    /// When a reservation of `cost` above `floor` stops needing any wait.
+    clear_at: Instant,
+}
+
+impl FailFastStore {
+    pub fn new(inner: Box<dyn Store>) -> Self {
+        FailFastStore {
+            inner,
+            blocked: Mutex::new(HashMap::new()),
+            local_denials: AtomicU64::new(0),
+        }
+    }
+
+    /// Denials answered without asking the store.
+    pub fn local_denials(&self) -> u64 {
+        self.local_denials.load(Ordering::Relaxed)
+    }
+
+    /// The denial the notes already imply for `draws`, if any: the draw
+    /// whose bucket needs the longest, and how long past `max_wait_ms`.
+    fn known_denial(&self, draws: &[Draw], max_wait_ms: u64, now: Instant) -> Option<Decision> {
+        let blocked = self.lock();
+        draws
+            .iter()
+            .enumerate()
+            .filter_map(|(index, draw)| {
+                let note = blocked.get(&draw.bucket.key)?;
+                let covered = draw.cost >= note.cost && draw.floor >= note.floor;
+                let needed = note.clear_at.checked_duration_since(now)?.as_millis() as u64;
+                (covered && needed > max_wait_ms).then(|| (needed - max_wait_ms, index))
+            })
+            .max_by_key(|(retry_after_ms, _)| *retry_after_ms)
+            .map(|(retry_after_ms, bucket)| Decision::Denied {
+                retry_after_ms,
+                bucket,
+            })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Blocked>> {
+        // Entries are only inserted or removed whole.
+        self.blocked
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn forget(&self, buckets: impl Iterator<Item = impl AsRef<str>>) {
+        let mut blocked = self.lock();
+        if blocked.is_empty() {
+            return;
+        }
+        for key in buckets {
+            blocked.remove(key.as_ref());
+        }
+    }
+}
+
+#[async_trait]
+impl Store for FailFastStore {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError> {
+        let asked = Instant::now();
+        if let Some(denial) = self.known_denial(draws, max_wait_ms, asked) {
+            self.local_denials.fetch_add(1, Ordering::Relaxed);
+            return Ok(denial);
+        }
+        let decision = self.inner.acquire(draws, max_wait_ms).await?;
+        match decision {
+            Decision::Denied {
+                retry_after_ms,
+                bucket,
+            } => {
+                let draw = &draws[bucket];
+                // Measured from when we asked: the store's answer is at least
+                // that fresh, so the note never outlives the real shortage.
+                let needed = Duration::from_millis(retry_after_ms.saturating_add(max_wait_ms));
+                let mut blocked = self.lock();
+                if blocked.len() >= PRUNE_AT {
+                    blocked.retain(|_, note| note.clear_at > asked);
+                }
+                blocked.insert(
+                    draw.bucket.key.clone(),
+                    Blocked {
+                        cost: draw.cost,
+                        floor: draw.floor,
+                        clear_at: asked + needed,
+                    },
+                );
+            }
+            Decision::Granted { .. } => self.forget(draws.iter().map(|draw| &draw.bucket.key)),
+        }
+        Ok(decision)
+    }
+
+    async fn adjust(&self, adjustments: &[Adjustment], origin: Origin) -> Result<(), StoreError> {
+        let result = self.inner.adjust(adjustments, origin).await;
+        // A refund may have made room: let the next request ask the store.
+        self.forget(
+            adjustments
+                .iter()
+                .filter(|adjustment| adjustment.tokens > 0)
+                .map(|adjustment| &adjustment.bucket.key),
+        );
+        result
+    }
+
+    async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
+        self.inner.levels(buckets).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicI64;
+
+    use super::*;
+    use crate::limiter::EmbeddedStore;
+    use crate::limiter::embedded::Clock;
+
+    struct FrozenClock(AtomicI64);
+
+    impl Clock for FrozenClock {
+        fn now_ms(&self) -> i64 {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    fn draw(cost: u64, floor: u64) -> Draw {
+        Draw {
+            bucket: BucketSpec {
+                key: "tokens".into(),
+                capacity: 1000,
+                per_minute: 60,
+            },
+            cost,
+            floor,
+        }
+    }
+
+    /// The inner store's clock stands still, so every answer the wrapper
+    /// gives can be checked against the one the store would give.
+    #[tokio::test]
+    async fn repeats_denials_it_can_prove_and_asks_the_store_otherwise() {
+        let clock = Arc::new(FrozenClock(AtomicI64::new(0)));
+        let store = FailFastStore::new(Box::new(EmbeddedStore::with_clock(clock)));
+        assert!(matches!(
+            store.acquire(&[draw(900, 0)], 0).await.unwrap(),
+            Decision::Granted { .. }
+        ));
+        // 500 more need 400 tokens of refill: 400 s at one token per second.
+        let denied = store.acquire(&[draw(500, 0)], 1000).await.unwrap();
+        assert_eq!(
+            denied,
+            Decision::Denied {
+                retry_after_ms: 399_000,
+                bucket: 0
+            }
+        );
+        assert_eq!(store.local_denials(), 0);
+        // The same cost or more, with no more patience: answered locally.
+        for (cost, max_wait) in [(500, 1000), (600, 0), (500, 398_000)] {
+            let local = store.acquire(&[draw(cost, 0)], max_wait).await.unwrap();
+            assert!(
+                matches!(local, Decision::Denied { bucket: 0, .. }),
+                "{local:?}"
+            );
+        }
+        assert_eq!(store.local_denials(), 3);
+        // A smaller cost, or enough patience, or a higher class: the store decides.
+        assert!(matches!(
+            store.acquire(&[draw(50, 0)], 0).await.unwrap(),
+            Decision::Granted { .. }
+        ));
+        let patient = store.acquire(&[draw(500, 0)], 3_600_000).await.unwrap();
+        assert!(matches!(patient, Decision::Granted { .. }), "{patient:?}");
+        assert_eq!(store.local_denials(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_refund_through_this_sidecar_clears_the_note() {
+        let clock = Arc::new(FrozenClock(AtomicI64::new(0)));
+        let store = FailFastStore::new(Box::new(EmbeddedStore::with_clock(clock)));
+        store.acquire(&[draw(900, 0)], 0).await.unwrap();
+        assert!(matches!(
+            store.acquire(&[draw(500, 0)], 0).await.unwrap(),
+            Decision::Denied { .. }
+        ));
+        let refund = Adjustment {
+            bucket: draw(0, 0).bucket,
+            tokens: 900,
+        };
+        store.adjust(&[refund], Origin::Store).await.unwrap();
+        assert!(matches!(
+            store.acquire(&[draw(500, 0)], 0).await.unwrap(),
+            Decision::Granted { .. }
+        ));
+        assert_eq!(store.local_denials(), 0);
+    }
+}
