@@ -2,9 +2,11 @@
 //! per request, and a writer that sends answers in the order they finish.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
 use bytes::{Buf, BytesMut};
+use futures_util::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedWriteHalf;
@@ -33,6 +35,9 @@ pub(crate) struct ConnectionContext {
     pub cancel: CancellationToken,
     /// Tracks every request task of the daemon so shutdown can drain them.
     pub requests: TaskTracker,
+    /// Fires once the daemon has drained: stop reading, flush the answers
+    /// already made, and close.
+    pub close: CancellationToken,
 }
 
 /// Serves one connection until the client closes it or breaks the protocol.
@@ -55,7 +60,11 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
             Err(reason) => break reason,
         }
         buffer.reserve(READ_CHUNK);
-        match reader.read_buf(&mut buffer).await {
+        let read = tokio::select! {
+            read = reader.read_buf(&mut buffer) => read,
+            _ = connection.context.close.cancelled() => break "the daemon is shutting down".to_string(),
+        };
+        match read {
             Ok(0) if buffer.is_empty() => break "closed by the client".to_string(),
             Ok(0) => {
                 break format!(
@@ -269,7 +278,21 @@ impl Connection {
         let answers = self.answers.clone();
         let connection = self.context.id;
         let task = async move {
-            let response = dispatcher.handle(connection, request, token).await;
+            // A bug must cost one request an error, never leave it unanswered.
+            let response = AssertUnwindSafe(dispatcher.handle(connection, request, token))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::error!(
+                        connection,
+                        request_id,
+                        "a request handler panicked; answered Internal"
+                    );
+                    error(
+                        ErrorCode::Internal,
+                        "the daemon failed while answering this request (a bug: please report it)",
+                    )
+                });
             // Free the id before answering: a client may reuse it on receipt.
             in_flight
                 .lock()

@@ -44,6 +44,8 @@ pub async fn run(
     let requests = TaskTracker::new();
     let lease_sweeper = tokio::spawn(dispatcher.clone().expire_leases_periodically());
     let cancel_all = CancellationToken::new();
+    let close_all = CancellationToken::new();
+    let connections = TaskTracker::new();
     let mut next_connection = 1u64;
     tokio::pin!(shutdown);
     loop {
@@ -69,8 +71,9 @@ pub async fn run(
             dispatcher: dispatcher.clone(),
             cancel: cancel_all.child_token(),
             requests: requests.clone(),
+            close: close_all.clone(),
         };
-        tokio::spawn(connection::serve(stream, context));
+        connections.spawn(connection::serve(stream, context));
     }
 
     tracing::info!(
@@ -92,6 +95,19 @@ pub async fn run(
         );
         cancel_all.cancel();
         let _ = tokio::time::timeout(CANCEL_GRACE, requests.wait()).await;
+    }
+    // Every answer made is written before the process exits: close each
+    // connection, which flushes what its writer still holds.
+    close_all.cancel();
+    connections.close();
+    if tokio::time::timeout(CANCEL_GRACE, connections.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            connections = connections.len(),
+            "some clients did not take their last answers in time"
+        );
     }
     lease_sweeper.abort();
     let counters = dispatcher.lease_counters();
