@@ -217,11 +217,21 @@ fn lua_and_rust_give_the_same_answers() {
         ];
         let clock = Arc::new(StepClock(AtomicI64::new(1_700_000_000_000)));
         let embedded = EmbeddedStore::with_clock(clock.clone());
+        // Redis expires keys in real time, so the test clock never runs
+        // behind it: it is the real time since the case began plus every
+        // Wait so far, frozen for the length of one operation.
+        let real_start = std::time::Instant::now();
+        let mut waited = 0i64;
+        let freeze = |waited: i64| {
+            let real = real_start.elapsed().as_millis() as i64;
+            clock.0.store(1_700_000_000_000 + real + waited, Ordering::SeqCst);
+        };
         runtime.block_on(async {
             for op in &ops {
+                freeze(waited);
                 let now = clock.now_ms();
                 match op {
-                    Op::Wait(ms) => { clock.0.fetch_add(*ms, Ordering::SeqCst); }
+                    Op::Wait(ms) => { waited += ms; freeze(waited); }
                     Op::Acquire { cost_percent, floor_percent, max_wait_ms } => {
                         let share = |bucket: &BucketSpec, percent: u64| (bucket.capacity * percent).div_ceil(100);
                         let draws: Vec<Draw> = buckets.iter().zip(cost_percent.iter().zip(floor_percent))
@@ -244,6 +254,7 @@ fn lua_and_rust_give_the_same_answers() {
                         embedded.adjust(&adjustment, Origin::Store).await.unwrap();
                     }
                 }
+                freeze(waited);
                 let lua = redis.levels_at(&buckets, Some(clock.now_ms())).await.unwrap();
                 let rust = embedded.levels(&buckets).await.unwrap();
                 prop_assert_eq!(lua, rust, "levels after {:?}", op);
