@@ -326,13 +326,14 @@ async fn serve(config_path: Option<&Path>, logging: &LoggingArgs) -> anyhow::Res
                 on_failure = ?redis.on_failure,
                 "buckets are shared through Redis"
             );
-            // Denials this sidecar can prove from the last answer are
-            // repeated locally instead of costing Redis a script call.
-            Arc::new(FailFastStore::new(Box::new(FallbackStore::new(
-                Box::new(shared),
+            // Denials this sidecar can prove from Redis's last answer are
+            // repeated locally instead of costing a script call; the failure
+            // policy wraps both, so only Redis's own answers teach it.
+            Arc::new(FallbackStore::new(
+                Box::new(FailFastStore::new(Box::new(shared))),
                 redis.on_failure,
                 redis.local_share.unwrap_or(1.0),
-            ))))
+            ))
         }
         None => {
             tracing::warn!(

@@ -400,3 +400,32 @@ async fn rediss_urls_speak_tls_verified_against_the_configured_ca() {
     let untrusted = RedisStore::new(&config).unwrap();
     assert!(untrusted.acquire(&[draw(&tokens, 10)], 0).await.is_err());
 }
+
+#[tokio::test]
+async fn fail_fast_forgets_what_redis_said_once_redis_fails() {
+    let mut server = RedisServer::start();
+    let store = ratekeeper::limiter::FailFastStore::new(Box::new(store(&server)));
+    let tokens = bucket("rk:{l:f}:f:tokens", 1000, 60);
+    store.acquire(&[draw(&tokens, 900)], 0).await.unwrap();
+    assert!(matches!(
+        store.acquire(&[draw(&tokens, 500)], 0).await.unwrap(),
+        Decision::Denied { .. }
+    ));
+    server.kill();
+    // A smaller cost asks Redis, which is gone: the notes go with it.
+    assert!(store.acquire(&[draw(&tokens, 10)], 0).await.is_err());
+    server.restart();
+    // The restarted Redis holds nothing, so its bucket is full: 500 fits.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match store.acquire(&[draw(&tokens, 500)], 0).await {
+            Ok(Decision::Granted { .. }) => break,
+            Ok(other) => panic!("a stale note answered: {other:?}"),
+            Err(_) => assert!(
+                std::time::Instant::now() < deadline,
+                "Redis never came back"
+            ),
+        }
+    }
+    assert_eq!(store.local_denials(), 0);
+}

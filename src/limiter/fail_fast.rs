@@ -103,7 +103,17 @@ impl Store for FailFastStore {
             self.local_denials.fetch_add(1, Ordering::Relaxed);
             return Ok(denial);
         }
-        let decision = self.inner.acquire(draws, max_wait_ms).await?;
+        let decision = match self.inner.acquire(draws, max_wait_ms).await {
+            Ok(decision) => decision,
+            Err(failure) => {
+                // What the store said before it failed may not hold after it
+                // recovers (a restart empties it): start afresh.
+                if matches!(failure, StoreError::Unavailable(_)) {
+                    self.lock().clear();
+                }
+                return Err(failure);
+            }
+        };
         match decision {
             Decision::Denied {
                 retry_after_ms,
