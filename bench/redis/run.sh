@@ -13,40 +13,9 @@ command -v redis-server >/dev/null || { echo "needs redis-server (scripts/test i
 cargo build --release --quiet
 BIN="$PWD/target/release/ratekeeper"
 
-WORK="$(mktemp -d)"
-cleanup() {
-    [ -n "${DAEMON_PID:-}" ] && kill "$DAEMON_PID" 2>/dev/null || true
-    [ -n "${REDIS_PID:-}" ] && kill "$REDIS_PID" 2>/dev/null || true
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
-    --logfile "$WORK/redis.log" &
-REDIS_PID=$!
-until redis-cli -p "$PORT" PING >/dev/null 2>&1; do sleep 0.05; done
-
-# Buckets far larger than the run can drain: every acquire is a grant, so
-# both sides run the script's full path (refill, reserve, write, expire).
-cat > "$WORK/bench.toml" <<TOML
-[server]
-socket = "$WORK/rk.sock"
-
-[redis]
-url = "redis://127.0.0.1:$PORT/0"
-
-[[limits]]
-name = "bench"
-tokens_per_minute = 1000000000
-burst_tokens = 10000000000
-requests_per_minute = 1000000000
-burst_requests = 10000000000
-TOML
-"$BIN" serve --config "$WORK/bench.toml" --log-level warn 2>"$WORK/daemon.log" &
-DAEMON_PID=$!
-until [ -S "$WORK/rk.sock" ]; do sleep 0.05; done
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+start_redis_and_sidecar "$BIN"
 
 SHA="$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat lua/bucket.lua lua/acquire.lua)")"
 # The same two buckets and arguments as one sidecar acquire of 1 token.
@@ -56,7 +25,7 @@ FLOOR_ARGS=(EVALSHA "$SHA" 2 "floor:{b}:tokens" "floor:{b}:requests" 0 ""
 echo "| clients | sidecar acquires/s | p50 µs | p99 µs | redis-benchmark EVALSHA/s | p50 µs | p99 µs | sidecar / floor |"
 echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for clients in "${CLIENTS[@]}"; do
-    sidecar="$("$BIN" loadgen bench --socket "$WORK/rk.sock" --connections "$clients" \
+    sidecar="$("$BIN" loadgen bench --socket "$SOCKET" --connections "$clients" \
         --seconds "$SECONDS_PER_STEP")"
     read -r s_rate s_p50 s_p99 < <(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(round(r["acquires_per_second"]), r["latency_p50_us"], r["latency_p99_us"])' "$sidecar")
     # As many requests as the sidecar managed in the same time, at least 20k.
