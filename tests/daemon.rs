@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use ratekeeper::proto::{ErrorCode, Request, Response};
-use support::{Daemon, acquire, error_code, granted, level};
+use support::{Daemon, acquire, error_code, granted, level, report};
 
 /// Waits may differ from the prediction by scheduling and the few
 /// milliseconds of refill between the requests.
@@ -110,14 +110,7 @@ async fn waits_follow_the_reservation_semantics_and_reports_refund() {
     );
 
     // A lease settles once: the second report changes nothing.
-    let again = client
-        .call(Request::Report {
-            lease,
-            input_tokens: 0,
-            output_tokens: 0,
-        })
-        .await
-        .unwrap();
+    let again = client.call(report(lease, 0)).await.unwrap();
     assert_eq!(error_code(&again), ErrorCode::UnknownLease);
     let after = level(&client, "slow", "tokens").await;
     assert!(
@@ -323,19 +316,6 @@ async fn a_second_daemon_refuses_a_live_socket() {
     daemon.assert_serving().await;
 }
 
-/// Waits (bounded) until the daemon's log shows `needle`.
-async fn wait_for_log(daemon: &Daemon, needle: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !daemon.log().contains(needle) {
-        assert!(
-            Instant::now() < deadline,
-            "log never showed {needle:?}:\n{}",
-            daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_crashed_worker_keeps_its_reservation_by_default() {
     let daemon = Daemon::start(CONFIG);
@@ -344,7 +324,7 @@ async fn a_crashed_worker_keeps_its_reservation_by_default() {
     granted(&worker.call(acquire("slow", 800, 0)).await.unwrap());
     let before = level(&observer, "slow", "tokens").await;
     drop(worker);
-    wait_for_log(&daemon, "unreported_leases=1").await;
+    daemon.wait_for_log("unreported_leases=1").await;
     let after = level(&observer, "slow", "tokens").await;
     assert!((before..=before + 2).contains(&after), "{before} → {after}");
 }
@@ -386,15 +366,8 @@ async fn unreported_leases_expire() {
     let daemon = Daemon::start(&config);
     let client = daemon.client().await;
     let (lease, _, _) = granted(&client.call(acquire("slow", 10, 0)).await.unwrap());
-    wait_for_log(&daemon, "forgot unreported leases").await;
-    let late = client
-        .call(Request::Report {
-            lease,
-            input_tokens: 1,
-            output_tokens: 0,
-        })
-        .await
-        .unwrap();
+    daemon.wait_for_log("forgot unreported leases").await;
+    let late = client.call(report(lease, 1)).await.unwrap();
     assert_eq!(error_code(&late), ErrorCode::UnknownLease);
 }
 
@@ -406,12 +379,12 @@ async fn sighup_reloads_the_config_and_keeps_the_old_one_when_the_new_is_bad() {
         format!("{CONFIG}\n[[limits]]\nname = \"added\"\ntokens_per_minute = 600\n");
     std::fs::write(daemon.config_path(), with_new_limit).unwrap();
     daemon.send_signal("HUP");
-    wait_for_log(&daemon, "configuration reloaded").await;
+    daemon.wait_for_log("configuration reloaded").await;
     granted(&client.call(acquire("added", 10, 0)).await.unwrap());
 
     std::fs::write(daemon.config_path(), "[[limits]]\nname = \"broken\"\n").unwrap();
     daemon.send_signal("HUP");
-    wait_for_log(&daemon, "configuration not reloaded").await;
+    daemon.wait_for_log("configuration not reloaded").await;
     assert!(
         daemon.log().contains("tokens_per_minute is required"),
         "{}",

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use ratekeeper::client::Client;
 use ratekeeper::proto::{ErrorCode, Request, Response};
 use support::redis::{RedisCluster, RedisServer};
-use support::{Daemon, acquire, error_code, granted, status_of};
+use support::{Daemon, acquire, error_code, granted, report, status_of};
 
 fn config(redis: &str, extra_redis: &str) -> String {
     format!(
@@ -70,14 +70,7 @@ async fn two_sidecars_draw_from_the_same_buckets() {
     }
     let lease = lease_of(b.call(acquire("gpt", 100, 0)).await.unwrap());
     // A refund through one sidecar shows in the other's status.
-    let settled = b
-        .call(Request::Report {
-            lease,
-            input_tokens: 40,
-            output_tokens: 0,
-        })
-        .await
-        .unwrap();
+    let settled = b.call(report(lease, 40)).await.unwrap();
     assert_eq!(
         settled,
         Response::Settled {
@@ -96,26 +89,12 @@ async fn each_acquire_and_each_report_is_one_script_call() {
     let client = daemon.client().await;
     // Warm up: the first call of each script loads it after NOSCRIPT.
     let lease = lease_of(client.call(acquire("gpt", 1, 0)).await.unwrap());
-    client
-        .call(Request::Report {
-            lease,
-            input_tokens: 0,
-            output_tokens: 0,
-        })
-        .await
-        .unwrap();
+    client.call(report(lease, 0)).await.unwrap();
     assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).unwrap(), "OK");
     const ROUNDS: u64 = 25;
     for _ in 0..ROUNDS {
         let lease = lease_of(client.call(acquire("gpt", 2, 0)).await.unwrap());
-        let settled = client
-            .call(Request::Report {
-                lease,
-                input_tokens: 1,
-                output_tokens: 0,
-            })
-            .await
-            .unwrap();
+        let settled = client.call(report(lease, 1)).await.unwrap();
         assert_eq!(settled, Response::Settled { tokens_returned: 1 });
     }
     assert_eq!(server.command_calls("evalsha"), 2 * ROUNDS);
@@ -221,14 +200,7 @@ async fn fail_open_and_local_keep_serving_through_an_outage() {
         other => panic!("expected a local denial, got {other:?}"),
     }
     // Settling a local lease refunds the local bucket.
-    let settled = local
-        .call(Request::Report {
-            lease,
-            input_tokens: 50,
-            output_tokens: 0,
-        })
-        .await
-        .unwrap();
+    let settled = local.call(report(lease, 50)).await.unwrap();
     assert_eq!(
         settled,
         Response::Settled {
@@ -265,14 +237,7 @@ async fn the_scripts_work_on_a_redis_cluster() {
     let client = daemon.client().await;
     for limit in ["gpt", "claude", "mini", "nano"] {
         let lease = lease_of(client.call(acquire(limit, 300, 0)).await.unwrap());
-        let settled = client
-            .call(Request::Report {
-                lease,
-                input_tokens: 100,
-                output_tokens: 0,
-            })
-            .await
-            .unwrap();
+        let settled = client.call(report(lease, 100)).await.unwrap();
         assert_eq!(
             settled,
             Response::Settled {

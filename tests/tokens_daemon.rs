@@ -567,19 +567,6 @@ async fn learned_max_output_replaces_the_default_after_min_samples() {
     assert_eq!(output, 500);
 }
 
-/// Waits (bounded) until the daemon's log shows `needle`.
-async fn wait_for_log(daemon: &Daemon, needle: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !daemon.log().contains(needle) {
-        assert!(
-            Instant::now() < deadline,
-            "log never showed {needle:?}:\n{}",
-            daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test]
 async fn encoders_are_built_at_start_and_for_new_models_on_reload() {
     let start = "[[limits]]\nname = \"gpt\"\nmodel = \"gpt-4o\"\ntokens_per_minute = 6000\n";
@@ -596,7 +583,7 @@ async fn encoders_are_built_at_start_and_for_new_models_on_reload() {
         format!("{start}[[limits]]\nname = \"old\"\nmodel = \"gpt-4\"\ntokens_per_minute = 6000\n");
     std::fs::write(daemon.config_path(), reloaded).unwrap();
     daemon.send_signal("HUP");
-    wait_for_log(&daemon, "configuration reloaded").await;
+    daemon.wait_for_log("configuration reloaded").await;
     let log = daemon.log();
     let built = log
         .find("tokenizer ready encoding=cl100k_base")

@@ -109,6 +109,19 @@ impl Daemon {
         self.wait_exit()
     }
 
+    /// Waits (bounded) until the log shows `needle`.
+    pub async fn wait_for_log(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.log().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "log never showed {needle:?}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Sends a signal by name (`"HUP"`, `"TERM"`).
     pub fn send_signal(&self, name: &str) {
         signal(&self.child, name);
