@@ -16,15 +16,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ratekeeper::app::App;
 use ratekeeper::client::Client;
 use ratekeeper::config;
-use ratekeeper::dispatch::Dispatcher;
-use ratekeeper::limiter::EmbeddedStore;
 use ratekeeper::proto::{Acquire, ChatMessage, ChatRequest, Cost, Request, Response};
-use ratekeeper::server::{self, ServerSettings};
 use ratekeeper::tokens::{self, CharEstimator, Counter};
 
 /// Limits no benchmark run can exhaust: it measures the path, not waits.
@@ -68,24 +65,16 @@ fn main() {
 /// Child process: the daemon's library parts, served on `socket` until
 /// stdin closes.
 fn serve(socket: &Path) {
-    let config = config::from_toml_str(CONFIG, "bench").expect("bench config");
-    tokens::preload_encodings(config.encodings()).expect("encoders");
+    let mut config = config::from_toml_str(CONFIG, "bench").expect("bench config");
+    config.server.socket = socket.to_path_buf();
+    config.server.socket_mode = 0o600;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let listener = server::bind(socket, 0o600).expect("bind");
-        let dispatcher = Arc::new(Dispatcher::new(
-            Arc::new(config),
-            Arc::new(EmbeddedStore::new()),
-        ));
-        let settings = ServerSettings {
-            socket_path: socket.to_path_buf(),
-            allowed_uids: Vec::new(),
-            allowed_gids: Vec::new(),
-            drain_timeout: Duration::from_secs(1),
-        };
+        let app = App::new(config, None).expect("assemble the daemon");
+        let listener = app.bind().expect("bind");
         let stdin_closed = async {
             let _ = tokio::task::spawn_blocking(|| {
                 use std::io::Read;
@@ -93,7 +82,8 @@ fn serve(socket: &Path) {
             })
             .await;
         };
-        server::run(listener, dispatcher, settings, stdin_closed).await;
+        let (_reload, reloads) = tokio::sync::mpsc::unbounded_channel();
+        app.serve(listener, stdin_closed, reloads).await;
     });
 }
 

@@ -8,13 +8,14 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::oneshot;
 
-use crate::proto::{self, ClientFrame, PROTOCOL_VERSION, Request, Response, ServerFrame};
+use crate::proto::{
+    self, ClientFrame, FrameReader, PROTOCOL_VERSION, Request, Response, ServerFrame,
+};
 
 /// Why a call got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -141,15 +142,11 @@ async fn read_answers(
     pending: Pending,
     closed: Arc<Mutex<Option<String>>>,
 ) {
-    let mut buffer = BytesMut::with_capacity(16 * 1024);
+    let mut frames = FrameReader::new();
     let reason = 'read: loop {
         loop {
-            let frame = match proto::split_frame(&buffer) {
-                Ok(Some((payload, frame_len))) => {
-                    let frame = proto::decode_payload::<ServerFrame>(payload);
-                    buffer.advance(frame_len);
-                    frame
-                }
+            let frame = match frames.next_payload() {
+                Ok(Some(payload)) => proto::decode_payload::<ServerFrame>(&payload),
                 Ok(None) => break,
                 Err(frame_error) => break 'read frame_error.to_string(),
             };
@@ -173,8 +170,7 @@ async fn read_answers(
                 Err(frame_error) => break 'read frame_error.to_string(),
             }
         }
-        buffer.reserve(16 * 1024);
-        match reader.read_buf(&mut buffer).await {
+        match reader.read_buf(frames.read_space()).await {
             Ok(0) => break "end of stream".to_string(),
             Ok(_) => {}
             Err(io_error) => break io_error.to_string(),

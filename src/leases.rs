@@ -11,54 +11,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub use crate::limiter::BucketRole;
 use crate::limiter::{Adjustment, Draw, Origin};
 
 /// Identifies the connection that owns a lease.
 pub type ConnectionId = u64;
-
-/// The role of a bucket within a limit; its name is what `Denied` and
-/// `status` show.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BucketRole {
-    /// The limit's combined token bucket (input and output together).
-    Tokens,
-    /// The limit's separate bucket of input (prompt) tokens.
-    InputTokens,
-    /// The limit's separate bucket of output (completion) tokens.
-    OutputTokens,
-    Requests,
-    Tenant,
-    GroupTokens,
-    GroupRequests,
-}
-
-impl BucketRole {
-    pub fn name(self) -> &'static str {
-        match self {
-            BucketRole::Tokens => "tokens",
-            BucketRole::InputTokens => "input_tokens",
-            BucketRole::OutputTokens => "output_tokens",
-            BucketRole::Requests => "requests",
-            BucketRole::Tenant => "tenant",
-            BucketRole::GroupTokens => "group_tokens",
-            BucketRole::GroupRequests => "group_requests",
-        }
-    }
-
-    /// Whether the bucket counts requests (cost 1) rather than tokens.
-    pub fn counts_requests(self) -> bool {
-        matches!(self, BucketRole::Requests | BucketRole::GroupRequests)
-    }
-
-    /// Whether the bucket is one of the limit's own token buckets, whose
-    /// settlement `Settled.tokens_returned` reports.
-    pub fn is_limit_tokens(self) -> bool {
-        matches!(
-            self,
-            BucketRole::Tokens | BucketRole::InputTokens | BucketRole::OutputTokens
-        )
-    }
-}
 
 /// Which reported figure a bucket settles to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,11 +1,40 @@
 //! ratekeeper: one shared, exact rate limit for every worker that calls an LLM API.
+//!
+//! # The rooms
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`app`] | assembly: config → store stack, tokenizers, service, socket, reloads |
+//! | [`config`] | the typed configuration: loading, validation, rendering |
+//! | [`proto`] | the wire protocol: frame bounds, messages, the framing codec; no I/O |
+//! | [`server`] | the Unix socket: bind, peer credentials, one task per connection, drain |
+//! | [`service`] | the request handlers: acquire, report, release, estimate, status |
+//! | [`plan`] | pure planning: limits → buckets, cost rules, priority floors, capacity |
+//! | [`leases`] | granted reservations awaiting their report, and settlement arithmetic |
+//! | [`limiter`] | the `Store` trait: Redis (the only module touching redis types), embedded, fail-fast, failure policy |
+//! | [`tokens`] | token counting: tiktoken encoders, character estimates, provider presets |
+//! | [`metrics`] | the daemon's counters, read in one place |
+//! | [`client`] | a small async client of the socket, for the CLI, `ratekeeper-loadgen` and tests |
+//!
+//! # One acquire's path
+//!
+//! `server::connection` reads a frame and decodes it (`proto`), answers
+//! `Hello`/`Ping`/`Cancel` itself and hands the rest to
+//! [`service::Service::handle`] as a [`service::Call`]. The service counts
+//! the prompt if the cost is messages (`tokens`), asks the [`plan::Planner`]
+//! for one draw per bucket, reserves them all in one store call (`limiter`:
+//! one Lua script on Redis), sleeps the wait the store returned, records a
+//! lease (`leases`) and answers `Granted`. A later `Report` settles the
+//! lease: unused tokens go back to the buckets.
 
+pub mod app;
 pub mod client;
 pub mod config;
-pub mod dispatch;
 pub mod leases;
 pub mod limiter;
-pub mod loadgen;
+pub mod metrics;
+pub mod plan;
 pub mod proto;
 pub mod server;
+pub mod service;
 pub mod tokens;

@@ -1,25 +1,20 @@
 //! The `ratekeeper` binary: parses the command line, loads the config, sets
-//! up logging and signals, and hands over to the library.
+//! up logging, turns signals into a shutdown future and reload requests, and
+//! hands over to the library's [`App`].
 
+mod commands;
+
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use futures_util::StreamExt;
+use tokio::sync::{mpsc, oneshot};
 
-use ratekeeper::client::Client;
+use ratekeeper::app::{self, App};
 use ratekeeper::config::{self, Config, Provider};
-use ratekeeper::dispatch::Dispatcher;
-use ratekeeper::limiter::{EmbeddedStore, FailFastStore, FallbackStore, RedisStore, Store};
-use ratekeeper::proto::{Acquire, Cost, ErrorCode, Request, Response};
-use ratekeeper::server::{self, ServerSettings};
-use ratekeeper::tokens::{self, CharEstimator};
-
-/// Exit code of `acquire` when the request was denied (rate limited).
-const EXIT_DENIED: u8 = 3;
+use ratekeeper::proto::{Acquire, Cost};
 
 const EXIT_CODES: &str = "Exit codes: 0 success, 1 failure (bad config, daemon unreachable, \
 error answer), 2 usage error.";
@@ -133,48 +128,12 @@ Exit codes: 0 counted, 1 bad JSON, a prompt above the bounds, or a model openai 
         #[arg(long, value_name = "N")]
         max_tokens: Option<u64>,
     },
-    /// Send acquires as fast as answers come, and report throughput and latency.
-    #[command(
-        after_help = "Prints one JSON object: acquires, granted, denied, errors, \
-acquires_per_second and latency percentiles in microseconds. Used by bench/ and the tests.\n\n\
-Exit codes: 0 the run completed, 1 the daemon was unreachable."
-    )]
-    Loadgen(LoadgenArgs),
-}
-
-#[derive(clap::Args)]
-struct LoadgenArgs {
-    #[command(flatten)]
-    socket: SocketArgs,
-    /// The limit to draw from.
-    limit: String,
-    /// Tokens each acquire asks for.
-    #[arg(long, default_value_t = 1)]
-    tokens: u64,
-    /// Connections to open.
-    #[arg(long, default_value_t = 1)]
-    connections: usize,
-    /// Acquires kept in flight on each connection.
-    #[arg(long, default_value_t = 1)]
-    concurrency: usize,
-    /// How long to run, in seconds.
-    #[arg(long, default_value_t = 10.0)]
-    seconds: f64,
-    /// max_wait_ms of each acquire.
-    #[arg(long, value_name = "MS", default_value_t = 0)]
-    max_wait: u64,
-    /// Release each granted lease right away (one more round trip).
-    #[arg(long)]
-    release: bool,
-    /// Write one line per grant: arrival time (ms since the Unix epoch) and tokens.
-    #[arg(long, value_name = "FILE")]
-    grant_log: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
 struct SocketArgs {
     /// Path of the daemon's Unix socket.
-    #[arg(long, short, env = config::ENV_SOCKET, default_value = "/tmp/ratekeeper.sock")]
+    #[arg(long, short, env = config::ENV_SOCKET, default_value = config::DEFAULT_SOCKET_PATH)]
     socket: PathBuf,
 }
 
@@ -244,44 +203,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             eprintln!("{}: valid", file.display());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { socket, limit } => status(&socket.socket, limit).await,
+        Command::Status { socket, limit } => commands::status(&socket.socket, limit).await,
         Command::CountTokens {
             model,
             provider,
             max_tokens,
-        } => count_tokens(&model, provider.into(), max_tokens),
-        Command::Ping { socket } => {
-            let client = connect(&socket.socket).await?;
-            let started = std::time::Instant::now();
-            match client.call(Request::Ping).await? {
-                Response::Pong => {
-                    println!(
-                        "pong from {} in {:?}",
-                        socket.socket.display(),
-                        started.elapsed()
-                    );
-                    Ok(ExitCode::SUCCESS)
-                }
-                other => bail!("unexpected answer to Ping: {other:?}"),
-            }
-        }
-        Command::Loadgen(args) => {
-            let report = ratekeeper::loadgen::run(ratekeeper::loadgen::LoadOptions {
-                socket: args.socket.socket,
-                limit: args.limit,
-                tokens: args.tokens,
-                connections: args.connections.max(1),
-                concurrency: args.concurrency.max(1),
-                duration: Duration::try_from_secs_f64(args.seconds)
-                    .context("--seconds must be a finite number of seconds, not negative")?,
-                max_wait_ms: args.max_wait,
-                release: args.release,
-                grant_log: args.grant_log,
-            })
-            .await?;
-            println!("{}", serde_json::to_string(&report)?);
-            Ok(ExitCode::SUCCESS)
-        }
+        } => commands::count_tokens(&model, provider.into(), max_tokens),
+        Command::Ping { socket } => commands::ping(&socket.socket).await,
         Command::Acquire {
             socket,
             limit,
@@ -302,137 +230,56 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
                 max_wait_ms: max_wait,
             };
-            acquire(&socket.socket, request, report, release).await
+            commands::acquire(&socket.socket, request, report, release).await
         }
     }
 }
 
 fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
-    config::load(path, |name| std::env::var(name).ok()).context("invalid configuration")
+    app::load_config(path).context("invalid configuration")
 }
 
 async fn serve(config_path: Option<&Path>, logging: &LoggingArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(config_path)?;
     init_logging(logging)?;
-    preload_tokenizers(&config)?;
-    let store: Arc<dyn Store> = match &config.redis {
-        Some(redis) => {
-            let shared = RedisStore::new(redis).context("cannot set up the Redis store")?;
-            tracing::info!(
-                nodes = %redis.masked_nodes(),
-                cluster = redis.url.is_none(),
-                pool_size = redis.pool_size,
-                timeout_ms = redis.timeout_ms,
-                on_failure = ?redis.on_failure,
-                "buckets are shared through Redis"
-            );
-            // Denials this sidecar can prove from Redis's last answer are
-            // repeated locally instead of costing a script call; the failure
-            // policy wraps both, so only Redis's own answers teach it.
-            Arc::new(FallbackStore::new(
-                Box::new(FailFastStore::new(Box::new(shared))),
-                redis.on_failure,
-                redis.local_share.unwrap_or(1.0),
-            ))
-        }
-        None => {
-            tracing::warn!(
-                "no [redis] configured: using the embedded store, so limits hold for this \
-                 process only; configure redis.url to share them across sidecars"
-            );
-            Arc::new(EmbeddedStore::new())
-        }
-    };
-    let settings = ServerSettings {
-        socket_path: config.server.socket.clone(),
-        allowed_uids: config.server.allowed_uids.clone(),
-        allowed_gids: config.server.allowed_gids.clone(),
-        drain_timeout: Duration::from_millis(config.server.drain_timeout_ms),
-    };
-    let (socket, socket_mode, limits) = (
-        config.server.socket.clone(),
-        config.server.socket_mode,
-        config.limits.len(),
-    );
-    let store_kind = store.kind();
-    let dispatcher = Arc::new(Dispatcher::new(Arc::new(config), store));
+    let app = App::new(config, config_path.map(Path::to_path_buf))?;
     // Signal handlers go in before the socket exists: a client that sees the
     // socket may signal the daemon at once.
-    let shutdown = shutdown_signal()?;
-    let reloads = reload_on_sighup(config_path.map(Path::to_path_buf), dispatcher.clone())?;
-    let listener = server::bind(&socket, socket_mode)?;
-    tracing::info!(
-        socket = %socket.display(),
-        store = store_kind,
-        limits,
-        version = env!("CARGO_PKG_VERSION"),
-        "listening"
-    );
-    server::run(listener, dispatcher, settings, shutdown).await;
-    reloads.abort();
+    let (shutdown, reloads) = watch_signals()?;
+    let listener = app.bind()?;
+    app.serve(listener, shutdown, reloads).await;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Builds the tiktoken encoders the limits count with, so that no request
-/// pays for it (about 0.2 s and 45 MiB for o200k_base, 0.1 s and 24 MiB
-/// for cl100k_base); encoders already built are kept.
-fn preload_tokenizers(config: &Config) -> anyhow::Result<()> {
-    let built = tokens::preload_encodings(config.encodings())
-        .context("cannot build the tokenizers the limits count with")?;
-    for preloaded in built.iter().filter(|p| !p.build_time.is_zero()) {
-        tracing::info!(
-            encoding = %preloaded.encoding,
-            build_ms = preloaded.build_time.as_millis() as u64,
-            "tokenizer ready"
-        );
-    }
-    Ok(())
-}
-
-/// Completes on the first SIGTERM or SIGINT.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook_tokio::Signals::new([SIGTERM, SIGINT])
+/// The first SIGTERM or SIGINT completes the returned future; every SIGHUP
+/// sends a reload request. signal-hook's iterator runs on a thread of its
+/// own and hands each signal to the runtime over a channel.
+fn watch_signals() -> anyhow::Result<(impl Future<Output = ()>, mpsc::UnboundedReceiver<()>)> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
         .context("cannot install signal handlers")?;
-    Ok(async move {
-        if let Some(signal) = signals.next().await {
-            tracing::info!(signal, "shutdown requested");
-        }
-    })
-}
-
-/// On every SIGHUP, loads and validates the config again and hands it to
-/// the dispatcher; a config that fails is reported and the old one stays.
-fn reload_on_sighup(
-    config_path: Option<PathBuf>,
-    dispatcher: Arc<Dispatcher>,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let mut signals = signal_hook_tokio::Signals::new([signal_hook::consts::SIGHUP])
-        .context("cannot install the SIGHUP handler")?;
-    Ok(tokio::spawn(async move {
-        while signals.next().await.is_some() {
-            let outcome = match load_config(config_path.as_deref()) {
-                // Build the encoders of new models before the limits use them.
-                Ok(config) => tokio::task::spawn_blocking(move || {
-                    preload_tokenizers(&config).map(|()| config)
-                })
-                .await
-                .context("building the tokenizers failed")
-                .and_then(|built| built)
-                .and_then(|config| Ok(dispatcher.reload(config)?)),
-                Err(failure) => Err(failure),
-            };
-            match outcome {
-                Ok(()) => tracing::info!(
-                    limits = dispatcher.config().limits.len(),
-                    "configuration reloaded"
-                ),
-                Err(failure) => tracing::error!(
-                    "configuration not reloaded, the previous one stays in force: {failure:#}"
-                ),
+    let (reload, reloads) = mpsc::unbounded_channel();
+    let (stop, stopped) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut stop = Some(stop);
+            for signal in signals.forever() {
+                if signal == SIGHUP {
+                    let _ = reload.send(());
+                } else if let Some(stop) = stop.take() {
+                    tracing::info!(signal, "shutdown requested");
+                    let _ = stop.send(());
+                }
             }
-        }
-    }))
+        })
+        .context("cannot start the signal thread")?;
+    Ok((
+        async move {
+            let _ = stopped.await;
+        },
+        reloads,
+    ))
 }
 
 fn init_logging(logging: &LoggingArgs) -> anyhow::Result<()> {
@@ -450,154 +297,4 @@ fn init_logging(logging: &LoggingArgs) -> anyhow::Result<()> {
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
     Ok(())
-}
-
-async fn connect(socket: &Path) -> anyhow::Result<Client> {
-    let name = format!("ratekeeper-cli pid={}", std::process::id());
-    Ok(Client::connect(socket, &name).await?)
-}
-
-async fn status(socket: &Path, limit: Option<String>) -> anyhow::Result<ExitCode> {
-    let client = connect(socket).await?;
-    match client.call(Request::Status { limit }).await? {
-        Response::Status { store, limits } => {
-            println!("store: {store}");
-            println!(
-                "{:<24} {:<14} {:>14} {:>14} {:>14} {:>8}",
-                "LIMIT", "BUCKET", "LEVEL", "CAPACITY", "PER MINUTE", "WAITERS"
-            );
-            for limit in limits {
-                for bucket in &limit.buckets {
-                    println!(
-                        "{:<24} {:<14} {:>14} {:>14} {:>14} {:>8}",
-                        limit.name,
-                        bucket.name,
-                        bucket.level,
-                        bucket.capacity,
-                        bucket.per_minute,
-                        limit.waiters
-                    );
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        other => answer_failure(other),
-    }
-}
-
-async fn acquire(
-    socket: &Path,
-    request: Acquire,
-    report: Option<u64>,
-    release: bool,
-) -> anyhow::Result<ExitCode> {
-    let client = connect(socket).await?;
-    match client.call(Request::Acquire(request)).await? {
-        Response::Granted {
-            lease,
-            tokens,
-            waited_ms,
-        } => {
-            println!("granted lease={lease} tokens={tokens} waited_ms={waited_ms}");
-            let settle = match report {
-                Some(used) => Some(Request::Report {
-                    lease,
-                    input_tokens: used,
-                    output_tokens: 0,
-                }),
-                None if release => Some(Request::Release { lease }),
-                None => None,
-            };
-            if let Some(settle) = settle {
-                match client.call(settle).await? {
-                    Response::Settled { tokens_returned } => {
-                        println!("settled lease={lease} tokens_returned={tokens_returned}")
-                    }
-                    Response::Released { tokens_returned } => {
-                        println!("released lease={lease} tokens_returned={tokens_returned}")
-                    }
-                    other => return answer_failure(other),
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Response::Denied {
-            retry_after_ms,
-            bucket,
-        } => {
-            println!("denied bucket={bucket} retry_after_ms={retry_after_ms}");
-            Ok(ExitCode::from(EXIT_DENIED))
-        }
-        other => answer_failure(other),
-    }
-}
-
-/// `count-tokens`: the prompt of the chat request on stdin, counted with
-/// the preset's tokenizer for `model`, and the reservation an acquire makes.
-fn count_tokens(
-    model: &str,
-    provider: Provider,
-    max_tokens: Option<u64>,
-) -> anyhow::Result<ExitCode> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::io::stdin()
-        .read_to_string(&mut text)
-        .context("cannot read stdin")?;
-    let request = tokens::openai::chat_request_from_json(&text)
-        .context("cannot read the chat request on stdin")?;
-    let Ok(tokenizer) = provider.auto_tokenizer(Some(model)) else {
-        bail!(
-            "model {model:?} has no known tiktoken encoding, so the openai preset cannot count it; \
-             use an OpenAI model name, or --provider generic for the character estimate"
-        );
-    };
-    let counter = tokenizer.counter(CharEstimator::default());
-    let prompt = tokens::count_messages(counter, &request)?;
-    let (output, output_source) = match (max_tokens, request.max_output_tokens) {
-        (Some(given), _) => (given, "--max-tokens"),
-        (None, Some(given)) => (given, "max_tokens"),
-        (None, None) => (config::DEFAULT_MAX_OUTPUT_TOKENS, "default"),
-    };
-    let rule = provider.cost_rule();
-    let reserved = rule
-        .charge(prompt.total, output)
-        .context("the reservation overflows 64 bits")?;
-    let counted_with = match tokenizer.encoding() {
-        Some(encoding) => format!("{encoding} (tiktoken)"),
-        None => format!(
-            "the character estimate ({} chars per token x {})",
-            CharEstimator::DEFAULT_CHARS_PER_TOKEN,
-            CharEstimator::DEFAULT_SAFETY_FACTOR
-        ),
-    };
-    let rule_text = match rule {
-        config::CostRule::Sum => "prompt + output",
-        config::CostRule::Max => "max(prompt, output)",
-    };
-    let provider_name = match provider {
-        Provider::Openai => "openai",
-        Provider::Anthropic => "anthropic",
-        Provider::Generic => "generic",
-    };
-    println!("counter: {counted_with}");
-    println!(
-        "prompt_tokens: {} (messages {}, tools {})",
-        prompt.total, prompt.messages, prompt.tools
-    );
-    println!("output_tokens: {output} ({output_source})");
-    println!("reserved: {reserved} ({provider_name}: {rule_text})");
-    Ok(ExitCode::SUCCESS)
-}
-
-fn answer_failure(response: Response) -> anyhow::Result<ExitCode> {
-    match response {
-        Response::Error { code, message } => {
-            let name = ErrorCode::from_u16(code)
-                .map(|code| format!("{code:?}"))
-                .unwrap_or_else(|| "unknown".to_string());
-            bail!("error {code} ({name}): {message}")
-        }
-        other => bail!("unexpected answer: {other:?}"),
-    }
 }

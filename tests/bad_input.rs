@@ -93,17 +93,24 @@ async fn undecodable_payloads_are_answered_and_the_connection_goes_on() {
     let len = invalid_utf8.len();
     invalid_utf8[len - 1] = 0xff;
 
-    for (expected_id, payload) in [
-        (2, trailing),
-        (3, unknown_tag),
-        (4, truncated_field),
-        (5, hostile_length),
-        (6, invalid_utf8),
+    // A request of a later protocol revision (a tag this daemon does not
+    // know, with fields of its own): Unsupported, not malformed.
+    let mut future_request = 7u64.to_le_bytes().to_vec();
+    future_request.extend_from_slice(&Request::KNOWN_TAGS.to_le_bytes());
+    future_request.extend_from_slice(b"fields of a later revision");
+
+    for (expected_id, payload, code) in [
+        (2, trailing, ErrorCode::MalformedMessage),
+        (3, unknown_tag, ErrorCode::Unsupported),
+        (4, truncated_field, ErrorCode::MalformedMessage),
+        (5, hostile_length, ErrorCode::MalformedMessage),
+        (6, invalid_utf8, ErrorCode::MalformedMessage),
+        (7, future_request, ErrorCode::Unsupported),
     ] {
         send_bytes(&mut stream, &frame_of(&payload)).await;
         let answer = receive(&mut stream).await.expect("an error frame");
         assert_eq!(answer.request_id, expected_id);
-        assert_eq!(error_code(&answer.response), ErrorCode::MalformedMessage);
+        assert_eq!(error_code(&answer.response), code, "request {expected_id}");
     }
     // Too short to carry a request id: answered on id 0.
     send_bytes(&mut stream, &frame_of(&[1, 2, 3])).await;

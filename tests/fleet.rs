@@ -39,15 +39,8 @@ fn eight_processes_through_two_sidecars_never_exceed_the_bucket() {
         .map(|index| {
             let sidecar = &sidecars[index % 2];
             let log = logs.path().join(format!("grants-{index}.log"));
-            let child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
-                .args([
-                    "loadgen",
-                    "shared",
-                    "--concurrency",
-                    "4",
-                    "--max-wait",
-                    "2000",
-                ])
+            let child = Command::new(env!("CARGO_BIN_EXE_ratekeeper-loadgen"))
+                .args(["shared", "--concurrency", "4", "--max-wait", "2000"])
                 .args([
                     "--tokens",
                     &TOKENS_PER_ACQUIRE.to_string(),

@@ -267,7 +267,7 @@ async fn the_scripts_work_on_a_redis_cluster() {
     let slot = |key: &str| cluster.keyslot(key);
     let mini = slot("ratekeeper:{g:org}:mini:tokens");
     assert_eq!(mini, slot("ratekeeper:{g:org}:nano:tokens"));
-    assert_eq!(mini, slot("ratekeeper:{g:org}:group:tokens"));
+    assert_eq!(mini, slot("ratekeeper:{g:org}:tokens"));
     assert_eq!(
         slot("ratekeeper:{l:gpt}:gpt:tokens"),
         slot("ratekeeper:{l:gpt}:gpt:requests")
@@ -284,7 +284,7 @@ async fn the_scripts_work_on_a_redis_cluster() {
         .nodes
         .iter()
         .filter(|node| {
-            node.cli(&["EXISTS", "ratekeeper:{g:org}:group:tokens"])
+            node.cli(&["EXISTS", "ratekeeper:{g:org}:tokens"])
                 .is_some_and(|reply| reply == "1")
         })
         .count();

@@ -5,6 +5,7 @@
 mod support;
 
 use proptest::prelude::*;
+use ratekeeper::app::redis_settings;
 use ratekeeper::config::RedisConfig;
 use ratekeeper::limiter::bucket::{BucketSpec, Draw};
 use ratekeeper::limiter::embedded::Clock;
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use support::redis::RedisServer;
 
 fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::new(&RedisConfig::with_url(server.url())).expect("valid config")
+    RedisStore::new(&redis_settings(&RedisConfig::with_url(server.url()))).expect("valid config")
 }
 
 fn bucket(key: &str, capacity: u64, per_minute: u64) -> BucketSpec {
@@ -135,7 +136,7 @@ async fn an_unreachable_redis_is_an_unavailable_error_within_the_deadline() {
     let port = support::redis::free_port();
     let mut config = RedisConfig::with_url(format!("redis://127.0.0.1:{port}/0"));
     config.timeout_ms = 200;
-    let store = RedisStore::new(&config).unwrap();
+    let store = RedisStore::new(&redis_settings(&config)).unwrap();
     let started = std::time::Instant::now();
     let result = store.acquire(&[draw(&bucket("k", 10, 10), 1)], 0).await;
     assert!(
@@ -293,7 +294,7 @@ async fn an_acl_user_and_database_index_come_from_the_url() {
         RedisServer::start_with(&["--user", "alice", "on", ">wonderland", "~*", "&*", "+@all"]);
     let tokens = bucket("rk:{l:d}:d:tokens", 100, 60);
     let url = format!("redis://alice:wonderland@127.0.0.1:{}/3", server.port);
-    let store = RedisStore::new(&RedisConfig::with_url(url)).unwrap();
+    let store = RedisStore::new(&redis_settings(&RedisConfig::with_url(url))).unwrap();
     store.acquire(&[draw(&tokens, 10)], 0).await.unwrap();
     assert_eq!(
         server.cli(&["-n", "3", "EXISTS", &tokens.key]).unwrap(),
@@ -302,7 +303,7 @@ async fn an_acl_user_and_database_index_come_from_the_url() {
     assert_eq!(server.cli(&["-n", "0", "DBSIZE"]).unwrap(), "0");
 
     let wrong = format!("redis://alice:rabbit@127.0.0.1:{}/3", server.port);
-    let store = RedisStore::new(&RedisConfig::with_url(wrong)).unwrap();
+    let store = RedisStore::new(&redis_settings(&RedisConfig::with_url(wrong))).unwrap();
     let refused = store.acquire(&[draw(&tokens, 10)], 0).await;
     assert!(
         matches!(&refused, Err(ratekeeper::limiter::StoreError::Unavailable(message)) if message.contains("authentication failed")),
@@ -391,13 +392,13 @@ async fn rediss_urls_speak_tls_verified_against_the_configured_ca() {
     let tokens = bucket("rk:{l:t}:t:tokens", 100, 60);
     let mut config = RedisConfig::with_url(format!("rediss://127.0.0.1:{tls_port}/0"));
     config.tls_ca_file = Some(certificates.path().join("ca.pem"));
-    let store = RedisStore::new(&config).unwrap();
+    let store = RedisStore::new(&redis_settings(&config)).unwrap();
     store.acquire(&[draw(&tokens, 10)], 0).await.unwrap();
     assert_eq!(server.cli(&["EXISTS", &tokens.key]).unwrap(), "1");
 
     // Without the CA the server's certificate is not trusted.
     config.tls_ca_file = None;
-    let untrusted = RedisStore::new(&config).unwrap();
+    let untrusted = RedisStore::new(&redis_settings(&config)).unwrap();
     assert!(untrusted.acquire(&[draw(&tokens, 10)], 0).await.is_err());
 }
 

@@ -34,6 +34,8 @@ const SERVER_FRAME: &str = "ServerFrame";
 const MALFORMED: &str = "malformed";
 /// `error` of a case whose length prefix must be refused before buffering.
 const FRAME_TOO_LARGE: &str = "frame_too_large";
+/// `error` of a request of a later protocol revision (PROTOCOL.md §10).
+const UNSUPPORTED: &str = "unsupported";
 
 fn vectors_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("proto-spec/vectors")
@@ -103,6 +105,9 @@ enum Expect {
     Server(ServerFrame),
     /// Raw frame bytes whose payload must fail to decode.
     Malformed(Vec<u8>),
+    /// Raw frame bytes of a request tag this revision does not know: they
+    /// fail to decode, and the daemon answers `Unsupported`.
+    Unsupported(Vec<u8>),
     /// Raw bytes whose length prefix must be refused.
     TooLarge(Vec<u8>),
 }
@@ -949,7 +954,7 @@ fn catalogue() -> Vec<FileSpec> {
             file: "invalid_client_frames.json",
             frame_type: CLIENT_FRAME,
             message: "invalid",
-            description: "Client frames the daemon must refuse: error malformed (answer MalformedMessage, keep the connection) or frame_too_large (answer FrameTooLarge with request id 0, close).",
+            description: "Client frames the daemon must refuse: error malformed (answer MalformedMessage, keep the connection), unsupported (a request tag of a later revision: no decoder of this revision decodes it; the daemon answers Unsupported and keeps the connection) or frame_too_large (answer FrameTooLarge with request id 0, close).",
             cases: invalid_client_cases(),
         },
         FileSpec {
@@ -1089,8 +1094,8 @@ fn invalid_client_cases() -> Vec<CaseSpec> {
     vec![
         case(
             "unknown_request_tag",
-            "Request tag 8 does not exist; the error goes to request id 9.",
-            Expect::Malformed(raw_frame(&[&id, &tag(8)])),
+            "Request tag 8 is not known in this revision: a decoder refuses it, and the daemon answers Unsupported to request id 9 and keeps the connection (a request of a later revision).",
+            Expect::Unsupported(raw_frame(&[&id, &tag(8)])),
         ),
         case(
             "trailing_bytes",
@@ -1222,6 +1227,7 @@ fn render(spec: &FileSpec) -> String {
                     (Some(AnyFrame::Server(frame.clone())), None, encode(frame))
                 }
                 Expect::Malformed(bytes) => (None, Some(MALFORMED.to_owned()), bytes.clone()),
+                Expect::Unsupported(bytes) => (None, Some(UNSUPPORTED.to_owned()), bytes.clone()),
                 Expect::TooLarge(bytes) => (None, Some(FRAME_TOO_LARGE.to_owned()), bytes.clone()),
             };
             VectorCase {
@@ -1331,6 +1337,16 @@ fn check_all_files() -> Checked {
                     SERVER_FRAME => check_malformed::<ServerFrame>(&at, &bytes),
                     other => panic!("{file}: unknown type {other:?}"),
                 },
+                (None, Some(UNSUPPORTED)) => {
+                    assert_eq!(parsed.frame_type, CLIENT_FRAME, "{at}: only requests");
+                    check_malformed::<ClientFrame>(&at, &bytes);
+                    let (payload, _) = split_frame(&bytes).unwrap().unwrap();
+                    let tag = ratekeeper::proto::request_tag_hint(payload);
+                    assert!(
+                        tag.is_some_and(|tag| tag >= Request::KNOWN_TAGS),
+                        "{at}: the tag must be one this revision does not know"
+                    );
+                }
                 (None, Some(FRAME_TOO_LARGE)) => assert!(
                     matches!(split_frame(&bytes), Err(FrameError::TooLarge { .. })),
                     "{at}: the length prefix must be refused"
@@ -1383,7 +1399,7 @@ fn check_malformed<T: Decode<()> + Debug>(at: &str, bytes: &[u8]) {
 // ---------------------------------------------------------------------------
 
 /// Number of `Request` variants; tag `REQUEST_VARIANTS` must be unknown.
-const REQUEST_VARIANTS: u32 = 8;
+const REQUEST_VARIANTS: u32 = Request::KNOWN_TAGS;
 /// Number of `Cost` variants.
 const COST_VARIANTS: u32 = 2;
 /// Number of `Response` variants.

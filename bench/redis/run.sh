@@ -12,6 +12,7 @@ CLIENTS=(1 8 64)
 command -v redis-server >/dev/null || { echo "needs redis-server (scripts/test installs it)" >&2; exit 1; }
 cargo build --release --quiet
 BIN="$PWD/target/release/ratekeeper"
+LOADGEN="$PWD/target/release/ratekeeper-loadgen"
 
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
@@ -25,7 +26,7 @@ FLOOR_ARGS=(EVALSHA "$SHA" 2 "floor:{b}:tokens" "floor:{b}:requests" 0 ""
 echo "| clients | sidecar acquires/s | p50 µs | p99 µs | redis-benchmark EVALSHA/s | p50 µs | p99 µs | sidecar / floor |"
 echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for clients in "${CLIENTS[@]}"; do
-    sidecar="$("$BIN" loadgen bench --socket "$SOCKET" --connections "$clients" \
+    sidecar="$("$LOADGEN" bench --socket "$SOCKET" --connections "$clients" \
         --seconds "$SECONDS_PER_STEP")"
     read -r s_rate s_p50 s_p99 < <(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(round(r["acquires_per_second"]), r["latency_p50_us"], r["latency_p99_us"])' "$sidecar")
     # As many requests as the sidecar managed in the same time, at least 20k.

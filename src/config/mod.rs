@@ -11,6 +11,8 @@ use toml::Spanned;
 
 use crate::tokens::{self, CharEstimator, Counter, Encoding};
 
+/// Where the daemon listens when neither the config nor the environment says.
+pub const DEFAULT_SOCKET_PATH: &str = "/tmp/ratekeeper.sock";
 /// Environment variable overriding `server.socket`.
 pub const ENV_SOCKET: &str = "RATEKEEPER_SOCKET";
 /// Environment variable overriding `redis.url`.

@@ -53,6 +53,14 @@ pub enum Plan {
     Impossible { bucket: usize },
 }
 
+impl Draw {
+    /// Whether the bucket can ever hold this cost above the floor: the one
+    /// capacity rule (`lua/acquire.lua` applies it again on Redis).
+    pub fn fits_capacity(&self) -> bool {
+        self.cost.saturating_add(self.floor) <= self.bucket.capacity
+    }
+}
+
 impl BucketSpec {
     /// Capacity in units.
     pub fn capacity_units(&self) -> i64 {
@@ -123,7 +131,7 @@ fn wait_for(draw: &Draw, state: BucketState) -> u64 {
 pub fn plan(draws: &[Draw], states: &[BucketState], max_wait_ms: u64) -> Plan {
     let mut longest = (0, 0);
     for (index, (draw, state)) in draws.iter().zip(states).enumerate() {
-        if draw.cost.saturating_add(draw.floor) > draw.bucket.capacity {
+        if !draw.fits_capacity() {
             return Plan::Impossible { bucket: index };
         }
         let wait = wait_for(draw, *state);

@@ -6,6 +6,7 @@
 //! is logged, and recovery is automatic: each call tries the shared store
 //! first, so the first success ends the outage.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use async_trait::async_trait;
@@ -16,7 +17,7 @@ use crate::config::FailurePolicy;
 
 /// A shared store with a policy for its failures.
 pub struct FallbackStore {
-    shared: Box<dyn Store>,
+    shared: Arc<dyn Store>,
     policy: FailurePolicy,
     /// Buckets for the `local` policy, each `local_share` of the real one.
     local: EmbeddedStore,
@@ -28,7 +29,7 @@ pub struct FallbackStore {
 
 impl FallbackStore {
     /// `local_share` only matters for [`FailurePolicy::Local`].
-    pub fn new(shared: Box<dyn Store>, policy: FailurePolicy, local_share: f64) -> Self {
+    pub fn new(shared: Arc<dyn Store>, policy: FailurePolicy, local_share: f64) -> Self {
         FallbackStore {
             shared,
             policy,
@@ -157,16 +158,26 @@ impl Store for FallbackStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::RedisStore;
+    use crate::limiter::redis::{RedisNodes, RedisSettings};
 
     /// A real Redis store pointed at a port nobody listens on: the outage
     /// every policy is about.
-    fn down() -> Box<dyn Store> {
+    fn down() -> Arc<dyn Store> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .unwrap()
             .port();
-        let config = crate::config::RedisConfig::with_url(format!("redis://127.0.0.1:{port}"));
-        Box::new(super::super::RedisStore::new(&config).unwrap())
+        let url = format!("redis://127.0.0.1:{port}");
+        let settings = RedisSettings {
+            nodes: RedisNodes::Single(url.clone()),
+            display: url,
+            tls_ca_file: None,
+            pool_size: 1,
+            timeout: std::time::Duration::from_millis(250),
+            connect_timeout: std::time::Duration::from_secs(1),
+        };
+        Arc::new(RedisStore::new(&settings).unwrap())
     }
 
     fn draw(cost: u64) -> Draw {

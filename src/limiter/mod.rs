@@ -18,6 +18,60 @@ pub use fail_fast::FailFastStore;
 pub use fallback::FallbackStore;
 pub use redis::RedisStore;
 
+/// The role of a bucket within a limit; its name is what `Denied` and
+/// `status` show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BucketRole {
+    /// The limit's combined token bucket (input and output together).
+    Tokens,
+    /// The limit's separate bucket of input (prompt) tokens.
+    InputTokens,
+    /// The limit's separate bucket of output (completion) tokens.
+    OutputTokens,
+    /// The limit's requests.
+    Requests,
+    /// One tenant's share of the limit's tokens.
+    Tenant,
+    /// The tokens of the limit's group, shared by every limit in it.
+    GroupTokens,
+    /// The requests of the limit's group.
+    GroupRequests,
+}
+
+impl BucketRole {
+    /// The name clients see (`Denied.bucket`, `BucketStatus.name`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BucketRole::Tokens => "tokens",
+            BucketRole::InputTokens => "input_tokens",
+            BucketRole::OutputTokens => "output_tokens",
+            BucketRole::Requests => "requests",
+            BucketRole::Tenant => "tenant",
+            BucketRole::GroupTokens => "group_tokens",
+            BucketRole::GroupRequests => "group_requests",
+        }
+    }
+
+    /// The last segment of the bucket's key: a group's buckets are the
+    /// group's `tokens` and `requests`.
+    pub fn key_segment(self) -> &'static str {
+        match self {
+            BucketRole::GroupTokens => "tokens",
+            BucketRole::GroupRequests => "requests",
+            role => role.name(),
+        }
+    }
+
+    /// Whether the bucket is one of the limit's own token buckets, whose
+    /// settlement `Settled.tokens_returned` reports.
+    pub fn is_limit_tokens(self) -> bool {
+        matches!(
+            self,
+            BucketRole::Tokens | BucketRole::InputTokens | BucketRole::OutputTokens
+        )
+    }
+}
+
 /// Which buckets a grant was reserved in, so that settling it adjusts the
 /// same buckets (a lease granted locally during a Redis outage must not be
 /// refunded into Redis).

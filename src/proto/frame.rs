@@ -3,8 +3,12 @@
 
 use bincode::config::{Configuration, Fixint, Limit, LittleEndian};
 use bincode::{Decode, Encode};
+use bytes::{Buf, Bytes, BytesMut};
 
 use super::{LENGTH_PREFIX_LEN, MAX_FRAME_LEN};
+
+/// Bytes made room for before each read from a stream.
+const READ_CHUNK: usize = 16 * 1024;
 
 /// Most bytes one decode may claim. Without a limit a 12-byte payload
 /// declaring a string of 2^40 bytes makes bincode try to allocate it and abort
@@ -56,6 +60,45 @@ pub fn split_frame(buffer: &[u8]) -> Result<Option<(&[u8], usize)>, FrameError> 
         .map(|payload| (payload, frame_len)))
 }
 
+/// The bytes read from one stream, cut into frames: the framing codec of
+/// both the server and the client. Pure: the caller reads into
+/// [`read_space`](Self::read_space) and takes payloads out.
+#[derive(Debug, Default)]
+pub struct FrameReader {
+    buffer: BytesMut,
+}
+
+impl FrameReader {
+    pub fn new() -> Self {
+        FrameReader {
+            buffer: BytesMut::with_capacity(READ_CHUNK),
+        }
+    }
+
+    /// The buffer the next read appends to, with room made for it.
+    pub fn read_space(&mut self) -> &mut BytesMut {
+        self.buffer.reserve(READ_CHUNK);
+        &mut self.buffer
+    }
+
+    /// The payload of the next complete frame, `Ok(None)` while more bytes
+    /// are needed, or the error of an oversized length (checked before
+    /// anything is buffered for it).
+    pub fn next_payload(&mut self) -> Result<Option<Bytes>, FrameError> {
+        let Some((_, frame_len)) = split_frame(&self.buffer)? else {
+            return Ok(None);
+        };
+        let mut frame = self.buffer.split_to(frame_len).freeze();
+        frame.advance(LENGTH_PREFIX_LEN);
+        Ok(Some(frame))
+    }
+
+    /// Bytes received but not yet taken as a frame.
+    pub fn buffered(&self) -> usize {
+        self.buffer.len()
+    }
+}
+
 /// Decodes one payload that must hold exactly one `T` and nothing after it.
 pub fn decode_payload<T: Decode<()>>(payload: &[u8]) -> Result<T, FrameError> {
     let (message, consumed) = bincode::decode_from_slice(payload, wire_config())
@@ -73,6 +116,14 @@ pub fn decode_payload<T: Decode<()>>(payload: &[u8]) -> Result<T, FrameError> {
 /// addressed to the request; every client frame starts with its `u64` id.
 pub fn request_id_hint(payload: &[u8]) -> Option<u64> {
     payload.first_chunk::<8>().map(|id| u64::from_le_bytes(*id))
+}
+
+/// The request tag of a client payload that failed to decode, so that a
+/// request this daemon does not know yet can be told apart from a broken one.
+pub fn request_tag_hint(payload: &[u8]) -> Option<u32> {
+    payload
+        .get(8..12)
+        .map(|tag| u32::from_le_bytes([tag[0], tag[1], tag[2], tag[3]]))
 }
 
 /// The `protocol_version` of a payload that starts like a `Hello` (request
@@ -125,6 +176,15 @@ mod tests {
     fn ping_has_the_documented_layout() {
         // length 12 | request id 7 | variant index 7 (Ping)
         assert_eq!(hex(&ping_frame()), "0c000000070000000000000007000000");
+    }
+
+    #[test]
+    fn known_tags_end_with_ping_the_last_request() {
+        let bytes = ping_frame();
+        assert_eq!(
+            request_tag_hint(&bytes[LENGTH_PREFIX_LEN..]),
+            Some(Request::KNOWN_TAGS - 1)
+        );
     }
 
     #[test]
@@ -219,6 +279,34 @@ mod tests {
         encode_frame(&frame, &mut bytes).unwrap();
         let (payload, _) = split_frame(&bytes).unwrap().unwrap();
         assert_eq!(decode_payload::<ClientFrame>(payload).unwrap(), frame);
+    }
+
+    #[test]
+    fn the_reader_hands_out_whole_frames_however_the_bytes_arrive() {
+        let mut stream = ping_frame();
+        stream.extend_from_slice(&ping_frame());
+        let mut reader = FrameReader::new();
+        let mut payloads = Vec::new();
+        for byte in &stream {
+            reader.read_space().extend_from_slice(&[*byte]);
+            while let Some(payload) = reader.next_payload().unwrap() {
+                payloads.push(payload);
+            }
+        }
+        assert_eq!(payloads.len(), 2);
+        assert!(
+            payloads
+                .iter()
+                .all(|p| p[..] == ping_frame()[LENGTH_PREFIX_LEN..])
+        );
+        assert_eq!(reader.buffered(), 0);
+        reader
+            .read_space()
+            .extend_from_slice(&(MAX_FRAME_LEN + 1).to_le_bytes());
+        assert!(matches!(
+            reader.next_payload(),
+            Err(FrameError::TooLarge { .. })
+        ));
     }
 
     #[test]

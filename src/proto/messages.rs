@@ -1,9 +1,11 @@
 //! Every message of the protocol, as Rust types.
 //!
 //! Field order is wire order: bincode writes struct fields in declaration
-//! order and enum variants as a `u32` index in declaration order, so adding,
-//! removing or reordering anything here changes the protocol and needs a new
-//! [`super::PROTOCOL_VERSION`] and new vectors.
+//! order and enum variants as a `u32` index in declaration order. A protocol
+//! revision only appends variants (a new request bumps
+//! [`Request::KNOWN_TAGS`]); changing, removing or reordering anything that
+//! exists needs a new [`super::PROTOCOL_VERSION`] (PROTOCOL.md §10). Either
+//! way the vectors are regenerated.
 
 use bincode::{Decode, Encode};
 use serde::{Deserialize, Serialize};
@@ -148,6 +150,22 @@ pub enum Response {
     Pong,
     /// The request failed; see [`super::ErrorCode`] for `code`.
     Error { code: u16, message: String },
+}
+
+impl Request {
+    /// Request tags this build knows: `0..KNOWN_TAGS`. A later protocol
+    /// revision appends variants; a tag at or above this is `Unsupported`.
+    pub const KNOWN_TAGS: u32 = 8;
+}
+
+impl Response {
+    /// The `Error` answer with `code` and a message for humans.
+    pub fn error(code: super::ErrorCode, message: impl Into<String>) -> Response {
+        Response::Error {
+            code: code.as_u16(),
+            message: message.into(),
+        }
+    }
 }
 
 /// The state of one configured limit.

@@ -1,11 +1,12 @@
-//! One client connection: a reader that decodes frames and starts one task
-//! per request, and a writer that sends answers in the order they finish.
+//! One client connection: a reader that decodes frames, answers the
+//! connection's own requests (`Hello`, `Ping`, `Cancel`) and starts one task
+//! per service call, and a writer that sends answers in the order they
+//! finish.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
-use bytes::{Buf, BytesMut};
 use futures_util::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -14,14 +15,22 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::dispatch::{ConnectionId, Dispatcher, error};
 use crate::proto::{
-    self, CONNECTION_REQUEST_ID, ClientFrame, ErrorCode, FrameError, MAX_FRAME_LEN, MAX_IN_FLIGHT,
-    PROTOCOL_VERSION, Request, Response, ServerFrame,
+    self, CONNECTION_REQUEST_ID, ClientFrame, ErrorCode, FrameError, FrameReader, MAX_FRAME_LEN,
+    MAX_IN_FLIGHT, PROTOCOL_VERSION, Request, Response, ServerFrame,
 };
+use crate::service::{Call, ConnectionId, Service};
 
-/// Bytes asked of the socket per read when no frame is pending.
-const READ_CHUNK: usize = 16 * 1024;
+/// The `Error` answer for `code`.
+fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+    Response::error(code, message)
+}
+
+/// Bytes the writer makes room for before encoding its first answers.
+const WRITE_CHUNK: usize = 16 * 1024;
+
+/// How the daemon names itself in `Hello` and in messages.
+const SERVER: &str = concat!("ratekeeper ", env!("CARGO_PKG_VERSION"));
 
 /// Unanswered requests of one connection, each with its cancellation.
 type InFlight = Arc<Mutex<HashMap<u64, CancellationToken>>>;
@@ -29,7 +38,7 @@ type InFlight = Arc<Mutex<HashMap<u64, CancellationToken>>>;
 /// Everything a connection needs from the server.
 pub(crate) struct ConnectionContext {
     pub id: ConnectionId,
-    pub dispatcher: Arc<Dispatcher>,
+    pub service: Arc<Service>,
     /// Fires when the connection must give up its waiting requests
     /// (the drain deadline passed).
     pub cancel: CancellationToken,
@@ -53,23 +62,22 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
         client_name: None,
     };
 
-    let mut buffer = BytesMut::with_capacity(READ_CHUNK);
+    let mut frames = FrameReader::new();
     let close_reason = loop {
-        match connection.process_buffered(&mut buffer).await {
+        match connection.process_buffered(&mut frames).await {
             Ok(()) => {}
             Err(reason) => break reason,
         }
-        buffer.reserve(READ_CHUNK);
         let read = tokio::select! {
-            read = reader.read_buf(&mut buffer) => read,
+            read = reader.read_buf(frames.read_space()) => read,
             _ = connection.context.close.cancelled() => break "the daemon is shutting down".to_string(),
         };
         match read {
-            Ok(0) if buffer.is_empty() => break "closed by the client".to_string(),
+            Ok(0) if frames.buffered() == 0 => break "closed by the client".to_string(),
             Ok(0) => {
                 break format!(
                     "closed by the client in the middle of a frame ({} bytes unread)",
-                    buffer.len()
+                    frames.buffered()
                 );
             }
             Ok(_) => {}
@@ -92,12 +100,12 @@ struct Connection {
 }
 
 impl Connection {
-    /// Handles every complete frame in `buffer`. An error means the
+    /// Handles every complete frame `frames` holds. An error means the
     /// connection must close, with the reason to log.
-    async fn process_buffered(&mut self, buffer: &mut BytesMut) -> Result<(), String> {
+    async fn process_buffered(&mut self, frames: &mut FrameReader) -> Result<(), String> {
         loop {
-            let (payload, frame_len) = match proto::split_frame(buffer) {
-                Ok(Some((payload, frame_len))) => (payload, frame_len),
+            let payload = match frames.next_payload() {
+                Ok(Some(payload)) => payload,
                 Ok(None) => return Ok(()),
                 Err(frame_error) => {
                     let reason = frame_error.to_string();
@@ -109,17 +117,37 @@ impl Connection {
                     return Err(reason);
                 }
             };
-            let decoded = proto::decode_payload::<ClientFrame>(payload);
-            let id_hint = proto::request_id_hint(payload);
-            let version_hint = proto::hello_version_hint(payload);
-            buffer.advance(frame_len);
+            let decoded = proto::decode_payload::<ClientFrame>(&payload);
+            let id_hint = proto::request_id_hint(&payload);
+            let version_hint = proto::hello_version_hint(&payload);
             match decoded {
                 Ok(frame) => self.handle_frame(frame).await?,
                 Err(FrameError::Malformed(reason)) if self.client_name.is_some() => {
-                    tracing::warn!(connection = self.context.id, client = self.client(), %reason, "malformed message");
                     let id = id_hint.unwrap_or(CONNECTION_REQUEST_ID);
-                    self.answer(id, error(ErrorCode::MalformedMessage, reason))
-                        .await;
+                    let answer = match proto::request_tag_hint(&payload) {
+                        // A request of a later protocol revision: the client
+                        // can tell that this daemon predates it (PROTOCOL.md §10).
+                        Some(tag) if tag >= Request::KNOWN_TAGS => {
+                            tracing::debug!(
+                                connection = self.context.id,
+                                client = self.client(),
+                                tag,
+                                "request of a later protocol revision"
+                            );
+                            error(
+                                ErrorCode::Unsupported,
+                                format!(
+                                    "request tag {tag} is not known to {SERVER}, which knows tags 0 to {}",
+                                    Request::KNOWN_TAGS - 1
+                                ),
+                            )
+                        }
+                        _ => {
+                            tracing::warn!(connection = self.context.id, client = self.client(), %reason, "malformed message");
+                            error(ErrorCode::MalformedMessage, reason)
+                        }
+                    };
+                    self.answer(id, answer).await;
                 }
                 Err(frame_error) => {
                     if let Some(version) = version_hint.filter(|&v| v != PROTOCOL_VERSION) {
@@ -189,7 +217,27 @@ impl Connection {
                 )
                 .await
             }
-            request => self.start_request(request_id, request).await,
+            Request::Acquire(acquire) => self.start_call(request_id, Call::Acquire(acquire)).await,
+            Request::Report {
+                lease,
+                input_tokens,
+                output_tokens,
+            } => {
+                let call = Call::Report {
+                    lease,
+                    input_tokens,
+                    output_tokens,
+                };
+                self.start_call(request_id, call).await
+            }
+            Request::Release { lease } => {
+                self.start_call(request_id, Call::Release { lease }).await
+            }
+            Request::Estimate { limit, cost } => {
+                self.start_call(request_id, Call::Estimate { limit, cost })
+                    .await
+            }
+            Request::Status { limit } => self.start_call(request_id, Call::Status { limit }).await,
         }
         Ok(())
     }
@@ -206,7 +254,7 @@ impl Connection {
                     request_id,
                     Response::Hello {
                         protocol_version: PROTOCOL_VERSION,
-                        server: concat!("ratekeeper ", env!("CARGO_PKG_VERSION")).to_string(),
+                        server: SERVER.to_string(),
                         max_frame_len: MAX_FRAME_LEN,
                         max_in_flight: MAX_IN_FLIGHT,
                     },
@@ -253,9 +301,9 @@ impl Connection {
         reason
     }
 
-    /// Registers the request as in flight and answers it from its own task,
+    /// Registers the call as in flight and answers it from its own task,
     /// so a long acquire wait holds up nothing behind it.
-    async fn start_request(&mut self, request_id: u64, request: Request) {
+    async fn start_call(&mut self, request_id: u64, call: Call) {
         let admitted = {
             let mut in_flight = self.lock_in_flight();
             if in_flight.len() >= MAX_IN_FLIGHT as usize {
@@ -273,15 +321,16 @@ impl Connection {
             Ok(token) => token,
             Err(refusal) => return self.answer(request_id, refusal).await,
         };
-        let dispatcher = self.context.dispatcher.clone();
+        let service = self.context.service.clone();
         let in_flight = self.in_flight.clone();
         let answers = self.answers.clone();
         let connection = self.context.id;
         let task = async move {
             // A bug must cost one request an error, never leave it unanswered.
-            let response = AssertUnwindSafe(dispatcher.handle(connection, request, token))
+            let response = AssertUnwindSafe(service.handle(connection, call, token))
                 .catch_unwind()
                 .await
+                .map(|answer| answer.unwrap_or_else(|failure| failure.into_response()))
                 .unwrap_or_else(|_| {
                     tracing::error!(
                         connection,
@@ -318,7 +367,7 @@ impl Connection {
         };
         self.tasks.close();
         self.tasks.wait().await;
-        let forgotten = self.context.dispatcher.connection_closed(self.context.id);
+        let forgotten = self.context.service.connection_closed(self.context.id);
         tracing::info!(
             connection = self.context.id,
             client = self.client(),
@@ -355,7 +404,7 @@ impl Connection {
 
 /// Encodes answers as they come, batching whatever is ready into one write.
 async fn write_answers(mut writer: OwnedWriteHalf, mut pending: mpsc::Receiver<ServerFrame>) {
-    let mut bytes = Vec::with_capacity(READ_CHUNK);
+    let mut bytes = Vec::with_capacity(WRITE_CHUNK);
     while let Some(frame) = pending.recv().await {
         bytes.clear();
         encode_answer(&frame, &mut bytes);

@@ -7,14 +7,13 @@ pub mod listener;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::dispatch::Dispatcher;
+use crate::service::Service;
 use connection::ConnectionContext;
 pub use listener::{BindError, bind};
 
@@ -37,12 +36,12 @@ pub struct ServerSettings {
 /// requests finish within the drain timeout and cancels (refunding) the rest.
 pub async fn run(
     listener: UnixListener,
-    dispatcher: Arc<Dispatcher>,
+    service: Arc<Service>,
     settings: ServerSettings,
     shutdown: impl Future<Output = ()>,
 ) {
     let requests = TaskTracker::new();
-    let lease_sweeper = tokio::spawn(dispatcher.clone().expire_leases_periodically());
+    let lease_sweeper = tokio::spawn(service.clone().expire_leases_periodically());
     let cancel_all = CancellationToken::new();
     let close_all = CancellationToken::new();
     let connections = TaskTracker::new();
@@ -68,7 +67,7 @@ pub async fn run(
         }
         let context = ConnectionContext {
             id,
-            dispatcher: dispatcher.clone(),
+            service: service.clone(),
             cancel: cancel_all.child_token(),
             requests: requests.clone(),
             close: close_all.clone(),
@@ -81,7 +80,7 @@ pub async fn run(
         drain_timeout_ms = settings.drain_timeout.as_millis() as u64,
         "shutting down: no new acquires, draining in-flight requests"
     );
-    dispatcher.begin_drain();
+    service.begin_drain();
     drop(listener);
     listener::remove_socket(&settings.socket_path);
     requests.close();
@@ -110,14 +109,6 @@ pub async fn run(
         );
     }
     lease_sweeper.abort();
-    let counters = dispatcher.lease_counters();
-    tracing::info!(
-        open_leases = dispatcher.open_leases(),
-        leases_kept_on_disconnect = counters.kept_on_disconnect.load(Ordering::Relaxed),
-        leases_refunded_on_disconnect = counters.refunded_on_disconnect.load(Ordering::Relaxed),
-        leases_expired = counters.expired.load(Ordering::Relaxed),
-        "stopped"
-    );
 }
 
 fn peer_allowed(stream: &UnixStream, settings: &ServerSettings, connection: u64) -> bool {

@@ -1,48 +1,107 @@
-//! A load generator over the real socket, for benchmarks and the fleet-wide
-//! concurrency test: many pipelined acquires, their latencies, and a log of
-//! every grant's arrival time.
+//! `ratekeeper-loadgen`: a load generator over the real socket, for the
+//! benchmarks and the fleet-wide concurrency test — many pipelined acquires,
+//! their latencies, and a log of every grant's arrival time. A binary of its
+//! own, so the daemon carries none of it.
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use clap::Parser;
 use serde::Serialize;
 
-use crate::client::{Client, ClientError};
-use crate::proto::{Acquire, Cost, Request, Response};
+use ratekeeper::client::{Client, ClientError};
+use ratekeeper::config;
+use ratekeeper::proto::{Acquire, Cost, Request, Response};
 
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct LoadOptions {
-    pub socket: PathBuf,
-    pub limit: String,
+/// Send acquires as fast as answers come, and report throughput and latency.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "ratekeeper-loadgen",
+    version,
+    after_help = "Prints one JSON object: acquires, granted, denied, errors, \
+acquires_per_second and latency percentiles in microseconds. Used by bench/ and the tests.\n\n\
+Exit codes: 0 the run completed, 1 the daemon was unreachable, 2 usage error."
+)]
+struct LoadOptions {
+    /// Path of the daemon's Unix socket.
+    #[arg(long, short, env = config::ENV_SOCKET, default_value = config::DEFAULT_SOCKET_PATH)]
+    socket: PathBuf,
+    /// The limit to draw from.
+    limit: String,
     /// Tokens each acquire asks for.
-    pub tokens: u64,
-    /// Connections opened to the daemon.
-    pub connections: usize,
+    #[arg(long, default_value_t = 1)]
+    tokens: u64,
+    /// Connections to open.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    connections: u32,
     /// Acquires kept in flight on each connection.
-    pub concurrency: usize,
-    pub duration: Duration,
-    pub max_wait_ms: u64,
-    /// Give each granted lease back at once (one more round trip).
-    pub release: bool,
-    /// Where to write one line per grant: arrival time (ms since the Unix
-    /// epoch, fractional) and tokens.
-    pub grant_log: Option<PathBuf>,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    concurrency: u32,
+    /// How long to run, in seconds.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_seconds)]
+    seconds: f64,
+    /// max_wait_ms of each acquire.
+    #[arg(long = "max-wait", value_name = "MS", default_value_t = 0)]
+    max_wait_ms: u64,
+    /// Release each granted lease right away (one more round trip).
+    #[arg(long)]
+    release: bool,
+    /// Write one line per grant: arrival time (ms since the Unix epoch) and tokens.
+    #[arg(long, value_name = "FILE")]
+    grant_log: Option<PathBuf>,
+}
+
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    let seconds: f64 = text.parse().map_err(|e| format!("{e}"))?;
+    Duration::try_from_secs_f64(seconds)
+        .map(|_| seconds)
+        .map_err(|_| "must be a finite number of seconds, not negative".to_string())
+}
+
+fn main() -> ExitCode {
+    let options = LoadOptions::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(runtime_error) => {
+            eprintln!("ratekeeper-loadgen: cannot start the async runtime: {runtime_error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(options)) {
+        Ok(report) => match serde_json::to_string(&report) {
+            Ok(json) => {
+                println!("{json}");
+                ExitCode::SUCCESS
+            }
+            Err(json_error) => {
+                eprintln!("ratekeeper-loadgen: {json_error}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(failure) => {
+            eprintln!("ratekeeper-loadgen: {failure}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// What happened, with latencies of acquire round trips in microseconds.
 #[derive(Debug, Clone, Serialize)]
-pub struct LoadReport {
-    pub acquires: u64,
-    pub granted: u64,
-    pub denied: u64,
-    pub errors: u64,
-    pub seconds: f64,
-    pub acquires_per_second: f64,
-    pub latency_p50_us: u64,
-    pub latency_p99_us: u64,
-    pub latency_max_us: u64,
+struct LoadReport {
+    acquires: u64,
+    granted: u64,
+    denied: u64,
+    errors: u64,
+    seconds: f64,
+    acquires_per_second: f64,
+    latency_p50_us: u64,
+    latency_p99_us: u64,
+    latency_max_us: u64,
 }
 
 /// One worker's tally.
@@ -56,17 +115,17 @@ struct Tally {
 }
 
 /// Runs the load until the duration has passed and every worker has stopped.
-pub async fn run(options: LoadOptions) -> Result<LoadReport, ClientError> {
-    let mut clients = Vec::with_capacity(options.connections);
+async fn run(options: LoadOptions) -> Result<LoadReport, ClientError> {
+    let mut clients = Vec::with_capacity(options.connections as usize);
     for index in 0..options.connections {
         let name = format!("ratekeeper-loadgen pid={} conn={index}", std::process::id());
         clients.push(Arc::new(Client::connect(&options.socket, &name).await?));
     }
     let started = Instant::now();
-    let deadline = started + options.duration;
+    let deadline = started + Duration::from_secs_f64(options.seconds);
     let mut workers = tokio::task::JoinSet::new();
     for client in &clients {
-        for _ in 0..options.concurrency.max(1) {
+        for _ in 0..options.concurrency {
             workers.spawn(worker(client.clone(), options.clone(), deadline));
         }
     }

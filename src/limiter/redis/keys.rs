@@ -1,0 +1,244 @@
+//! The Redis key schema: the one place that turns a bucket's identity into
+//! a key.
+//!
+//! ```text
+//! PREFIX:{l:LIMIT}:LIMIT:ROLE             a limit's own bucket (no group)
+//! PREFIX:{g:GROUP}:LIMIT:ROLE             a limit's own bucket in a group
+//! PREFIX:{g:GROUP}:ROLE                   a group's bucket, shared by its limits
+//! PREFIX:{TAG}:LIMIT:tenant:TENANT        a tenant's share of a limit
+//! ```
+//!
+//! Every key of one acquire carries the same Redis Cluster hash tag (`{…}`),
+//! so one script call touches one slot. Names are escaped (`%`, `:`, `{`, `}`
+//! as `%25`, `%3A`, `%7B`, `%7D`): an escaped name holds no separator and no
+//! brace, so the tag is always the key's first `{…}`, and the number of
+//! segments after it tells the kinds apart. Distinct buckets therefore never
+//! share a key, whatever their names (a limit named `group`, a tenant named
+//! `a:tenant:b`, a limit named like another's group).
+
+use std::fmt::Write;
+
+use crate::limiter::BucketRole;
+
+/// What a bucket belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BucketOwner<'a> {
+    /// One of a limit's own buckets; `group` is the limit's group, if any.
+    Limit {
+        limit: &'a str,
+        group: Option<&'a str>,
+    },
+    /// A bucket of a group, shared by every limit in it.
+    Group { group: &'a str },
+    /// A tenant's share of a limit.
+    Tenant {
+        limit: &'a str,
+        group: Option<&'a str>,
+        tenant: &'a str,
+    },
+}
+
+/// The key of `owner`'s bucket of `role` under `prefix` (which holds no
+/// braces: config validation refuses them).
+pub fn bucket_key(prefix: &str, owner: BucketOwner<'_>, role: BucketRole) -> String {
+    let mut key = String::with_capacity(prefix.len() + 64);
+    key.push_str(prefix);
+    let (limit, group) = match owner {
+        BucketOwner::Limit { limit, group } | BucketOwner::Tenant { limit, group, .. } => {
+            (Some(limit), group)
+        }
+        BucketOwner::Group { group } => (None, Some(group)),
+    };
+    match (group, limit) {
+        (Some(group), _) => push_tag(&mut key, 'g', group),
+        (None, Some(limit)) => push_tag(&mut key, 'l', limit),
+        (None, None) => unreachable!("a group bucket always names its group"),
+    }
+    if let Some(limit) = limit {
+        key.push(':');
+        push_escaped(&mut key, limit);
+    }
+    match owner {
+        BucketOwner::Tenant { tenant, .. } => {
+            key.push_str(":tenant:");
+            push_escaped(&mut key, tenant);
+        }
+        BucketOwner::Limit { .. } | BucketOwner::Group { .. } => {
+            key.push(':');
+            key.push_str(role.key_segment());
+        }
+    }
+    key
+}
+
+fn push_tag(key: &mut String, kind: char, name: &str) {
+    key.push_str(":{");
+    key.push(kind);
+    key.push(':');
+    push_escaped(key, name);
+    key.push('}');
+}
+
+/// Appends `name` with the schema's separators and braces percent-escaped.
+fn push_escaped(key: &mut String, name: &str) {
+    for c in name.chars() {
+        match c {
+            '%' | ':' | '{' | '}' => {
+                let _ = write!(key, "%{:02X}", c as u32);
+            }
+            c => key.push(c),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    #[test]
+    fn plain_names_read_as_before() {
+        let cases = [
+            (
+                BucketOwner::Limit {
+                    limit: "gpt",
+                    group: None,
+                },
+                BucketRole::Tokens,
+                "rk:{l:gpt}:gpt:tokens",
+            ),
+            (
+                BucketOwner::Limit {
+                    limit: "mini",
+                    group: Some("org"),
+                },
+                BucketRole::Requests,
+                "rk:{g:org}:mini:requests",
+            ),
+            (
+                BucketOwner::Group { group: "org" },
+                BucketRole::GroupTokens,
+                "rk:{g:org}:tokens",
+            ),
+            (
+                BucketOwner::Tenant {
+                    limit: "gpt",
+                    group: None,
+                    tenant: "acme",
+                },
+                BucketRole::Tenant,
+                "rk:{l:gpt}:gpt:tenant:acme",
+            ),
+            (
+                BucketOwner::Limit {
+                    limit: "a:b{c}%",
+                    group: None,
+                },
+                BucketRole::InputTokens,
+                "rk:{l:a%3Ab%7Bc%7D%25}:a%3Ab%7Bc%7D%25:input_tokens",
+            ),
+        ];
+        for (owner, role, expected) in cases {
+            assert_eq!(
+                bucket_key("rk", owner, role),
+                expected,
+                "{owner:?} {role:?}"
+            );
+        }
+    }
+
+    /// Every bucket that adversarial names can describe gets its own key,
+    /// and every key of a grouped limit shares the group's hash tag.
+    #[test]
+    fn distinct_buckets_never_share_a_key() {
+        let names = [
+            "group",
+            "tenant",
+            "tokens",
+            "requests",
+            "org",
+            "l",
+            "g",
+            "a",
+            "a:b",
+            "b",
+            ":",
+            "::",
+            "{",
+            "}",
+            "{g:org}",
+            "org}:x",
+            "%",
+            "%3A",
+            "%25",
+            "a%3Ab",
+            "tenant:a",
+            "a:tenant:b",
+            "gpt:tokens",
+            "",
+            " ",
+        ];
+        let limit_roles = [
+            BucketRole::Tokens,
+            BucketRole::InputTokens,
+            BucketRole::OutputTokens,
+            BucketRole::Requests,
+        ];
+        let group_roles = [BucketRole::GroupTokens, BucketRole::GroupRequests];
+        let groups: Vec<Option<&str>> = std::iter::once(None)
+            .chain(names.iter().copied().map(Some))
+            .collect();
+        let mut buckets: Vec<(BucketOwner, BucketRole)> = Vec::new();
+        for &group in &groups {
+            if let Some(group) = group {
+                for role in group_roles {
+                    buckets.push((BucketOwner::Group { group }, role));
+                }
+            }
+            for limit in names {
+                for role in limit_roles {
+                    buckets.push((BucketOwner::Limit { limit, group }, role));
+                }
+                for tenant in names {
+                    buckets.push((
+                        BucketOwner::Tenant {
+                            limit,
+                            group,
+                            tenant,
+                        },
+                        BucketRole::Tenant,
+                    ));
+                }
+            }
+        }
+        let mut seen: HashMap<String, (BucketOwner, BucketRole)> = HashMap::new();
+        for (owner, role) in buckets {
+            let key = bucket_key("ratekeeper", owner, role);
+            if let Some(earlier) = seen.insert(key.clone(), (owner, role)) {
+                panic!("{key} names both {earlier:?} and {:?}", (owner, role));
+            }
+            let group = match owner {
+                BucketOwner::Limit { group, .. } | BucketOwner::Tenant { group, .. } => group,
+                BucketOwner::Group { group } => Some(group),
+            };
+            if let Some(group) = group {
+                let tag = hash_tag(&key);
+                assert_eq!(
+                    tag,
+                    hash_tag(&bucket_key("x", BucketOwner::Group { group }, role))
+                );
+                assert!(tag.starts_with("g:"), "{key}");
+            }
+        }
+        assert!(seen.len() > 18_000, "{} buckets", seen.len());
+    }
+
+    /// The part of `key` Redis Cluster hashes: between the first `{` and
+    /// the next `}`.
+    fn hash_tag(key: &str) -> &str {
+        let open = key.find('{').expect("a tag") + 1;
+        let close = open + key[open..].find('}').expect("a closed tag");
+        &key[open..close]
+    }
+}

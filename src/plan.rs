@@ -1,0 +1,369 @@
+//! Planning an acquire, purely: which buckets a limit has and their keys,
+//! the names and waits a request may ask for, what each bucket is charged
+//! under the limit's cost rule, the floors that priority classes keep, and
+//! the one capacity check. No I/O and no clock: the service asks, a store
+//! carries the plan out.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::config::{
+    Config, LimitConfig, MAX_WAIT_MS, PriorityClass, SettleRule, TokenBuckets, TokenRate,
+};
+use crate::leases::{Reserved, Settle};
+use crate::limiter::redis::{BucketOwner, bucket_key};
+use crate::limiter::{BucketRole, BucketSpec, Draw};
+use crate::proto::MAX_NAME_LEN;
+
+/// Key prefix when no Redis is configured (the embedded store has no
+/// neighbours, but its keys follow the same schema).
+const EMBEDDED_KEY_PREFIX: &str = "ratekeeper";
+
+/// Why an acquire cannot be planned: the request's fault, each with the
+/// message the client gets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("{what} name of {len} bytes exceeds the maximum of {MAX_NAME_LEN}")]
+    NameTooLong { what: &'static str, len: usize },
+    #[error("max_wait_ms {0} exceeds the maximum of {MAX_WAIT_MS}")]
+    MaxWaitTooLong(u64),
+    #[error("no limit named \"{name}\" is configured (configured: {configured})")]
+    UnknownLimit { name: String, configured: String },
+    #[error("no priority class named \"{0}\" is configured")]
+    UnknownPriority(String),
+    #[error("priority class \"{class}\" does not apply to limit \"{limit}\"")]
+    PriorityNotForLimit { class: String, limit: String },
+    #[error("a cost must be at least one token")]
+    ZeroCost,
+    #[error("input_tokens + output_tokens overflows 64 bits")]
+    CostOverflow,
+    #[error(
+        "a cost of {tokens} tokens exceeds max_request_tokens = {largest} of limit \"{limit}\""
+    )]
+    AboveMaxRequestTokens {
+        tokens: u64,
+        largest: u64,
+        limit: String,
+    },
+    #[error(
+        "a cost of {cost} can never be granted: the {bucket} bucket of limit \"{limit}\" holds at most {capacity}{}",
+        kept_note(*.floor, .class)
+    )]
+    NeverFits {
+        cost: u64,
+        bucket: &'static str,
+        limit: String,
+        capacity: u64,
+        floor: u64,
+        class: String,
+    },
+}
+
+fn kept_note(floor: u64, class: &str) -> String {
+    if floor > 0 {
+        format!(" less {floor} kept for classes above \"{class}\"")
+    } else {
+        String::new()
+    }
+}
+
+/// Refuses a client-supplied name longer than the protocol allows.
+pub fn check_name(what: &'static str, name: &str) -> Result<(), PlanError> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(PlanError::NameTooLong {
+            what,
+            len: name.len(),
+        });
+    }
+    Ok(())
+}
+
+/// The configuration in force, with every limit's buckets keyed once.
+#[derive(Debug)]
+pub struct Planner {
+    config: Arc<Config>,
+    prefix: String,
+    buckets: HashMap<String, LimitBuckets>,
+}
+
+/// The buckets of one limit that do not depend on the request.
+#[derive(Debug)]
+struct LimitBuckets {
+    /// Token, request and group buckets; the tenant bucket is per acquire.
+    fixed: Vec<(BucketRole, BucketSpec)>,
+}
+
+/// An acquire whose names and wait are valid.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckedAcquire<'a> {
+    pub limit: &'a LimitConfig,
+    pub class: &'a PriorityClass,
+    /// The request's `max_wait_ms`, else its class's.
+    pub max_wait_ms: u64,
+}
+
+/// What to reserve where.
+#[derive(Debug, Clone)]
+pub struct AcquirePlan {
+    /// Reserved in the limit's own token buckets (`Granted.tokens`).
+    pub tokens: u64,
+    pub reserved: Vec<Reserved>,
+}
+
+impl AcquirePlan {
+    /// The draws to hand to a store, in the order of `reserved`.
+    pub fn draws(&self) -> Vec<Draw> {
+        self.reserved.iter().map(|r| r.draw.clone()).collect()
+    }
+}
+
+impl Planner {
+    pub fn new(config: Arc<Config>) -> Self {
+        let prefix = config
+            .redis
+            .as_ref()
+            .map_or(EMBEDDED_KEY_PREFIX, |redis| redis.key_prefix.as_str())
+            .to_string();
+        let buckets = config
+            .limits
+            .iter()
+            .map(|limit| {
+                let buckets = LimitBuckets::new(&prefix, limit, &config);
+                (limit.name.clone(), buckets)
+            })
+            .collect();
+        Planner {
+            config,
+            prefix,
+            buckets,
+        }
+    }
+
+    /// The configuration this planner was built from.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// A limit's request-independent buckets, with their roles.
+    pub fn buckets(&self, limit: &LimitConfig) -> &[(BucketRole, BucketSpec)] {
+        &self.buckets[&limit.name].fixed
+    }
+
+    /// Checks an acquire's names and wait: its limit, priority class and
+    /// `max_wait_ms` (the class's default when it gives none).
+    pub fn check_acquire(
+        &self,
+        limit: &str,
+        tenant: Option<&str>,
+        priority: Option<&str>,
+        max_wait_ms: Option<u64>,
+    ) -> Result<CheckedAcquire<'_>, PlanError> {
+        check_name("limit", limit)?;
+        if let Some(tenant) = tenant {
+            check_name("tenant", tenant)?;
+        }
+        if let Some(priority) = priority {
+            check_name("priority", priority)?;
+        }
+        let limit = self.find_limit(limit)?;
+        let class = self.find_class(limit, priority)?;
+        let max_wait_ms = max_wait_ms.unwrap_or(class.max_wait_ms);
+        if max_wait_ms > MAX_WAIT_MS {
+            return Err(PlanError::MaxWaitTooLong(max_wait_ms));
+        }
+        Ok(CheckedAcquire {
+            limit,
+            class,
+            max_wait_ms,
+        })
+    }
+
+    /// The limit named `name`, which the client sent.
+    pub fn find_limit(&self, name: &str) -> Result<&LimitConfig, PlanError> {
+        check_name("limit", name)?;
+        self.config.limit(name).ok_or_else(|| {
+            let known: Vec<&str> = self.config.limits.iter().map(|l| l.name.as_str()).collect();
+            PlanError::UnknownLimit {
+                name: name.to_string(),
+                configured: if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                },
+            }
+        })
+    }
+
+    fn find_class(
+        &self,
+        limit: &LimitConfig,
+        name: Option<&str>,
+    ) -> Result<&PriorityClass, PlanError> {
+        let name = name.unwrap_or(&self.config.default_priority);
+        let class = self
+            .config
+            .priority(name)
+            .ok_or_else(|| PlanError::UnknownPriority(name.to_string()))?;
+        match &class.limits {
+            Some(limits) if !limits.contains(&limit.name) => Err(PlanError::PriorityNotForLimit {
+                class: name.to_string(),
+                limit: limit.name.clone(),
+            }),
+            _ => Ok(class),
+        }
+    }
+
+    /// Turns `input` and `output` tokens into one draw per bucket: separate
+    /// input and output buckets take their own figure; the combined, tenant
+    /// and group token buckets take the charge of the limit's cost rule;
+    /// request buckets take one.
+    pub fn plan_acquire(
+        &self,
+        checked: CheckedAcquire<'_>,
+        tenant: Option<&str>,
+        input: u64,
+        output: u64,
+    ) -> Result<AcquirePlan, PlanError> {
+        let CheckedAcquire { limit, class, .. } = checked;
+        let total = match input.checked_add(output) {
+            Some(0) => return Err(PlanError::ZeroCost),
+            Some(total) => total,
+            None => return Err(PlanError::CostOverflow),
+        };
+        let charge = limit.cost_rule.charge(input, output).unwrap_or(total);
+        // What the limit's own token buckets reserve: Granted.tokens.
+        let tokens = match limit.token_buckets() {
+            TokenBuckets::Combined(_) => charge,
+            TokenBuckets::Split { .. } => total,
+        };
+        if let Some(largest) = limit.max_request_tokens.filter(|&largest| tokens > largest) {
+            return Err(PlanError::AboveMaxRequestTokens {
+                tokens,
+                largest,
+                limit: limit.name.clone(),
+            });
+        }
+        // Buckets that mirror the provider keep its charge under "none";
+        // tenant buckets are ratekeeper's own accounting and always settle.
+        let mirrors = |settle: Settle| match limit.settle {
+            SettleRule::Refund => settle,
+            SettleRule::NoRefund => Settle::Never,
+        };
+        let mut reserved: Vec<Reserved> = self
+            .buckets(limit)
+            .iter()
+            .map(|(role, bucket)| {
+                let (cost, settle) = match role {
+                    BucketRole::Tokens | BucketRole::GroupTokens => {
+                        (charge, mirrors(Settle::Total))
+                    }
+                    BucketRole::InputTokens => (input, mirrors(Settle::Input)),
+                    BucketRole::OutputTokens => (output, mirrors(Settle::Output)),
+                    BucketRole::Tenant => (charge, Settle::Total),
+                    BucketRole::Requests | BucketRole::GroupRequests => (1, Settle::Never),
+                };
+                Reserved {
+                    role: *role,
+                    draw: draw(class, bucket.clone(), cost),
+                    settle,
+                }
+            })
+            .collect();
+        // A tenant on a limit without a share is accepted and draws nothing
+        // extra, so clients can always send their tenant.
+        if let Some(bucket) = tenant.and_then(|tenant| self.tenant_bucket(limit, tenant)) {
+            reserved.push(Reserved {
+                role: BucketRole::Tenant,
+                draw: draw(class, bucket, charge),
+                settle: Settle::Total,
+            });
+        }
+        if let Some(refused) = reserved.iter().find(|r| !r.draw.fits_capacity()) {
+            return Err(PlanError::NeverFits {
+                cost: refused.draw.cost,
+                bucket: refused.role.name(),
+                limit: limit.name.clone(),
+                capacity: refused.draw.bucket.capacity,
+                floor: refused.draw.floor,
+                class: class.name.clone(),
+            });
+        }
+        Ok(AcquirePlan { tokens, reserved })
+    }
+
+    /// The tenant's own bucket: `tenant_share` of the limit's token bucket
+    /// (of both together, with separate input and output buckets).
+    fn tenant_bucket(&self, limit: &LimitConfig, tenant: &str) -> Option<BucketSpec> {
+        let share = limit.tenant_share?;
+        let scaled = |value: u64| ((value as f64 * share).floor() as u64).max(1);
+        let total = limit.total_token_rate();
+        let owner = BucketOwner::Tenant {
+            limit: &limit.name,
+            group: limit.group.as_deref(),
+            tenant,
+        };
+        Some(BucketSpec {
+            key: bucket_key(&self.prefix, owner, BucketRole::Tenant),
+            capacity: scaled(total.burst),
+            per_minute: scaled(total.per_minute),
+        })
+    }
+}
+
+impl LimitBuckets {
+    fn new(prefix: &str, limit: &LimitConfig, config: &Config) -> Self {
+        let group = limit.group.as_deref();
+        let own = BucketOwner::Limit {
+            limit: &limit.name,
+            group,
+        };
+        let bucket = |owner: BucketOwner, role: BucketRole, per_minute: u64, burst: u64| {
+            let key = bucket_key(prefix, owner, role);
+            let spec = BucketSpec {
+                key,
+                capacity: burst,
+                per_minute,
+            };
+            (role, spec)
+        };
+        let token_bucket =
+            |role: BucketRole, rate: TokenRate| bucket(own, role, rate.per_minute, rate.burst);
+        let mut fixed = match limit.token_buckets() {
+            TokenBuckets::Combined(rate) => vec![token_bucket(BucketRole::Tokens, rate)],
+            TokenBuckets::Split { input, output } => vec![
+                token_bucket(BucketRole::InputTokens, input),
+                token_bucket(BucketRole::OutputTokens, output),
+            ],
+        };
+        if let Some(per_minute) = limit.requests_per_minute {
+            let burst = limit.burst_requests.unwrap_or(per_minute);
+            fixed.push(bucket(own, BucketRole::Requests, per_minute, burst));
+        }
+        if let Some(group) = group.and_then(|name| config.group(name)) {
+            let owner = BucketOwner::Group { group: &group.name };
+            if let Some(per_minute) = group.tokens_per_minute {
+                let burst = group.burst_tokens.unwrap_or(per_minute);
+                fixed.push(bucket(owner, BucketRole::GroupTokens, per_minute, burst));
+            }
+            if let Some(per_minute) = group.requests_per_minute {
+                let burst = group.burst_requests.unwrap_or(per_minute);
+                fixed.push(bucket(owner, BucketRole::GroupRequests, per_minute, burst));
+            }
+        }
+        LimitBuckets { fixed }
+    }
+}
+
+/// A draw of `cost` that leaves the floor `class` keeps for the classes
+/// above it.
+fn draw(class: &PriorityClass, bucket: BucketSpec, cost: u64) -> Draw {
+    let floor = (class.reserved_fraction * bucket.capacity as f64).ceil() as u64;
+    Draw {
+        bucket,
+        cost,
+        floor,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,408 @@
+//! The planning rules as tables: (limit, class, tenant, input, output) →
+//! the draws per bucket, or the refusal.
+
+use super::*;
+use crate::config::from_toml_str;
+
+const CONFIG: &str = r#"
+default_priority = "interactive"
+
+[[limits]]
+name = "sum"
+tokens_per_minute = 6000
+burst_tokens = 1000
+requests_per_minute = 60
+burst_requests = 5
+max_request_tokens = 900
+
+[[limits]]
+name = "openai"
+provider = "openai"
+model = "gpt-4o-mini"
+tokens_per_minute = 6000
+burst_tokens = 2000
+
+[[limits]]
+name = "split"
+input_tokens_per_minute = 600
+output_tokens_per_minute = 300
+tenant_share = 0.5
+
+[[limits]]
+name = "grouped"
+tokens_per_minute = 1000
+group = "org"
+
+[[limits]]
+name = "group"
+tokens_per_minute = 1000
+group = "org"
+
+[[groups]]
+name = "org"
+tokens_per_minute = 5000
+burst_tokens = 4000
+requests_per_minute = 100
+
+[[priorities]]
+name = "interactive"
+max_wait_ms = 2000
+
+[[priorities]]
+name = "batch"
+reserved_fraction = 0.25
+max_wait_ms = 60000
+limits = ["sum", "grouped"]
+"#;
+
+fn planner() -> Planner {
+    Planner::new(Arc::new(
+        from_toml_str(CONFIG, "plan.toml").expect("valid config"),
+    ))
+}
+
+/// One bucket of a plan: (role, cost, floor, settle, capacity).
+type Row = (BucketRole, u64, u64, Settle, u64);
+
+fn rows(plan: &AcquirePlan) -> Vec<Row> {
+    plan.reserved
+        .iter()
+        .map(|r| {
+            (
+                r.role,
+                r.draw.cost,
+                r.draw.floor,
+                r.settle,
+                r.draw.bucket.capacity,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn costs_become_one_draw_per_bucket() {
+    use BucketRole::*;
+    use Settle::*;
+    // (what, limit, priority, tenant, input, output) → (Granted.tokens, rows)
+    type Case = (
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        Option<&'static str>,
+        u64,
+        u64,
+        u64,
+        Vec<Row>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "sum: tokens take input + output and settle to the total; one request",
+            "sum",
+            None,
+            None,
+            300,
+            200,
+            500,
+            vec![(Tokens, 500, 0, Total, 1000), (Requests, 1, 0, Never, 5)],
+        ),
+        (
+            "a class with a reserved fraction leaves a floor in every bucket",
+            "sum",
+            Some("batch"),
+            None,
+            300,
+            200,
+            500,
+            vec![(Tokens, 500, 250, Total, 1000), (Requests, 1, 2, Never, 5)],
+        ),
+        (
+            "a tenant on a limit without shares draws nothing more",
+            "sum",
+            None,
+            Some("acme"),
+            10,
+            0,
+            10,
+            vec![(Tokens, 10, 0, Total, 1000), (Requests, 1, 0, Never, 5)],
+        ),
+        (
+            "openai: the charge is max(input, output) and is kept",
+            "openai",
+            None,
+            None,
+            300,
+            1000,
+            1000,
+            vec![(Tokens, 1000, 0, Never, 2000)],
+        ),
+        (
+            "separate buckets take their own figure; the tenant takes the sum from its share",
+            "split",
+            None,
+            Some("acme"),
+            200,
+            100,
+            300,
+            vec![
+                (InputTokens, 200, 0, Input, 600),
+                (OutputTokens, 100, 0, Output, 300),
+                (Tenant, 300, 0, Total, 450),
+            ],
+        ),
+        (
+            "a grouped limit also draws from the group's buckets",
+            "grouped",
+            Some("batch"),
+            None,
+            40,
+            0,
+            40,
+            vec![
+                (Tokens, 40, 250, Total, 1000),
+                (GroupTokens, 40, 1000, Total, 4000),
+                (GroupRequests, 1, 25, Never, 100),
+            ],
+        ),
+    ];
+    let planner = planner();
+    for (what, limit, priority, tenant, input, output, tokens, expected) in cases {
+        let checked = planner
+            .check_acquire(limit, tenant, priority, None)
+            .unwrap_or_else(|refusal| panic!("{what}: {refusal}"));
+        let plan = planner
+            .plan_acquire(checked, tenant, input, output)
+            .unwrap_or_else(|refusal| panic!("{what}: {refusal}"));
+        assert_eq!(plan.tokens, tokens, "{what}");
+        assert_eq!(rows(&plan), expected, "{what}");
+    }
+}
+
+#[test]
+fn impossible_costs_are_refused_before_any_store_sees_them() {
+    // (what, limit, priority, input, output) → refusal
+    type Case = (
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        u64,
+        u64,
+        PlanError,
+    );
+    let cases: Vec<Case> = vec![
+        ("zero", "sum", None, 0, 0, PlanError::ZeroCost),
+        (
+            "overflow",
+            "sum",
+            None,
+            u64::MAX,
+            1,
+            PlanError::CostOverflow,
+        ),
+        (
+            "above max_request_tokens",
+            "sum",
+            None,
+            901,
+            0,
+            PlanError::AboveMaxRequestTokens {
+                tokens: 901,
+                largest: 900,
+                limit: "sum".into(),
+            },
+        ),
+        (
+            "above the burst",
+            "openai",
+            None,
+            10,
+            2001,
+            PlanError::NeverFits {
+                cost: 2001,
+                bucket: "tokens",
+                limit: "openai".into(),
+                capacity: 2000,
+                floor: 0,
+                class: "interactive".into(),
+            },
+        ),
+        (
+            "within the burst but not above the class's floor",
+            "grouped",
+            Some("batch"),
+            800,
+            0,
+            PlanError::NeverFits {
+                cost: 800,
+                bucket: "tokens",
+                limit: "grouped".into(),
+                capacity: 1000,
+                floor: 250,
+                class: "batch".into(),
+            },
+        ),
+    ];
+    let planner = planner();
+    for (what, limit, priority, input, output, expected) in cases {
+        let checked = planner.check_acquire(limit, None, priority, None).unwrap();
+        let refusal = planner
+            .plan_acquire(checked, None, input, output)
+            .expect_err(what);
+        assert_eq!(refusal, expected, "{what}");
+    }
+    let floor_note = PlanError::NeverFits {
+        cost: 800,
+        bucket: "tokens",
+        limit: "grouped".into(),
+        capacity: 1000,
+        floor: 250,
+        class: "batch".into(),
+    };
+    assert_eq!(
+        floor_note.to_string(),
+        "a cost of 800 can never be granted: the tokens bucket of limit \"grouped\" holds at most 1000 less 250 kept for classes above \"batch\""
+    );
+}
+
+#[test]
+fn names_classes_and_waits_are_checked() {
+    let long = "x".repeat(MAX_NAME_LEN + 1);
+    // (what, limit, tenant, priority, max wait) → Ok(max wait in force) or the refusal
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        Option<&'a str>,
+        Option<&'a str>,
+        Option<u64>,
+        Result<u64, PlanError>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "the class's wait by default",
+            "sum",
+            None,
+            None,
+            None,
+            Ok(2000),
+        ),
+        (
+            "the request's own wait",
+            "sum",
+            None,
+            Some("batch"),
+            Some(7),
+            Ok(7),
+        ),
+        (
+            "another class's default",
+            "sum",
+            None,
+            Some("batch"),
+            None,
+            Ok(60000),
+        ),
+        (
+            "the longest wait",
+            "sum",
+            None,
+            None,
+            Some(MAX_WAIT_MS),
+            Ok(MAX_WAIT_MS),
+        ),
+        (
+            "a wait above the maximum",
+            "sum",
+            None,
+            None,
+            Some(MAX_WAIT_MS + 1),
+            Err(PlanError::MaxWaitTooLong(MAX_WAIT_MS + 1)),
+        ),
+        (
+            "an unknown limit lists the configured ones",
+            "nope",
+            None,
+            None,
+            None,
+            Err(PlanError::UnknownLimit {
+                name: "nope".into(),
+                configured: "sum, openai, split, grouped, group".into(),
+            }),
+        ),
+        (
+            "an unknown class",
+            "sum",
+            None,
+            Some("vip"),
+            None,
+            Err(PlanError::UnknownPriority("vip".into())),
+        ),
+        (
+            "a class that does not apply to the limit",
+            "openai",
+            None,
+            Some("batch"),
+            None,
+            Err(PlanError::PriorityNotForLimit {
+                class: "batch".into(),
+                limit: "openai".into(),
+            }),
+        ),
+        (
+            "a tenant name above the bound",
+            "sum",
+            Some(long.as_str()),
+            None,
+            None,
+            Err(PlanError::NameTooLong {
+                what: "tenant",
+                len: MAX_NAME_LEN + 1,
+            }),
+        ),
+        (
+            "a limit name above the bound",
+            long.as_str(),
+            None,
+            None,
+            None,
+            Err(PlanError::NameTooLong {
+                what: "limit",
+                len: MAX_NAME_LEN + 1,
+            }),
+        ),
+    ];
+    let planner = planner();
+    for (what, limit, tenant, priority, max_wait, expected) in cases {
+        let got = planner
+            .check_acquire(limit, tenant, priority, max_wait)
+            .map(|checked| checked.max_wait_ms);
+        assert_eq!(got, expected, "{what}");
+    }
+}
+
+#[test]
+fn buckets_of_different_limits_and_groups_never_share_a_key() {
+    let planner = planner();
+    let mut keys = std::collections::HashSet::new();
+    for limit in &planner.config().limits {
+        for (role, spec) in planner.buckets(limit) {
+            // Group buckets are shared by the group's limits, on purpose.
+            if !matches!(role, BucketRole::GroupTokens | BucketRole::GroupRequests) {
+                assert!(keys.insert(spec.key.clone()), "{} reused", spec.key);
+            }
+        }
+    }
+    let group_key = |name: &str| {
+        let limit = planner.config().limit(name).unwrap();
+        planner
+            .buckets(limit)
+            .iter()
+            .find(|(role, _)| *role == BucketRole::GroupTokens)
+            .map(|(_, spec)| spec.key.clone())
+            .unwrap()
+    };
+    // The limit named "group" and the group's own bucket stay apart.
+    assert_eq!(group_key("grouped"), group_key("group"));
+    assert!(
+        keys.insert(group_key("group")),
+        "a group bucket collides with a limit's"
+    );
+}

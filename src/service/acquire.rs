@@ -1,0 +1,213 @@
+//! Acquire and estimate: turning a cost into input and output figures
+//! (counting messages off the socket loop), reserving the plan in the store,
+//! and holding the answer back until the reservation is due.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::{ConnectionId, Service, ServiceError};
+use crate::config::LimitConfig;
+use crate::leases::{Lease, refund_all};
+use crate::limiter::Decision;
+use crate::plan::check_name;
+use crate::proto::{Acquire, ChatRequest, Cost, Response};
+use crate::tokens::{self, Bounds, Counter, PromptCount};
+
+impl Service {
+    pub(super) async fn acquire(
+        &self,
+        connection: ConnectionId,
+        acquire: Acquire,
+        cancel: CancellationToken,
+    ) -> Result<Response, ServiceError> {
+        if self.is_draining() {
+            return Err(ServiceError::ShuttingDown);
+        }
+        let snapshot = self.snapshot();
+        let Acquire {
+            limit,
+            tenant,
+            priority,
+            cost,
+            max_wait_ms,
+        } = acquire;
+        let planner = &snapshot.planner;
+        let checked =
+            planner.check_acquire(&limit, tenant.as_deref(), priority.as_deref(), max_wait_ms)?;
+        let limit = checked.limit;
+        let (input, output) = self.reservation(limit, cost).await?;
+        if cancel.is_cancelled() {
+            return Err(ServiceError::CancelledBeforeReserving);
+        }
+        let plan = planner.plan_acquire(checked, tenant.as_deref(), input, output)?;
+        let store_error = |source| ServiceError::Store {
+            limit: limit.name.clone(),
+            source,
+        };
+        let decision = self
+            .store
+            .acquire(&plan.draws(), checked.max_wait_ms)
+            .await
+            .map_err(store_error)?;
+        let (wait_ms, origin) = match decision {
+            Decision::Granted { wait_ms, origin } => (wait_ms, origin),
+            Decision::Denied {
+                retry_after_ms,
+                bucket,
+            } => {
+                return Ok(Response::Denied {
+                    retry_after_ms,
+                    bucket: plan.reserved[bucket].role.name().to_string(),
+                });
+            }
+        };
+        let started = Instant::now();
+        let waiters = &snapshot.waiters[&limit.name];
+        if !wait_until_due(waiters, wait_ms, &cancel).await {
+            let refunds = refund_all(&plan.reserved);
+            if let Err(store_error) = self.store.adjust(&refunds, origin).await {
+                tracing::warn!(limit = %limit.name, %store_error, "could not return a cancelled reservation");
+            }
+            return Err(if self.is_draining() {
+                ServiceError::ShutDownWhileWaiting
+            } else {
+                ServiceError::CancelledWhileWaiting
+            });
+        }
+        let lease = self.leases.insert(Lease {
+            owner: connection,
+            origin,
+            tokens: plan.tokens,
+            reserved: plan.reserved,
+            granted_at: Instant::now(),
+            learn_as: limit
+                .learn_max_output
+                .then(|| Arc::from(learning_key(limit))),
+        });
+        Ok(Response::Granted {
+            lease,
+            tokens: plan.tokens,
+            waited_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+
+    /// What an acquire of `cost` would reserve, counted the same way.
+    pub(super) async fn estimate(&self, limit: &str, cost: Cost) -> Result<Response, ServiceError> {
+        let snapshot = self.snapshot();
+        let limit = snapshot.planner.find_limit(limit)?;
+        let (input_tokens, output_tokens) = self.reservation(limit, cost).await?;
+        Ok(Response::Estimated {
+            input_tokens,
+            output_tokens,
+        })
+    }
+
+    /// The input and output figures `cost` reserves on `limit`: the counts
+    /// given, or the counted prompt and the output maximum (the request's,
+    /// else the learned one, else the limit's default).
+    async fn reservation(
+        &self,
+        limit: &LimitConfig,
+        cost: Cost,
+    ) -> Result<(u64, u64), ServiceError> {
+        match cost {
+            Cost::Tokens {
+                input_tokens,
+                output_tokens,
+            } => Ok((input_tokens, output_tokens)),
+            Cost::Messages(request) => {
+                let output = match request.max_output_tokens {
+                    Some(given) => given,
+                    None => self.default_max_output(limit),
+                };
+                let prompt = self.count_prompt(limit.counter(), request).await?;
+                Ok((prompt.total, output))
+            }
+        }
+    }
+
+    /// Output tokens reserved when a messages cost names no maximum.
+    fn default_max_output(&self, limit: &LimitConfig) -> u64 {
+        let learned = if limit.learn_max_output {
+            self.learner
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .estimate(learning_key(limit))
+        } else {
+            None
+        };
+        match learned {
+            Some(learned) => limit
+                .max_request_tokens
+                .map_or(learned, |largest| learned.min(largest)),
+            None => limit.default_max_output_tokens,
+        }
+    }
+
+    /// Counts a prompt: with tiktoken on the blocking pool, at most one
+    /// count per CPU at a time; requests beyond [`Bounds::DEFAULT`] are
+    /// refused before they wait for a slot.
+    async fn count_prompt(
+        &self,
+        counter: Counter,
+        request: ChatRequest,
+    ) -> Result<PromptCount, ServiceError> {
+        for message in &request.messages {
+            check_name("role", &message.role)?;
+        }
+        Bounds::DEFAULT.check(&request)?;
+        if let Counter::Chars(_) = counter {
+            // The estimate only adds up string lengths (a few µs within the
+            // bounds): the hop to a blocking thread would cost more.
+            return Ok(tokens::count_messages(counter, &request)?);
+        }
+        let _slot = self
+            .counting
+            .acquire()
+            .await
+            .map_err(|closed| ServiceError::Internal(closed.to_string()))?;
+        let counted =
+            tokio::task::spawn_blocking(move || tokens::count_messages(counter, &request)).await;
+        match counted {
+            Ok(count) => Ok(count?),
+            Err(failed) => Err(ServiceError::Internal(format!(
+                "counting the prompt failed: {failed}"
+            ))),
+        }
+    }
+
+    /// Records reported output tokens for limits that learn their max output.
+    pub(super) fn learn_output(&self, key: &str, output_tokens: u64) {
+        self.learner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .record(key, output_tokens);
+    }
+}
+
+/// Sleeps `wait_ms` unless cancelled first, counted in `waiters`; true
+/// when the wait completed.
+async fn wait_until_due(waiters: &AtomicU64, wait_ms: u64, cancel: &CancellationToken) -> bool {
+    if cancel.is_cancelled() {
+        return false;
+    }
+    if wait_ms == 0 {
+        return true;
+    }
+    waiters.fetch_add(1, Ordering::Relaxed);
+    let completed = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => true,
+    };
+    waiters.fetch_sub(1, Ordering::Relaxed);
+    completed
+}
+
+/// The key of a limit's learned max output: its model, else its name.
+fn learning_key(limit: &LimitConfig) -> &str {
+    limit.model.as_deref().unwrap_or(&limit.name)
+}

@@ -1,0 +1,50 @@
+//! `Status`: each limit's buckets as the store sees them now.
+
+use std::sync::atomic::Ordering;
+
+use super::{Service, ServiceError};
+use crate::config::LimitConfig;
+use crate::limiter::BucketSpec;
+use crate::proto::{BucketStatus, LimitStatus, Response};
+
+impl Service {
+    pub(super) async fn status(&self, only: Option<&str>) -> Result<Response, ServiceError> {
+        let snapshot = self.snapshot();
+        let planner = &snapshot.planner;
+        let limits: Vec<&LimitConfig> = match only {
+            Some(name) => vec![planner.find_limit(name)?],
+            None => planner.config().limits.iter().collect(),
+        };
+        let mut statuses = Vec::with_capacity(limits.len());
+        for limit in limits {
+            let buckets = planner.buckets(limit);
+            let specs: Vec<BucketSpec> = buckets.iter().map(|(_, spec)| spec.clone()).collect();
+            let levels = self
+                .store
+                .levels(&specs)
+                .await
+                .map_err(|source| ServiceError::Store {
+                    limit: limit.name.clone(),
+                    source,
+                })?;
+            statuses.push(LimitStatus {
+                name: limit.name.clone(),
+                waiters: snapshot.waiters[&limit.name].load(Ordering::Relaxed),
+                buckets: buckets
+                    .iter()
+                    .zip(levels)
+                    .map(|((role, spec), level)| BucketStatus {
+                        name: role.name().to_string(),
+                        capacity: spec.capacity,
+                        level,
+                        per_minute: spec.per_minute,
+                    })
+                    .collect(),
+            });
+        }
+        Ok(Response::Status {
+            store: self.store.kind().to_string(),
+            limits: statuses,
+        })
+    }
+}
