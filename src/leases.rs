@@ -276,59 +276,55 @@ mod tests {
     fn reports_settle_each_bucket_from_its_figure() {
         use BucketRole::*;
         use Settle::*;
-        type Case = (
-            &'static str,
-            Vec<Reserved>,
-            (u64, u64),
-            Vec<(&'static str, i64)>,
-            i64,
-        );
-        let cases: Vec<Case> = vec![
+        type Buckets = &'static [(BucketRole, u64, Settle)];
+        type Adjusted = &'static [(&'static str, i64)];
+        type Case = (&'static str, Buckets, (u64, u64), Adjusted, i64);
+        let cases: [Case; 6] = [
             (
                 "combined, refunded; the request stays spent",
-                vec![
-                    reserved(Tokens, 1_500, Total),
-                    reserved(Requests, 1, Never),
-                    reserved(Tenant, 1_500, Total),
+                &[
+                    (Tokens, 1_500, Total),
+                    (Requests, 1, Never),
+                    (Tenant, 1_500, Total),
                 ],
                 (300, 200),
-                vec![("tokens", 1_000), ("tenant", 1_000)],
+                &[("tokens", 1_000), ("tenant", 1_000)],
                 1_000,
             ),
             (
                 "combined, overrun debited",
-                vec![reserved(Tokens, 1_500, Total)],
+                &[(Tokens, 1_500, Total)],
                 (1_200, 800),
-                vec![("tokens", -500)],
+                &[("tokens", -500)],
                 -500,
             ),
             (
                 "exact usage changes nothing",
-                vec![reserved(Tokens, 1_500, Total)],
+                &[(Tokens, 1_500, Total)],
                 (1_000, 500),
-                vec![],
+                &[],
                 0,
             ),
             (
                 "charge kept (openai); the tenant still settles",
-                vec![
-                    reserved(Tokens, 1_000, Never),
-                    reserved(Tenant, 1_000, Total),
-                    reserved(GroupTokens, 1_000, Never),
+                &[
+                    (Tokens, 1_000, Never),
+                    (Tenant, 1_000, Total),
+                    (GroupTokens, 1_000, Never),
                 ],
                 (500, 100),
-                vec![("tenant", 400)],
+                &[("tenant", 400)],
                 0,
             ),
             (
                 "separate buckets: input overrun debited, output refunded",
-                vec![
-                    reserved(InputTokens, 500, Input),
-                    reserved(OutputTokens, 1_000, Output),
-                    reserved(Tenant, 1_500, Total),
+                &[
+                    (InputTokens, 500, Input),
+                    (OutputTokens, 1_000, Output),
+                    (Tenant, 1_500, Total),
                 ],
                 (700, 300),
-                vec![
+                &[
                     ("input_tokens", -200),
                     ("output_tokens", 700),
                     ("tenant", 500),
@@ -337,13 +333,17 @@ mod tests {
             ),
             (
                 "an overrun beyond one full bucket takes one full bucket",
-                vec![reserved(Tokens, 10, Total)],
+                &[(Tokens, 10, Total)],
                 (u64::MAX, u64::MAX),
-                vec![("tokens", -10_000)],
+                &[("tokens", -10_000)],
                 -10_000,
             ),
         ];
         for (what, buckets, (input, output), adjustments, returned) in cases {
+            let buckets: Vec<Reserved> = buckets
+                .iter()
+                .map(|&(role, cost, settle)| reserved(role, cost, settle))
+                .collect();
             let settlement = settle_usage(&buckets, input, output);
             let got: Vec<(&str, i64)> = settlement
                 .adjustments

@@ -60,34 +60,23 @@ fn parse_seconds(text: &str) -> Result<f64, String> {
         .map_err(|_| "must be a finite number of seconds, not negative".to_string())
 }
 
-fn main() -> ExitCode {
-    let options = LoadOptions::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(runtime_error) => {
-            eprintln!("ratekeeper-loadgen: cannot start the async runtime: {runtime_error}");
+#[tokio::main]
+async fn main() -> ExitCode {
+    let report = match run(LoadOptions::parse()).await {
+        Ok(report) => report,
+        Err(failure) => {
+            eprintln!("ratekeeper-loadgen: {failure}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(options)) {
-        Ok(report) => match serde_json::to_string(&report) {
-            Ok(json) => {
-                println!("{json}");
-                ExitCode::SUCCESS
-            }
-            Err(json_error) => {
-                eprintln!("ratekeeper-loadgen: {json_error}");
-                ExitCode::FAILURE
-            }
-        },
-        Err(failure) => {
-            eprintln!("ratekeeper-loadgen: {failure}");
-            ExitCode::FAILURE
+    match serde_json::to_string(&report) {
+        Ok(json) => println!("{json}"),
+        Err(json_error) => {
+            eprintln!("ratekeeper-loadgen: {json_error}");
+            return ExitCode::FAILURE;
         }
     }
+    ExitCode::SUCCESS
 }
 
 /// What happened, with latencies of acquire round trips in microseconds.

@@ -195,58 +195,28 @@ mod tests {
 
     #[test]
     fn single_bucket_decisions() {
+        let deny = |retry_after_ms| Plan::Deny {
+            retry_after_ms,
+            bucket: 0,
+        };
+        let grant = |wait_ms| Plan::Grant { wait_ms };
+        let never = Plan::Impossible { bucket: 0 };
         // (level, cost, floor, max wait) → plan
         let cases: &[(i64, u64, u64, u64, Plan)] = &[
-            (100, 40, 0, 0, Plan::Grant { wait_ms: 0 }),
-            (100, 100, 0, 0, Plan::Grant { wait_ms: 0 }),
-            (
-                100,
-                101,
-                0,
-                0,
-                Plan::Deny {
-                    retry_after_ms: 1,
-                    bucket: 0,
-                },
-            ),
-            (100, 101, 0, 1, Plan::Grant { wait_ms: 1 }),
-            (0, 50, 0, 50, Plan::Grant { wait_ms: 50 }),
-            (
-                0,
-                50,
-                0,
-                49,
-                Plan::Deny {
-                    retry_after_ms: 1,
-                    bucket: 0,
-                },
-            ),
-            (-30, 50, 0, 100, Plan::Grant { wait_ms: 80 }),
-            (
-                -30,
-                50,
-                0,
-                20,
-                Plan::Deny {
-                    retry_after_ms: 60,
-                    bucket: 0,
-                },
-            ),
+            (100, 40, 0, 0, grant(0)),
+            (100, 100, 0, 0, grant(0)),
+            (100, 101, 0, 0, deny(1)),
+            (100, 101, 0, 1, grant(1)),
+            (0, 50, 0, 50, grant(50)),
+            (0, 50, 0, 49, deny(1)),
+            (-30, 50, 0, 100, grant(80)),
+            (-30, 50, 0, 20, deny(60)),
             // A floor of 20 held for higher classes: usable level is 80.
-            (100, 80, 20, 0, Plan::Grant { wait_ms: 0 }),
-            (
-                100,
-                81,
-                20,
-                0,
-                Plan::Deny {
-                    retry_after_ms: 1,
-                    bucket: 0,
-                },
-            ),
+            (100, 80, 20, 0, grant(0)),
+            (100, 81, 20, 0, deny(1)),
             // Cost above capacity (or above capacity less the floor) never fits.
-            (1000, 1001, 0, u64::MAX, Plan::Impossible { bucket: 0 }),
-            (1000, 900, 101, u64::MAX, Plan::Impossible { bucket: 0 }),
+            (1000, 1001, 0, u64::MAX, never),
+            (1000, 900, 101, u64::MAX, never),
         ];
         for &(level, cost, floor, max_wait, expected) in cases {
             let draw = Draw {

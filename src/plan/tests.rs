@@ -61,149 +61,131 @@ fn planner() -> Planner {
     ))
 }
 
-/// One bucket of a plan: (role, cost, floor, settle, capacity).
-type Row = (BucketRole, u64, u64, Settle, u64);
+/// An acquire as a client asks it.
+#[derive(Debug, Clone, Copy)]
+struct Ask {
+    limit: &'static str,
+    priority: Option<&'static str>,
+    tenant: Option<&'static str>,
+    input: u64,
+    output: u64,
+}
 
-fn rows(plan: &AcquirePlan) -> Vec<Row> {
-    plan.reserved
+fn ask(limit: &'static str, input: u64, output: u64) -> Ask {
+    Ask {
+        limit,
+        priority: None,
+        tenant: None,
+        input,
+        output,
+    }
+}
+
+impl Ask {
+    fn class(self, priority: &'static str) -> Ask {
+        Ask {
+            priority: Some(priority),
+            ..self
+        }
+    }
+
+    fn tenant(self, tenant: &'static str) -> Ask {
+        Ask {
+            tenant: Some(tenant),
+            ..self
+        }
+    }
+
+    fn plan(self, planner: &Planner) -> Result<AcquirePlan, PlanError> {
+        let checked = planner.check_acquire(self.limit, self.tenant, self.priority, None)?;
+        planner.plan_acquire(checked, self.tenant, self.input, self.output)
+    }
+}
+
+/// A plan's draws, one per bucket, as `role cost+floor settle/capacity`.
+fn draws(plan: &AcquirePlan) -> String {
+    let draws: Vec<String> = plan
+        .reserved
         .iter()
         .map(|r| {
-            (
-                r.role,
-                r.draw.cost,
-                r.draw.floor,
-                r.settle,
-                r.draw.bucket.capacity,
-            )
+            let draw = &r.draw;
+            let (role, settle) = (r.role.name(), r.settle);
+            let (cost, floor, capacity) = (draw.cost, draw.floor, draw.bucket.capacity);
+            format!("{role} {cost}+{floor} {settle:?}/{capacity}")
         })
-        .collect()
+        .collect();
+    draws.join(", ")
 }
 
 #[test]
 fn costs_become_one_draw_per_bucket() {
-    use BucketRole::*;
-    use Settle::*;
-    // (what, limit, priority, tenant, input, output) → (Granted.tokens, rows)
-    type Case = (
-        &'static str,
-        &'static str,
-        Option<&'static str>,
-        Option<&'static str>,
-        u64,
-        u64,
-        u64,
-        Vec<Row>,
-    );
-    let cases: Vec<Case> = vec![
+    // (what, acquire) → (Granted.tokens, the draws)
+    let cases: Vec<(&str, Ask, u64, &str)> = vec![
         (
             "sum: tokens take input + output and settle to the total; one request",
-            "sum",
-            None,
-            None,
-            300,
-            200,
+            ask("sum", 300, 200),
             500,
-            vec![(Tokens, 500, 0, Total, 1000), (Requests, 1, 0, Never, 5)],
+            "tokens 500+0 Total/1000, requests 1+0 Never/5",
         ),
         (
             "a class with a reserved fraction leaves a floor in every bucket",
-            "sum",
-            Some("batch"),
-            None,
-            300,
-            200,
+            ask("sum", 300, 200).class("batch"),
             500,
-            vec![(Tokens, 500, 250, Total, 1000), (Requests, 1, 2, Never, 5)],
+            "tokens 500+250 Total/1000, requests 1+2 Never/5",
         ),
         (
             "a tenant on a limit without shares draws nothing more",
-            "sum",
-            None,
-            Some("acme"),
+            ask("sum", 10, 0).tenant("acme"),
             10,
-            0,
-            10,
-            vec![(Tokens, 10, 0, Total, 1000), (Requests, 1, 0, Never, 5)],
+            "tokens 10+0 Total/1000, requests 1+0 Never/5",
         ),
         (
             "openai: the charge is max(input, output) and is kept",
-            "openai",
-            None,
-            None,
-            300,
+            ask("openai", 300, 1000),
             1000,
-            1000,
-            vec![(Tokens, 1000, 0, Never, 2000)],
+            "tokens 1000+0 Never/2000",
         ),
         (
             "separate buckets take their own figure; the tenant takes the sum from its share",
-            "split",
-            None,
-            Some("acme"),
-            200,
-            100,
+            ask("split", 200, 100).tenant("acme"),
             300,
-            vec![
-                (InputTokens, 200, 0, Input, 600),
-                (OutputTokens, 100, 0, Output, 300),
-                (Tenant, 300, 0, Total, 450),
-            ],
+            "input_tokens 200+0 Input/600, output_tokens 100+0 Output/300, tenant 300+0 Total/450",
         ),
         (
             "a grouped limit also draws from the group's buckets",
-            "grouped",
-            Some("batch"),
-            None,
+            ask("grouped", 40, 0).class("batch"),
             40,
-            0,
-            40,
-            vec![
-                (Tokens, 40, 250, Total, 1000),
-                (GroupTokens, 40, 1000, Total, 4000),
-                (GroupRequests, 1, 25, Never, 100),
-            ],
+            "tokens 40+250 Total/1000, group_tokens 40+1000 Total/4000, \
+             group_requests 1+25 Never/100",
         ),
     ];
     let planner = planner();
-    for (what, limit, priority, tenant, input, output, tokens, expected) in cases {
-        let checked = planner
-            .check_acquire(limit, tenant, priority, None)
-            .unwrap_or_else(|refusal| panic!("{what}: {refusal}"));
-        let plan = planner
-            .plan_acquire(checked, tenant, input, output)
+    for (what, ask, tokens, expected) in cases {
+        let plan = ask
+            .plan(&planner)
             .unwrap_or_else(|refusal| panic!("{what}: {refusal}"));
         assert_eq!(plan.tokens, tokens, "{what}");
-        assert_eq!(rows(&plan), expected, "{what}");
+        assert_eq!(draws(&plan), expected, "{what}");
     }
 }
 
 #[test]
 fn impossible_costs_are_refused_before_any_store_sees_them() {
-    // (what, limit, priority, input, output) → refusal
-    type Case = (
-        &'static str,
-        &'static str,
-        Option<&'static str>,
-        u64,
-        u64,
-        PlanError,
-    );
-    let cases: Vec<Case> = vec![
-        ("zero", "sum", None, 0, 0, PlanError::ZeroCost),
-        (
-            "overflow",
-            "sum",
-            None,
-            u64::MAX,
-            1,
-            PlanError::CostOverflow,
-        ),
+    let never_fits = |limit: &str, cost, capacity, floor, class: &str| PlanError::NeverFits {
+        cost,
+        bucket: "tokens",
+        limit: limit.into(),
+        capacity,
+        floor,
+        class: class.into(),
+    };
+    // (what, acquire) → refusal
+    let cases: Vec<(&str, Ask, PlanError)> = vec![
+        ("zero", ask("sum", 0, 0), PlanError::ZeroCost),
+        ("overflow", ask("sum", u64::MAX, 1), PlanError::CostOverflow),
         (
             "above max_request_tokens",
-            "sum",
-            None,
-            901,
-            0,
+            ask("sum", 901, 0),
             PlanError::AboveMaxRequestTokens {
                 tokens: 901,
                 largest: 900,
@@ -212,53 +194,21 @@ fn impossible_costs_are_refused_before_any_store_sees_them() {
         ),
         (
             "above the burst",
-            "openai",
-            None,
-            10,
-            2001,
-            PlanError::NeverFits {
-                cost: 2001,
-                bucket: "tokens",
-                limit: "openai".into(),
-                capacity: 2000,
-                floor: 0,
-                class: "interactive".into(),
-            },
+            ask("openai", 10, 2001),
+            never_fits("openai", 2001, 2000, 0, "interactive"),
         ),
         (
             "within the burst but not above the class's floor",
-            "grouped",
-            Some("batch"),
-            800,
-            0,
-            PlanError::NeverFits {
-                cost: 800,
-                bucket: "tokens",
-                limit: "grouped".into(),
-                capacity: 1000,
-                floor: 250,
-                class: "batch".into(),
-            },
+            ask("grouped", 800, 0).class("batch"),
+            never_fits("grouped", 800, 1000, 250, "batch"),
         ),
     ];
     let planner = planner();
-    for (what, limit, priority, input, output, expected) in cases {
-        let checked = planner.check_acquire(limit, None, priority, None).unwrap();
-        let refusal = planner
-            .plan_acquire(checked, None, input, output)
-            .expect_err(what);
-        assert_eq!(refusal, expected, "{what}");
+    for (what, ask, expected) in cases {
+        assert_eq!(ask.plan(&planner).expect_err(what), expected, "{what}");
     }
-    let floor_note = PlanError::NeverFits {
-        cost: 800,
-        bucket: "tokens",
-        limit: "grouped".into(),
-        capacity: 1000,
-        floor: 250,
-        class: "batch".into(),
-    };
     assert_eq!(
-        floor_note.to_string(),
+        never_fits("grouped", 800, 1000, 250, "batch").to_string(),
         "a cost of 800 can never be granted: the tokens bucket of limit \"grouped\" holds at most 1000 less 250 kept for classes above \"batch\""
     );
 }

@@ -152,6 +152,18 @@ pub enum Response {
     Error { code: u16, message: String },
 }
 
+impl ChatMessage {
+    /// A message of plain text parts, without a name or tool calls.
+    pub fn text(role: &str, parts: &[&str]) -> ChatMessage {
+        ChatMessage {
+            role: role.to_string(),
+            name: None,
+            content: parts.iter().map(|part| part.to_string()).collect(),
+            tool_calls_json: None,
+        }
+    }
+}
+
 impl Request {
     /// Request tags this build knows: `0..KNOWN_TAGS`. A later protocol
     /// revision appends variants; a tag at or above this is `Unsupported`.

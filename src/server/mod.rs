@@ -84,31 +84,30 @@ pub async fn run(
     drop(listener);
     listener::remove_socket(&settings.socket_path);
     requests.close();
-    if tokio::time::timeout(settings.drain_timeout, requests.wait())
-        .await
-        .is_err()
-    {
+    if !finished_within(&requests, settings.drain_timeout).await {
         tracing::warn!(
             still_waiting = requests.len(),
             "drain timeout passed; cancelling waiting acquires and returning their reservations"
         );
         cancel_all.cancel();
-        let _ = tokio::time::timeout(CANCEL_GRACE, requests.wait()).await;
+        finished_within(&requests, CANCEL_GRACE).await;
     }
     // Every answer made is written before the process exits: close each
     // connection, which flushes what its writer still holds.
     close_all.cancel();
     connections.close();
-    if tokio::time::timeout(CANCEL_GRACE, connections.wait())
-        .await
-        .is_err()
-    {
+    if !finished_within(&connections, CANCEL_GRACE).await {
         tracing::warn!(
             connections = connections.len(),
             "some clients did not take their last answers in time"
         );
     }
     lease_sweeper.abort();
+}
+
+/// Waits for every task of `tracker` up to `timeout`; false if some are left.
+async fn finished_within(tracker: &TaskTracker, timeout: Duration) -> bool {
+    tokio::time::timeout(timeout, tracker.wait()).await.is_ok()
 }
 
 fn peer_allowed(stream: &UnixStream, settings: &ServerSettings, connection: u64) -> bool {
@@ -123,23 +122,17 @@ fn peer_allowed(stream: &UnixStream, settings: &ServerSettings, connection: u64)
         settings.allowed_uids.is_empty() || settings.allowed_uids.contains(&credentials.uid());
     let gid_ok =
         settings.allowed_gids.is_empty() || settings.allowed_gids.contains(&credentials.gid());
+    let (uid, gid, pid) = (credentials.uid(), credentials.gid(), credentials.pid());
     if uid_ok && gid_ok {
-        tracing::debug!(
-            connection,
-            uid = credentials.uid(),
-            gid = credentials.gid(),
-            pid = credentials.pid(),
-            "connection opened"
-        );
-        true
+        tracing::debug!(connection, uid, gid, pid, "connection opened");
     } else {
         tracing::warn!(
             connection,
-            uid = credentials.uid(),
-            gid = credentials.gid(),
-            pid = credentials.pid(),
+            uid,
+            gid,
+            pid,
             "refusing a connection from a peer not in allowed_uids/allowed_gids"
         );
-        false
     }
+    uid_ok && gid_ok
 }

@@ -229,12 +229,7 @@ mod tests {
     use crate::proto::ChatMessage;
 
     fn message(role: &str, parts: &[&str]) -> ChatMessage {
-        ChatMessage {
-            role: role.to_string(),
-            name: None,
-            content: parts.iter().map(|p| p.to_string()).collect(),
-            tool_calls_json: None,
-        }
+        ChatMessage::text(role, parts)
     }
 
     fn request(messages: Vec<ChatMessage>, tools_json: Option<&str>) -> ChatRequest {

@@ -359,13 +359,8 @@ fn json_text(value: &Value) -> String {
 mod tests {
     use super::*;
 
-    fn message(role: &str, content: &[&str]) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            name: None,
-            content: content.iter().map(|part| part.to_string()).collect(),
-            tool_calls_json: None,
-        }
+    fn message(role: &str, parts: &[&str]) -> ChatMessage {
+        ChatMessage::text(role, parts)
     }
 
     #[test]
