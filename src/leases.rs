@@ -6,7 +6,7 @@
 //! Forgetting a lease keeps its reservation — the tokens were most likely
 //! spent — and is counted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -141,20 +141,74 @@ pub struct LeaseCounters {
     pub expired: AtomicU64,
 }
 
-/// Leases by id. Ids grow, so the first entry is always the oldest.
+/// Granted leases: by id, by age (for expiry and eviction) and by owning
+/// connection (so that closing a connection costs in proportion to its own
+/// leases, not to every open lease).
+///
+/// Lease ids are random 64-bit numbers from a cryptographic generator, so a
+/// client cannot settle another client's lease by guessing; any connection
+/// that knows an id may settle it (a reconnecting worker reports its own).
 pub struct LeaseTable {
-    leases: Mutex<BTreeMap<u64, Lease>>,
-    next_id: AtomicU64,
+    inner: Mutex<Leases>,
     expire_after: Duration,
     max_open: usize,
     pub counters: LeaseCounters,
 }
 
+#[derive(Default)]
+struct Leases {
+    by_id: HashMap<u64, Lease>,
+    /// (grant time, id), oldest first.
+    by_age: BTreeSet<(Instant, u64)>,
+    /// Ids of each connection's leases.
+    by_owner: HashMap<ConnectionId, HashSet<u64>>,
+}
+
+impl Leases {
+    fn add(&mut self, id: u64, lease: Lease) {
+        self.by_age.insert((lease.granted_at, id));
+        self.by_owner.entry(lease.owner).or_default().insert(id);
+        self.by_id.insert(id, lease);
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Lease> {
+        let lease = self.by_id.remove(&id)?;
+        self.by_age.remove(&(lease.granted_at, id));
+        if let Some(owned) = self.by_owner.get_mut(&lease.owner) {
+            owned.remove(&id);
+            if owned.is_empty() {
+                self.by_owner.remove(&lease.owner);
+            }
+        }
+        Some(lease)
+    }
+
+    /// Removes the oldest lease granted before `cutoff` (any, without one);
+    /// false when there is none.
+    fn remove_oldest(&mut self, cutoff: Option<Instant>) -> bool {
+        match self.by_age.first() {
+            Some(&(granted_at, id)) if cutoff.is_none_or(|cutoff| granted_at < cutoff) => {
+                self.remove(id).is_some()
+            }
+            _ => false,
+        }
+    }
+
+    /// A fresh, unguessable, non-zero id.
+    fn new_id(&self) -> u64 {
+        loop {
+            let id: u64 = rand::random();
+            if id != 0 && !self.by_id.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+}
+
 impl LeaseTable {
     pub fn new(expire_after: Duration, max_open: usize) -> Self {
         LeaseTable {
-            leases: Mutex::new(BTreeMap::new()),
-            next_id: AtomicU64::new(1),
+            inner: Mutex::new(Leases::default()),
             expire_after,
             max_open: max_open.max(1),
             counters: LeaseCounters::default(),
@@ -164,28 +218,27 @@ impl LeaseTable {
     /// Records a grant and returns its lease id, making room first if the
     /// table is full.
     pub fn insert(&self, lease: Lease) -> u64 {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut leases = self.lock();
-        while leases.len() >= self.max_open {
-            leases.pop_first();
+        while leases.by_id.len() >= self.max_open && leases.remove_oldest(None) {
             self.counters.expired.fetch_add(1, Ordering::Relaxed);
         }
-        leases.insert(id, lease);
+        let id = leases.new_id();
+        leases.add(id, lease);
         id
     }
 
     /// Takes a lease out to settle it; `None` if unknown or already settled.
     pub fn take(&self, id: u64) -> Option<Lease> {
-        self.lock().remove(&id)
+        self.lock().remove(id)
     }
 
     /// Puts back a lease whose settlement failed, so it can be retried.
     pub fn restore(&self, id: u64, lease: Lease) {
-        self.lock().insert(id, lease);
+        self.lock().add(id, lease);
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().by_id.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -195,13 +248,11 @@ impl LeaseTable {
     /// Takes every lease of a closed connection.
     pub fn take_owned_by(&self, connection: ConnectionId) -> Vec<(u64, Lease)> {
         let mut leases = self.lock();
-        let ids: Vec<u64> = leases
-            .iter()
-            .filter(|(_, lease)| lease.owner == connection)
-            .map(|(id, _)| *id)
-            .collect();
+        let Some(ids) = leases.by_owner.remove(&connection) else {
+            return Vec::new();
+        };
         ids.into_iter()
-            .filter_map(|id| leases.remove(&id).map(|lease| (id, lease)))
+            .filter_map(|id| leases.remove(id).map(|lease| (id, lease)))
             .collect()
     }
 
@@ -212,11 +263,7 @@ impl LeaseTable {
         };
         let mut leases = self.lock();
         let mut expired = 0;
-        while leases
-            .first_key_value()
-            .is_some_and(|(_, lease)| lease.granted_at < cutoff)
-        {
-            leases.pop_first();
+        while leases.remove_oldest(Some(cutoff)) {
             expired += 1;
         }
         self.counters
@@ -230,9 +277,10 @@ impl LeaseTable {
         (self.expire_after / 10).clamp(Duration::from_millis(100), Duration::from_secs(60))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Lease>> {
-        // Every update is a single insert or removal, so a poisoned map is whole.
-        self.leases
+    fn lock(&self) -> std::sync::MutexGuard<'_, Leases> {
+        // Every update completes under the lock without a panic point
+        // between its steps, so a poisoned table is whole.
+        self.inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -397,14 +445,45 @@ mod tests {
     }
 
     #[test]
+    fn lease_ids_cannot_be_guessed_from_earlier_ones() {
+        let now = Instant::now();
+        let table = LeaseTable::new(Duration::from_secs(60), 10_000);
+        let ids: Vec<u64> = (0..1000).map(|_| table.insert(lease(1, now))).collect();
+        assert!(ids.iter().all(|&id| id != 0));
+        let distinct: HashSet<u64> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), ids.len());
+        let next_is_previous_plus_small = ids
+            .windows(2)
+            .filter(|pair| pair[1].wrapping_sub(pair[0]) < 1 << 20)
+            .count();
+        assert_eq!(next_is_previous_plus_small, 0, "ids follow each other");
+    }
+
+    #[test]
+    fn a_restored_lease_keeps_its_age() {
+        let start = Instant::now();
+        let table = LeaseTable::new(Duration::from_secs(60), 100);
+        let old = table.insert(lease(1, start));
+        let young = table.insert(lease(1, start + Duration::from_secs(30)));
+        let taken = table.take(old).unwrap();
+        table.restore(old, taken);
+        assert_eq!(table.expire(start + Duration::from_secs(61)), 1);
+        assert!(table.take(old).is_none(), "the old lease expired first");
+        assert!(table.take(young).is_some());
+    }
+
+    #[test]
     fn a_closed_connection_takes_only_its_own_leases() {
         let now = Instant::now();
         let table = LeaseTable::new(Duration::from_secs(60), 100);
         let mine = table.insert(lease(7, now));
         let theirs = table.insert(lease(8, now));
+        let settled = table.insert(lease(7, now));
+        assert!(table.take(settled).is_some());
         let taken = table.take_owned_by(7);
         assert_eq!(taken.len(), 1);
         assert_eq!(taken[0].0, mine);
+        assert!(table.take_owned_by(7).is_empty());
         assert!(table.take(theirs).is_some());
         assert!(table.is_empty());
     }

@@ -14,6 +14,7 @@
 //! | [`limiter`] | the `Store` trait: Redis (the only module touching redis types), embedded, fail-fast, failure policy |
 //! | [`tokens`] | token counting: tiktoken encoders, character estimates, provider presets |
 //! | [`metrics`] | the daemon's counters, read in one place |
+//! | [`logging`] | logs on stderr that a closed stderr cannot turn into a failure |
 //! | [`client`] | a small async client of the socket, for the CLI, `ratekeeper-loadgen` and tests |
 //!
 //! # One acquire's path
@@ -32,6 +33,7 @@ pub mod client;
 pub mod config;
 pub mod leases;
 pub mod limiter;
+pub mod logging;
 pub mod metrics;
 pub mod plan;
 pub mod proto;

@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tokio::sync::{mpsc, oneshot};
 
 use ratekeeper::app::{self, App};
+use ratekeeper::logging;
 use ratekeeper::config::{self, Config, Provider};
 use ratekeeper::proto::{Acquire, Cost};
 
@@ -181,14 +182,14 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(runtime_error) => {
-            eprintln!("ratekeeper: cannot start the async runtime: {runtime_error}");
+            say(&format!("ratekeeper: cannot start the async runtime: {runtime_error}"));
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(failure) => {
-            eprintln!("ratekeeper: {failure:#}");
+            say(&format!("ratekeeper: {failure:#}"));
             ExitCode::FAILURE
         }
     }
@@ -200,7 +201,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::CheckConfig { file } => {
             let config = load_config(Some(&file))?;
             print!("{}", config.to_effective_toml());
-            eprintln!("{}: valid", file.display());
+            say(&format!("{}: valid", file.display()));
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { socket, limit } => commands::status(&socket.socket, limit).await,
@@ -233,6 +234,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             commands::acquire(&socket.socket, request, report, release).await
         }
     }
+}
+
+/// A line on stderr; a closed stderr must not turn an exit code into a panic.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
@@ -283,18 +290,10 @@ fn watch_signals() -> anyhow::Result<(impl Future<Output = ()>, mpsc::UnboundedR
 }
 
 fn init_logging(logging: &LoggingArgs) -> anyhow::Result<()> {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&logging.log_level))
-        .context("invalid --log-level")?;
-    use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    match logging.log_format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+    let format = match logging.log_format {
+        LogFormat::Text => logging::LogFormat::Text,
+        LogFormat::Json => logging::LogFormat::Json,
+    };
+    logging::init(format, &logging.log_level).context("invalid --log-level")?;
     Ok(())
 }

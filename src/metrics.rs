@@ -22,6 +22,8 @@ pub struct Counters {
     pub policy_decisions: u64,
     /// Denials proven locally, without a Redis call.
     pub local_denials: u64,
+    /// Log lines lost to a failing stderr.
+    pub log_write_errors: u64,
 }
 
 impl Counters {
@@ -41,6 +43,7 @@ impl Counters {
                 .fail_fast
                 .as_ref()
                 .map_or(0, |fail_fast| fail_fast.local_denials()),
+            log_write_errors: crate::logging::write_errors(),
         }
     }
 }
@@ -55,6 +58,7 @@ pub fn log_shutdown_summary(service: &Service, stores: &Stores) {
         leases_expired = counters.leases_expired,
         policy_decisions = counters.policy_decisions,
         local_denials = counters.local_denials,
+        log_write_errors = counters.log_write_errors,
         "stopped"
     );
 }

@@ -138,6 +138,31 @@ async fn release_returns_tokens_and_the_request() {
     assert_eq!(error_code(&twice), ErrorCode::UnknownLease);
 }
 
+/// Issue: lease ids were sequential, so any connection could release the
+/// next worker's lease by guessing its number.
+#[tokio::test]
+async fn another_connection_cannot_guess_a_lease() {
+    let daemon = Daemon::start(CONFIG);
+    let worker = daemon.client().await;
+    let intruder = daemon.client().await;
+    // The intruder's own lease sits between two of the worker's.
+    let (first, _, _) = granted(&worker.call(acquire("fast", 10, 0)).await.unwrap());
+    let (own, _, _) = granted(&intruder.call(acquire("fast", 10, 0)).await.unwrap());
+    let (second, _, _) = granted(&worker.call(acquire("fast", 10, 0)).await.unwrap());
+    for guess in (1..=3).flat_map(|step| [own.wrapping_add(step), own.wrapping_sub(step)]) {
+        let answer = intruder.call(Request::Release { lease: guess }).await.unwrap();
+        assert_eq!(error_code(&answer), ErrorCode::UnknownLease, "lease {guess}");
+    }
+    for lease in [first, second] {
+        let settled = worker.call(report(lease, 5)).await.unwrap();
+        assert!(matches!(settled, Response::Settled { .. }), "{settled:?}");
+    }
+    // Whoever knows a lease may settle it: a reconnecting worker reports its own.
+    let reconnected = daemon.client().await;
+    let settled = reconnected.call(report(own, 5)).await.unwrap();
+    assert!(matches!(settled, Response::Settled { .. }), "{settled:?}");
+}
+
 #[tokio::test]
 async fn request_bucket_refusal_leaves_the_token_bucket_untouched() {
     let daemon = Daemon::start(CONFIG);

@@ -29,12 +29,28 @@ impl Daemon {
     /// Starts the daemon with `config` (TOML without a `[server]` socket,
     /// which is set to a path in a fresh temporary directory).
     pub fn start(config: &str) -> Daemon {
+        Daemon::start_with_env(config, &[])
+    }
+
+    /// As [`Daemon::start`], with these environment variables set.
+    pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> Daemon {
+        Daemon::spawn(config, env, None)
+    }
+
+    /// As [`Daemon::start`], but its stderr is a pipe whose reading end is
+    /// already closed, as when the log shipper behind it died.
+    pub fn start_with_closed_stderr(config: &str) -> Daemon {
+        Daemon::spawn(config, &[], Some(Stdio::piped()))
+    }
+
+    fn spawn(config: &str, env: &[(&str, &str)], stderr: Option<Stdio>) -> Daemon {
         let dir = tempfile::tempdir().expect("temporary directory");
         let socket = dir.path().join("ratekeeper.sock");
         let config_path = dir.path().join("ratekeeper.toml");
         std::fs::write(&config_path, config).expect("write config");
         let log = std::fs::File::create(dir.path().join("daemon.log")).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        let closed_stderr = stderr.is_some();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
@@ -42,10 +58,14 @@ impl Daemon {
             .arg("debug")
             .env(ratekeeper::config::ENV_SOCKET, &socket)
             .env_remove("RATEKEEPER_REDIS_URL")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(stderr.unwrap_or_else(|| log.into()))
             .spawn()
             .expect("spawn ratekeeper");
+        if closed_stderr {
+            drop(child.stderr.take());
+        }
         let mut daemon = Daemon { child, dir, socket };
         daemon.wait_until_listening();
         daemon
