@@ -13,8 +13,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tokio::sync::{mpsc, oneshot};
 
 use ratekeeper::app::{self, App};
-use ratekeeper::logging;
 use ratekeeper::config::{self, Config, Provider};
+use ratekeeper::logging;
 use ratekeeper::proto::{Acquire, Cost};
 
 const EXIT_CODES: &str = "Exit codes: 0 success, 1 failure (bad config, daemon unreachable, \
@@ -182,7 +182,9 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(runtime_error) => {
-            say(&format!("ratekeeper: cannot start the async runtime: {runtime_error}"));
+            say(&format!(
+                "ratekeeper: cannot start the async runtime: {runtime_error}"
+            ));
             return ExitCode::FAILURE;
         }
     };

@@ -150,8 +150,15 @@ async fn another_connection_cannot_guess_a_lease() {
     let (own, _, _) = granted(&intruder.call(acquire("fast", 10, 0)).await.unwrap());
     let (second, _, _) = granted(&worker.call(acquire("fast", 10, 0)).await.unwrap());
     for guess in (1..=3).flat_map(|step| [own.wrapping_add(step), own.wrapping_sub(step)]) {
-        let answer = intruder.call(Request::Release { lease: guess }).await.unwrap();
-        assert_eq!(error_code(&answer), ErrorCode::UnknownLease, "lease {guess}");
+        let answer = intruder
+            .call(Request::Release { lease: guess })
+            .await
+            .unwrap();
+        assert_eq!(
+            error_code(&answer),
+            ErrorCode::UnknownLease,
+            "lease {guess}"
+        );
     }
     for lease in [first, second] {
         let settled = worker.call(report(lease, 5)).await.unwrap();

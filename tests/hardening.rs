@@ -63,9 +63,82 @@ async fn a_closed_stderr_breaks_nothing() {
         let client = daemon.client().await;
         let (lease, _, _) = granted(&client.call(acquire("gpt", 10, 0)).await.unwrap());
         let released = client.call(Request::Release { lease }).await.unwrap();
-        assert!(matches!(released, Response::Released { .. }), "{released:?}");
+        assert!(
+            matches!(released, Response::Released { .. }),
+            "{released:?}"
+        );
     }
     let status = daemon.terminate();
     assert!(status.success(), "exit status {status}");
     assert!(!daemon.socket.exists(), "the socket file was left behind");
+}
+
+/// Issue: started under umask 000, the socket existed with mode 0777 before
+/// the configured 0660 was applied, so any local user could connect in that
+/// window. The window is microseconds wide, so the test does not race it: it
+/// watches the directory with inotify and requires that the socket is never
+/// chmod-ed after its creation (no IN_ATTRIB), and has its final mode — so
+/// it was created with it.
+#[test]
+fn the_socket_is_created_with_its_final_mode() {
+    use std::mem::MaybeUninit;
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::{Command, Stdio};
+
+    use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("rk.sock");
+    let config = dir.path().join("rk.toml");
+    let text = format!(
+        "[server]\nsocket = {:?}\nsocket_mode = \"0660\"\n{CONFIG}",
+        socket.display().to_string()
+    );
+    std::fs::write(&config, text).unwrap();
+    let watch = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC).unwrap();
+    inotify::add_watch(&watch, dir.path(), WatchFlags::CREATE | WatchFlags::ATTRIB).unwrap();
+
+    let mut daemon = Command::new("sh")
+        .arg("-c")
+        .arg("umask 000 && exec \"$0\" serve --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_ratekeeper"))
+        .arg(&config)
+        .env_remove("RATEKEEPER_SOCKET")
+        .env_remove("RATEKEEPER_REDIS_URL")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "daemon never listened"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+
+    let mut buffer = [MaybeUninit::uninit(); 4096];
+    let mut events = inotify::Reader::new(&watch, &mut buffer);
+    let mut seen = Vec::new();
+    while let Ok(event) = events.next() {
+        let name = event
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned());
+        if name.as_deref() == Some("rk.sock") {
+            seen.push(if event.events().contains(ReadFlags::ATTRIB) {
+                "attrib"
+            } else {
+                "create"
+            });
+        }
+    }
+    assert_eq!(format!("{mode:o}"), "660");
+    assert_eq!(
+        seen,
+        ["create"],
+        "the socket's mode changed after it was created"
+    );
 }

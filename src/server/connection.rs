@@ -143,7 +143,12 @@ impl Connection {
                             )
                         }
                         _ => {
-                            tracing::warn!(connection = self.context.id, client = self.client(), reason, "malformed message");
+                            tracing::warn!(
+                                connection = self.context.id,
+                                client = self.client(),
+                                reason,
+                                "malformed message"
+                            );
                             error(ErrorCode::MalformedMessage, reason)
                         }
                     };
@@ -248,7 +253,11 @@ impl Connection {
                 protocol_version: PROTOCOL_VERSION,
                 client_name,
             } if client_name.len() <= proto::MAX_NAME_LEN => {
-                tracing::info!(connection = self.context.id, client = client_name.as_str(), "client said hello");
+                tracing::info!(
+                    connection = self.context.id,
+                    client = client_name.as_str(),
+                    "client said hello"
+                );
                 self.client_name = Some(client_name);
                 self.answer(
                     request_id,
@@ -380,7 +389,14 @@ impl Connection {
 
     async fn answer(&self, request_id: u64, response: Response) {
         if let Response::Error { code, message } = &response {
-            tracing::debug!(connection = self.context.id, client = self.client(), request_id, code, message = message.as_str(), "request failed");
+            tracing::debug!(
+                connection = self.context.id,
+                client = self.client(),
+                request_id,
+                code,
+                message = message.as_str(),
+                "request failed"
+            );
         }
         let _ = self
             .answers

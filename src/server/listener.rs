@@ -1,10 +1,12 @@
 //! Binding the Unix socket: stale files from a dead daemon are replaced, a
-//! live daemon is never displaced, and the file mode is set before serving.
+//! live daemon is never displaced, and the socket is created with its mode.
 
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+use rustix::fs::Mode;
+use rustix::process::umask;
 use tokio::net::UnixListener;
 
 /// Why the socket could not be bound.
@@ -18,30 +20,24 @@ pub enum BindError {
     RemoveStale { path: PathBuf, source: io::Error },
     #[error("cannot bind {path}: {source}")]
     Bind { path: PathBuf, source: io::Error },
-    #[error("cannot set mode {mode:o} on {path}: {source}")]
-    Mode {
-        path: PathBuf,
-        mode: u32,
-        source: io::Error,
-    },
 }
 
 /// Binds `path` with file mode `mode`, replacing a socket file that nobody
 /// listens on any more.
 pub fn bind(path: &Path, mode: u32) -> Result<UnixListener, BindError> {
     remove_stale_socket(path)?;
-    let listener = UnixListener::bind(path).map_err(|source| BindError::Bind {
+    // The socket is created with its final mode: a chmod after bind would
+    // leave a moment in which the process umask's wider mode lets any local
+    // user connect. The umask is process-wide, but nothing else creates
+    // files while the daemon binds.
+    let creation_mask = Mode::from_bits_truncate(!mode & 0o777);
+    let previous = umask(creation_mask);
+    let bound = UnixListener::bind(path);
+    umask(previous);
+    bound.map_err(|source| BindError::Bind {
         path: path.to_path_buf(),
         source,
-    })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|source| {
-        BindError::Mode {
-            path: path.to_path_buf(),
-            mode,
-            source,
-        }
-    })?;
-    Ok(listener)
+    })
 }
 
 fn remove_stale_socket(path: &Path) -> Result<(), BindError> {
@@ -85,6 +81,8 @@ pub fn remove_socket(path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::os::unix::fs::PermissionsExt;
 
     #[tokio::test]
     async fn stale_socket_is_replaced_and_live_one_refused() {
