@@ -53,6 +53,8 @@ pub struct App {
     stores: Stores,
     /// Read again on every reload; `None` serves the built-in defaults.
     config_path: Option<PathBuf>,
+    /// Retries a warm-up that failed at start, until it succeeds.
+    warming: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// What the Redis store needs from `[redis]`.
@@ -140,7 +142,45 @@ impl App {
             service,
             stores,
             config_path,
+            warming: None,
         })
+    }
+
+    /// Connects to Redis, authenticates and loads the scripts before the
+    /// socket appears, so that the first acquire pays for none of it and
+    /// the buckets' clock starts with the daemon. When that fails the
+    /// daemon still starts (the failure policy serves), says so with the
+    /// nodes and the policy, and keeps trying in the background.
+    pub async fn warm_up(&mut self) {
+        let config = self.service.config();
+        let Some(redis) = config.redis.as_ref() else {
+            return;
+        };
+        let nodes = redis.masked_nodes();
+        match self.stores.store.warm_up().await {
+            Ok(()) => tracing::info!(%nodes, "connected to Redis and loaded the scripts"),
+            Err(cause) => {
+                tracing::warn!(
+                    %nodes,
+                    on_failure = ?redis.on_failure,
+                    %cause,
+                    "Redis is not reachable at start; the failure policy answers until it is, \
+                     and the daemon keeps trying in the background"
+                );
+                let store = self.stores.store.clone();
+                self.warming = Some(tokio::spawn(async move {
+                    let mut pause = Duration::from_millis(100);
+                    loop {
+                        tokio::time::sleep(pause).await;
+                        if store.warm_up().await.is_ok() {
+                            tracing::info!(%nodes, "connected to Redis and loaded the scripts");
+                            return;
+                        }
+                        pause = (pause * 2).min(Duration::from_secs(5));
+                    }
+                }));
+            }
+        }
     }
 
     /// The service answering this daemon's calls.
@@ -200,6 +240,9 @@ impl App {
         };
         server::run(listener, self.service.clone(), settings, shutdown).await;
         reloader.abort();
+        if let Some(warming) = &self.warming {
+            warming.abort();
+        }
         metrics::log_shutdown_summary(&self.service, &self.stores);
     }
 }

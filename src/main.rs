@@ -251,10 +251,11 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
 async fn serve(config_path: Option<&Path>, logging: &LoggingArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(config_path)?;
     init_logging(logging)?;
-    let app = App::new(config, config_path.map(Path::to_path_buf))?;
+    let mut app = App::new(config, config_path.map(Path::to_path_buf))?;
     // Signal handlers go in before the socket exists: a client that sees the
     // socket may signal the daemon at once.
     let (shutdown, reloads) = watch_signals()?;
+    app.warm_up().await;
     let listener = app.bind()?;
     app.serve(listener, shutdown, reloads).await;
     Ok(ExitCode::SUCCESS)

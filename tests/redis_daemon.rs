@@ -343,3 +343,52 @@ async fn a_denial_the_sidecar_can_prove_costs_redis_nothing() {
     lease_of(client.call(acquire("gpt", 500, 0)).await.unwrap());
     assert_eq!(server.command_calls("evalsha"), 3);
 }
+
+/// Issue: the daemon connected lazily, so the first acquire paid for the
+/// connection and met NOSCRIPT, and the bucket clock started late.
+#[tokio::test]
+async fn connections_and_scripts_are_ready_before_the_socket_appears() {
+    let server = RedisServer::start();
+    let daemon = Daemon::start(&single(&server));
+    // Three scripts on each of the four pooled connections, before any request.
+    assert_eq!(server.command_calls("script|load"), 12);
+    let client = daemon.client().await;
+    lease_of(client.call(acquire("gpt", 1, 0)).await.unwrap());
+    let errors = server.cli(&["INFO", "errorstats"]).unwrap();
+    assert!(!errors.contains("NOSCRIPT"), "{errors}");
+}
+
+/// Issue: with Redis unreachable (or a wrong password) the daemon said
+/// nothing until the first acquire failed.
+#[tokio::test]
+async fn an_unreachable_redis_at_start_is_reported_and_retried() {
+    let mut server = RedisServer::start();
+    server.kill();
+    let url = format!("redis://:hunter2@127.0.0.1:{}/0", server.port);
+    let daemon = Daemon::start(&config(&format!("url = \"{url}\""), ""));
+    daemon.wait_for_log("Redis is not reachable at start").await;
+    let log = daemon.log();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("Redis is not reachable at start"))
+        .unwrap();
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(
+        warning.contains(&format!("127.0.0.1:{}", server.port)),
+        "{warning}"
+    );
+    assert!(warning.contains("FailClosed"), "{warning}");
+    assert!(!log.contains("hunter2"), "the password leaked:\n{log}");
+    let listening = log.find("listening").expect("the daemon listens");
+    assert!(log.find("Redis is not reachable").unwrap() < listening);
+
+    server.restart();
+    server
+        .cli(&["CONFIG", "SET", "requirepass", "hunter2"])
+        .unwrap();
+    daemon
+        .wait_for_log("connected to Redis and loaded the scripts")
+        .await;
+    let client = daemon.client().await;
+    lease_of(client.call(acquire("gpt", 1, 0)).await.unwrap());
+}

@@ -156,6 +156,10 @@ impl Store for FailFastStore {
     async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
         self.inner.levels(buckets).await
     }
+
+    async fn warm_up(&self) -> Result<(), StoreError> {
+        self.inner.warm_up().await
+    }
 }
 
 #[cfg(test)]

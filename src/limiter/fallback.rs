@@ -153,6 +153,15 @@ impl Store for FallbackStore {
     async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
         self.shared.levels(buckets).await
     }
+
+    async fn warm_up(&self) -> Result<(), StoreError> {
+        let outcome = self.shared.warm_up().await;
+        match &outcome {
+            Ok(()) => self.note_success(),
+            Err(cause) => self.note_failure(cause),
+        }
+        outcome
+    }
 }
 
 #[cfg(test)]

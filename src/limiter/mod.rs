@@ -132,6 +132,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whole tokens available now in each bucket, in order.
     async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError>;
+
+    /// Connects and prepares whatever the first request would otherwise
+    /// wait for (connections, authentication, scripts).
+    async fn warm_up(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// Turns a [`Plan`] into the store's answer.

@@ -153,6 +153,12 @@ impl Store for RedisStore {
     async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
         self.levels_at(buckets, None).await
     }
+
+    async fn warm_up(&self) -> Result<(), StoreError> {
+        self.pool
+            .warm_up(&[&self.acquire, &self.adjust, &self.levels])
+            .await
+    }
 }
 
 fn clock_arg(now_ms: Option<i64>) -> String {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, RedisError, ScriptInvocation};
+use redis::{AsyncConnectionConfig, RedisError, Script, ScriptInvocation};
 use tokio::sync::Mutex;
 
 use crate::limiter::StoreError;
@@ -56,6 +56,7 @@ pub(super) struct Pool {
     nodes: Nodes,
     next: AtomicUsize,
     timeout: Duration,
+    connect_timeout: Duration,
 }
 
 enum Nodes {
@@ -157,7 +158,45 @@ impl Pool {
             nodes,
             next: AtomicUsize::new(0),
             timeout: settings.timeout,
+            connect_timeout: settings.connect_timeout,
         })
+    }
+
+    /// Opens every pooled connection (authenticating as configured) and
+    /// loads `scripts` on it, so that the first request finds both ready.
+    pub(super) async fn warm_up(&self, scripts: &[&Script]) -> Result<(), StoreError> {
+        let attempt = async {
+            match &self.nodes {
+                Nodes::Single {
+                    client,
+                    config,
+                    slots,
+                } => {
+                    for slot in slots {
+                        let mut connection = slot
+                            .get(|| client.get_multiplexed_async_connection_with_config(config))
+                            .await?;
+                        load(&mut connection, scripts, slot).await?;
+                    }
+                }
+                Nodes::Cluster { client, slots } => {
+                    for slot in slots {
+                        let mut connection = slot.get(|| client.get_async_connection()).await?;
+                        load(&mut connection, scripts, slot).await?;
+                    }
+                }
+            }
+            Ok::<(), RedisError>(())
+        };
+        let deadline = self.connect_timeout + self.timeout;
+        match tokio::time::timeout(deadline, attempt).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(redis_error)) => Err(StoreError::Unavailable(redis_error.to_string())),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer from Redis within {} ms",
+                deadline.as_millis()
+            ))),
+        }
     }
 
     /// Runs one script on the next pooled connection within the deadline.
@@ -198,6 +237,20 @@ impl Pool {
     }
 }
 
+/// Loads every script on one connection; a failed connection is dropped.
+async fn load<C>(connection: &mut C, scripts: &[&Script], slot: &Slot<C>) -> Result<(), RedisError>
+where
+    C: ConnectionLike + Clone + Send,
+{
+    for script in scripts {
+        if let Err(redis_error) = script.load_async(connection).await {
+            discard_if_broken(&redis_error, slot).await;
+            return Err(redis_error);
+        }
+    }
+    Ok(())
+}
+
 async fn invoke<C, T>(
     invocation: &ScriptInvocation<'_>,
     connection: &mut C,
@@ -209,12 +262,18 @@ where
 {
     let result = invocation.invoke_async(connection).await;
     if let Err(redis_error) = &result {
-        if redis_error.is_unrecoverable_error()
-            || redis_error.is_connection_dropped()
-            || redis_error.is_io_error()
-        {
-            slot.discard().await;
-        }
+        discard_if_broken(redis_error, slot).await;
     }
     result
+}
+
+/// Drops the slot's connection after an error that leaves it unusable, so
+/// the next call reconnects.
+async fn discard_if_broken<C: Clone>(redis_error: &RedisError, slot: &Slot<C>) {
+    if redis_error.is_unrecoverable_error()
+        || redis_error.is_connection_dropped()
+        || redis_error.is_io_error()
+    {
+        slot.discard().await;
+    }
 }
