@@ -32,6 +32,9 @@ const WRITE_CHUNK: usize = 16 * 1024;
 /// How the daemon names itself in `Hello` and in messages.
 const SERVER: &str = concat!("ratekeeper ", env!("CARGO_PKG_VERSION"));
 
+/// The close reason of a connection that ended the way connections should.
+const CLOSED_BY_CLIENT: &str = "closed by the client";
+
 /// Unanswered requests of one connection, each with its cancellation.
 type InFlight = Arc<Mutex<HashMap<u64, CancellationToken>>>;
 
@@ -73,7 +76,7 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
             _ = connection.context.close.cancelled() => break "the daemon is shutting down".to_string(),
         };
         match read {
-            Ok(0) if frames.buffered() == 0 => break "closed by the client".to_string(),
+            Ok(0) if frames.buffered() == 0 => break CLOSED_BY_CLIENT.to_string(),
             Ok(0) => {
                 break format!(
                     "closed by the client in the middle of a frame ({} bytes unread)",
@@ -253,7 +256,7 @@ impl Connection {
                 protocol_version: PROTOCOL_VERSION,
                 client_name,
             } if client_name.len() <= proto::MAX_NAME_LEN => {
-                tracing::info!(
+                tracing::debug!(
                     connection = self.context.id,
                     client = client_name.as_str(),
                     "client said hello"
@@ -377,14 +380,22 @@ impl Connection {
         self.tasks.close();
         self.tasks.wait().await;
         let forgotten = self.context.service.connection_closed(self.context.id);
-        tracing::info!(
-            connection = self.context.id,
-            client = self.client(),
-            reason,
-            cancelled_requests = cancelled,
-            unreported_leases = forgotten,
-            "connection closed"
-        );
+        // A connection that ended cleanly with nothing left behind (a probe,
+        // a CLI command, a worker that settled everything) is routine.
+        let routine = reason == CLOSED_BY_CLIENT && cancelled == 0 && forgotten == 0;
+        let (connection, client) = (self.context.id, self.client());
+        if routine {
+            tracing::debug!(connection, client, reason, "connection closed");
+        } else {
+            tracing::info!(
+                connection,
+                client,
+                reason,
+                cancelled_requests = cancelled,
+                unreported_leases = forgotten,
+                "connection closed"
+            );
+        }
     }
 
     async fn answer(&self, request_id: u64, response: Response) {
