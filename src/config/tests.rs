@@ -1042,15 +1042,6 @@ fn config_readme_token_counting_example_is_valid() {
 }
 
 #[test]
-fn config_cost_rules() {
-    assert_eq!(CostRule::Sum.charge(500, 1000), Some(1500));
-    assert_eq!(CostRule::Max.charge(500, 1000), Some(1000));
-    assert_eq!(CostRule::Max.charge(1500, 1000), Some(1500));
-    assert_eq!(CostRule::Sum.charge(u64::MAX, 1), None);
-    assert_eq!(CostRule::Max.charge(u64::MAX, 1), Some(u64::MAX));
-}
-
-#[test]
 fn config_line_col() {
     let text = "ab\ncdé\n\nx";
     assert_eq!(line_col(text, 0), (1, 1));
