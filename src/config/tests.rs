@@ -1,6 +1,8 @@
 //! Config tests: every listed mistake with its located message, defaults,
 //! environment overrides and the effective-config round trip.
+use super::diagnostics::line_col;
 use super::*;
+use crate::tokens::{CharEstimator, Counter, Encoding};
 
 fn no_env(_: &str) -> Option<String> {
     None
