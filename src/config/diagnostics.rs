@@ -4,8 +4,8 @@
 
 use toml::Spanned;
 
-use super::model::MAX_NAME_LEN;
 use super::render::mask_redis_url;
+use crate::proto::MAX_NAME_LEN;
 
 /// Collects located problems, then renders them `origin:line:col: message`
 /// in file order.

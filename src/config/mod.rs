@@ -27,10 +27,10 @@ use std::path::{Path, PathBuf};
 
 pub use env::{ENV_REDIS_URL, ENV_SOCKET};
 pub use model::{
-    Config, DEFAULT_MAX_OUTPUT_TOKENS, DisconnectRule, FailurePolicy, GroupConfig, LeaseConfig,
-    LimitConfig, MAX_BURST, MAX_NAME_LEN, MAX_RATE_PER_MINUTE, MAX_SOCKET_MODE,
-    MAX_SOCKET_PATH_LEN, MAX_WAIT_MS, PriorityClass, RedisConfig, ServerConfig, TokenBuckets,
-    TokenRate,
+    Config, DEFAULT_KEY_PREFIX, DEFAULT_MAX_OUTPUT_TOKENS, DEFAULT_SOCKET_PATH, DisconnectRule,
+    FailurePolicy, GroupConfig, LeaseConfig, LimitConfig, MAX_BURST, MAX_RATE_PER_MINUTE,
+    MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, MAX_WAIT_MS, PriorityClass, RedisConfig, ServerConfig,
+    TokenBuckets, TokenRate,
 };
 pub use render::mask_redis_url;
 

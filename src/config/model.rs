@@ -8,17 +8,22 @@ use serde::{Deserialize, Serialize};
 
 use crate::tokens::{CharEstimator, CostRule, Counter, Encoding, Provider, SettleRule, Tokenizer};
 
+/// Socket the daemon listens on when neither the file nor the environment
+/// names one.
+pub const DEFAULT_SOCKET_PATH: &str = "/tmp/ratekeeper.sock";
+/// First part of every Redis key when `redis.key_prefix` is not set.
+pub const DEFAULT_KEY_PREFIX: &str = "ratekeeper";
 /// Output tokens a messages cost reserves when it names no maximum and the
 /// limit sets no `default_max_output_tokens`.
 pub const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 1024;
 
-/// Longest limit or priority class name, in bytes.
-pub const MAX_NAME_LEN: usize = 128;
 /// Largest `tokens_per_minute` / `requests_per_minute`.
 pub const MAX_RATE_PER_MINUTE: u64 = 1_000_000_000;
 /// Largest `burst_tokens` / `burst_requests`.
 pub const MAX_BURST: u64 = 10_000_000_000;
-/// Largest `max_wait_ms` of a priority class (one hour).
+/// Longest wait anywhere: a priority class's `max_wait_ms`, an acquire's,
+/// a lease's `disconnect_grace_ms` (one hour). Also bounds how far below
+/// zero a level can go, which keeps the Lua arithmetic exact in doubles.
 pub const MAX_WAIT_MS: u64 = 3_600_000;
 /// Largest `server.socket_mode`.
 pub const MAX_SOCKET_MODE: u32 = 0o777;
@@ -101,7 +106,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            socket: PathBuf::from("/tmp/ratekeeper.sock"),
+            socket: PathBuf::from(DEFAULT_SOCKET_PATH),
             socket_mode: 0o660,
             allowed_uids: Vec::new(),
             allowed_gids: Vec::new(),
@@ -144,7 +149,7 @@ impl RedisConfig {
             pool_size: 4,
             timeout_ms: 250,
             connect_timeout_ms: 1_000,
-            key_prefix: "ratekeeper".to_string(),
+            key_prefix: DEFAULT_KEY_PREFIX.to_string(),
             on_failure: FailurePolicy::FailClosed,
             local_share: None,
             tls_ca_file: None,

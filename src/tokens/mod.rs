@@ -47,7 +47,7 @@ pub use encoding::{
 pub use learned::{LearnerSettings, OutputTokenLearner};
 pub use preset::{CostRule, PresetError, Provider, SettleRule, Tokenizer};
 
-use crate::proto::ChatRequest;
+use crate::proto::{ChatRequest, MAX_FRAME_LEN};
 
 /// Why a prompt was not counted, or an estimator not built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -87,11 +87,11 @@ pub struct Bounds {
 }
 
 impl Bounds {
-    /// 4 MiB of text (the protocol's largest frame, about a million tokens),
-    /// 16,384 messages, 65,536 parts: far above what any provider accepts in
-    /// one request, so only abuse is refused.
+    /// 4 MiB of text ([`MAX_FRAME_LEN`], the protocol's largest frame, about
+    /// a million tokens), 16,384 messages, 65,536 parts: far above what any
+    /// provider accepts in one request, so only abuse is refused.
     pub const DEFAULT: Bounds = Bounds {
-        max_text_bytes: 4 * 1024 * 1024,
+        max_text_bytes: MAX_FRAME_LEN as usize,
         max_messages: 16_384,
         max_parts: 65_536,
     };

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use toml::Spanned;
 
 use crate::config::diagnostics::{Diagnostics, check_int};
-use crate::config::model::{FailurePolicy, MAX_NAME_LEN, RedisConfig};
+use crate::config::model::{FailurePolicy, RedisConfig};
 use crate::config::raw::RawRedis;
 use crate::config::render::mask_redis_url;
+use crate::proto::MAX_NAME_LEN;
 
 /// Scheme of a node reached over plain TCP.
 const TCP_SCHEME: &str = "redis://";

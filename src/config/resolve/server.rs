@@ -21,7 +21,7 @@ pub(super) fn resolve_server(server: RawServer, out: &mut ServerConfig, d: &mut 
             Some(_) => d.error(
                 mode.span().start,
                 format!(
-                    "server: socket_mode {:?} is above the largest file mode \"0777\"",
+                    "server: socket_mode {:?} is above the largest file mode \"{MAX_SOCKET_MODE:04o}\"",
                     mode.get_ref()
                 ),
             ),
