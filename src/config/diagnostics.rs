@@ -204,6 +204,57 @@ pub(super) fn check_positive(
     Checked::given(value.as_ref(), |v| check_int(d, context, field, v, 1, max))
 }
 
+/// The interval a fraction must lie in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fraction {
+    /// `[0, 1]`.
+    ZeroToOne,
+    /// `[0, 1)`: never all of it.
+    BelowOne,
+    /// `(0, 1]`: never none of it.
+    AboveZero,
+}
+
+/// A fraction in `interval`, or an error at its place.
+pub(super) fn check_fraction(
+    d: &mut Diagnostics,
+    context: &str,
+    field: &str,
+    value: &Spanned<f64>,
+    interval: Fraction,
+) -> Option<f64> {
+    let v = *value.get_ref();
+    let (within, written) = match interval {
+        Fraction::ZeroToOne => ((0.0..=1.0).contains(&v), "[0, 1]"),
+        Fraction::BelowOne => ((0.0..1.0).contains(&v), "[0, 1)"),
+        Fraction::AboveZero => (v > 0.0 && v <= 1.0, "(0, 1]"),
+    };
+    if within {
+        Some(v)
+    } else {
+        d.error(
+            value.span().start,
+            format!("{context}: {field} must be in {written} (got {v})"),
+        );
+        None
+    }
+}
+
+/// Reports `reference`, a name one entry gives to point at another, unless
+/// it is one of `names` (the other section's `name` keys as written, valid
+/// or not); `problem` says what is wrong with it.
+pub(super) fn check_reference<'a>(
+    d: &mut Diagnostics,
+    reference: &Spanned<String>,
+    mut names: impl Iterator<Item = Option<&'a Spanned<String>>>,
+    problem: impl FnOnce(&str) -> String,
+) {
+    let name = reference.get_ref().as_str();
+    if !names.any(|declared| declared.map(|n| n.get_ref().as_str()) == Some(name)) {
+        d.error(reference.span().start, problem(name));
+    }
+}
+
 /// `limits[1] "gpt-4o"` / `limits[1]` when the entry has no usable name.
 fn entry_context(section: &str, index: usize, name: Option<&Spanned<String>>) -> String {
     match name {

@@ -134,12 +134,3 @@ impl RawTokenizer {
         }
     }
 }
-
-/// Whether any of `names` (entries' `name` keys as written, valid or not)
-/// is `name`.
-pub(super) fn declares<'a>(
-    mut names: impl Iterator<Item = Option<&'a Spanned<String>>>,
-    name: &str,
-) -> bool {
-    names.any(|declared| declared.map(|n| n.get_ref().as_str()) == Some(name))
-}

@@ -1,6 +1,6 @@
 //! `[leases]`: what becomes of leases nobody reports.
 
-use crate::config::diagnostics::{Diagnostics, check_int};
+use crate::config::diagnostics::{Diagnostics, Fraction, check_fraction, check_int};
 use crate::config::model::{LeaseConfig, MAX_WAIT_MS};
 use crate::config::raw::RawLeases;
 
@@ -17,14 +17,9 @@ pub(super) fn resolve_leases(raw: &RawLeases, d: &mut Diagnostics) -> LeaseConfi
         resolved.on_disconnect = *rule.get_ref();
     }
     if let Some(fraction) = &raw.disconnect_refund_fraction {
-        let v = *fraction.get_ref();
-        if (0.0..=1.0).contains(&v) {
+        let field = "disconnect_refund_fraction";
+        if let Some(v) = check_fraction(d, context, field, fraction, Fraction::ZeroToOne) {
             resolved.disconnect_refund_fraction = v;
-        } else {
-            d.error(
-                fraction.span().start,
-                format!("{context}: disconnect_refund_fraction must be in [0, 1] (got {v})"),
-            );
         }
     }
     if let Some(grace) = &raw.disconnect_grace_ms {

@@ -3,9 +3,11 @@
 
 use toml::Spanned;
 
-use crate::config::diagnostics::{DeclaredNames, Diagnostics, check_int};
+use crate::config::diagnostics::{
+    DeclaredNames, Diagnostics, Fraction, check_fraction, check_int, check_reference,
+};
 use crate::config::model::{MAX_WAIT_MS, PriorityClass};
-use crate::config::raw::{RawLimit, RawPriority, declares};
+use crate::config::raw::{RawLimit, RawPriority};
 
 /// The declared classes (those that could be resolved) and their names.
 pub(super) fn resolve_priorities(
@@ -25,14 +27,9 @@ pub(super) fn resolve_priorities(
             ..PriorityClass::implicit_default()
         };
         if let Some(fraction) = &class.reserved_fraction {
-            let v = *fraction.get_ref();
-            if (0.0..1.0).contains(&v) {
+            let field = "reserved_fraction";
+            if let Some(v) = check_fraction(d, context, field, fraction, Fraction::BelowOne) {
                 resolved.reserved_fraction = v;
-            } else {
-                d.error(
-                    fraction.span().start,
-                    format!("{context}: reserved_fraction must be in [0, 1) (got {v})"),
-                );
             }
         }
         if let Some(wait) = &class.max_wait_ms {
@@ -67,16 +64,12 @@ fn check_class_limits(
     }
     for limit in list.get_ref() {
         let written = raw_limits.iter().map(|l| l.get_ref().name.as_ref());
-        if !declares(written, limit.get_ref()) {
-            d.error(
-                limit.span().start,
-                format!(
-                    "{context}: limits names {:?}, which is not a declared limit ({})",
-                    limit.get_ref(),
-                    limit_names.describe()
-                ),
-            );
-        }
+        check_reference(d, limit, written, |name| {
+            format!(
+                "{context}: limits names {name:?}, which is not a declared limit ({})",
+                limit_names.describe()
+            )
+        });
     }
 }
 

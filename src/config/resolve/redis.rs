@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use toml::Spanned;
 
-use crate::config::diagnostics::{Diagnostics, check_int};
+use crate::config::diagnostics::{Diagnostics, Fraction, check_fraction, check_int};
 use crate::config::model::{FailurePolicy, RedisConfig};
 use crate::config::raw::RawRedis;
 use crate::config::render::mask_redis_url;
@@ -158,15 +158,9 @@ fn resolve_failure_policy(
         resolved.on_failure = *policy.get_ref();
     }
     if let Some(share) = &raw.local_share {
-        let v = *share.get_ref();
-        if v > 0.0 && v <= 1.0 {
-            resolved.local_share = Some(v);
-        } else {
-            d.error(
-                share.span().start,
-                format!("{CONTEXT}: local_share must be in (0, 1] (got {v})"),
-            );
-            usable = false;
+        match check_fraction(d, CONTEXT, "local_share", share, Fraction::AboveZero) {
+            Some(v) => resolved.local_share = Some(v),
+            None => usable = false,
         }
     }
     match (resolved.on_failure, &raw.local_share) {

@@ -2,7 +2,7 @@
 //! output ones, the request bucket, the tenant share, and the largest
 //! request, which must fit in the token buckets.
 
-use crate::config::diagnostics::{Checked, Diagnostics, check_positive};
+use crate::config::diagnostics::{Checked, Diagnostics, Fraction, check_fraction, check_positive};
 use crate::config::model::{MAX_BURST, MAX_RATE_PER_MINUTE, TokenRate};
 use crate::config::raw::RawLimit;
 
@@ -258,16 +258,7 @@ fn check_bursts_have_rates(
 /// `tenant_share` in (0, 1].
 fn check_tenant_share(limit: &RawLimit, context: &str, d: &mut Diagnostics) -> Checked<f64> {
     Checked::given(limit.tenant_share.as_ref(), |share| {
-        let v = *share.get_ref();
-        if v > 0.0 && v <= 1.0 {
-            Some(v)
-        } else {
-            d.error(
-                share.span().start,
-                format!("{context}: tenant_share must be in (0, 1] (got {v})"),
-            );
-            None
-        }
+        check_fraction(d, context, "tenant_share", share, Fraction::AboveZero)
     })
 }
 

@@ -1,74 +1,50 @@
-//! How a limit's requests are counted and charged: the provider's preset
-//! first, then the limit's own `tokenizer`, character estimate,
-//! `cost_rule` and `settle`.
+//! How a limit counts its prompts: the `tokenizer` it names, else its
+//! provider preset's for its model, and the character estimate's
+//! parameters, which only a `chars` limit may set.
 
 use toml::Spanned;
 
-use crate::config::diagnostics::{Diagnostics, check_int};
-use crate::config::model::{DEFAULT_MAX_OUTPUT_TOKENS, MAX_BURST};
+use crate::config::diagnostics::Diagnostics;
 use crate::config::raw::RawLimit;
-use crate::tokens::{CharEstimator, CostRule, Provider, SettleRule, TokenError, Tokenizer};
+use crate::tokens::{CharEstimator, Encoding, Provider, TokenError, Tokenizer};
 
-/// The counting and charging settings of a limit, resolved.
+/// How a limit counts its prompts, resolved.
 pub(super) struct Counting {
-    pub provider: Provider,
-    pub model: Option<String>,
     pub tokenizer: Tokenizer,
+    /// With the `chars` tokenizer: characters per token; else `None`.
     pub chars_per_token: Option<f64>,
+    /// With the `chars` tokenizer: the multiplier; else `None`.
     pub safety_factor: Option<f64>,
-    pub default_max_output_tokens: u64,
-    pub cost_rule: CostRule,
-    pub settle: SettleRule,
-    pub learn_max_output: bool,
 }
 
-/// The parameters of the character estimate, resolved: both with the
-/// `chars` tokenizer, neither with tiktoken.
-struct Estimate {
-    chars_per_token: Option<f64>,
-    safety_factor: Option<f64>,
-}
-
-/// The limit's counting settings, or `None` (problems reported) when a
-/// value is missing or wrong.
+/// The limit's counter for `provider`'s preset and the limit's own
+/// `tokenizer` and estimate, or `None` (problems reported) when a value is
+/// missing or wrong.
 pub(super) fn resolve_counting(
     limit: &RawLimit,
+    provider: Provider,
     context: &str,
     entry_at: usize,
     d: &mut Diagnostics,
 ) -> Option<Counting> {
-    let provider = limit
-        .provider
-        .as_ref()
-        .map_or(Provider::Generic, |p| *p.get_ref());
     let model = limit.model.as_ref().map(|m| m.get_ref().as_str());
-    let tokenizer = resolve_tokenizer(limit, provider, model, context, entry_at, d);
-    let estimate =
-        tokenizer.and_then(|tokenizer| check_estimate(limit, tokenizer, context, entry_at, d));
-    let default_max_output_tokens = match &limit.default_max_output_tokens {
-        Some(v) => check_int(d, context, "default_max_output_tokens", v, 0, MAX_BURST),
-        None => Some(DEFAULT_MAX_OUTPUT_TOKENS),
+    let tokenizer = resolve_tokenizer(limit, provider, model, context, entry_at, d)?;
+    let (chars_per_token, safety_factor) = match tokenizer.encoding() {
+        Some(encoding) => {
+            if !check_no_estimate(limit, encoding, context, d) {
+                return None;
+            }
+            (None, None)
+        }
+        None => {
+            let (chars, safety) = check_char_estimate(limit, context, entry_at, d)?;
+            (Some(chars), Some(safety))
+        }
     };
-    let (tokenizer, estimate) = (tokenizer?, estimate?);
     Some(Counting {
-        provider,
-        model: model.map(str::to_string),
         tokenizer,
-        chars_per_token: estimate.chars_per_token,
-        safety_factor: estimate.safety_factor,
-        default_max_output_tokens: default_max_output_tokens?,
-        cost_rule: limit
-            .cost_rule
-            .as_ref()
-            .map_or(provider.cost_rule(), |rule| *rule.get_ref()),
-        settle: limit
-            .settle
-            .as_ref()
-            .map_or(provider.settle_rule(), |rule| *rule.get_ref()),
-        learn_max_output: limit
-            .learn_max_output
-            .as_ref()
-            .is_some_and(|learn| *learn.get_ref()),
+        chars_per_token,
+        safety_factor,
     })
 }
 
@@ -98,18 +74,14 @@ fn resolve_tokenizer(
     }
 }
 
-/// `chars_per_token` and `safety_factor`: in range with the `chars`
-/// tokenizer (defaults filled in), absent with tiktoken.
-fn check_estimate(
+/// Whether neither `chars_per_token` nor `safety_factor` stands beside a
+/// tiktoken `encoding`; reports each that does.
+fn check_no_estimate(
     limit: &RawLimit,
-    tokenizer: Tokenizer,
+    encoding: Encoding,
     context: &str,
-    entry_at: usize,
     d: &mut Diagnostics,
-) -> Option<Estimate> {
-    let Some(encoding) = tokenizer.encoding() else {
-        return check_char_estimate(limit, context, entry_at, d);
-    };
+) -> bool {
     let mut usable = true;
     for (field, value) in [
         ("chars_per_token", &limit.chars_per_token),
@@ -126,10 +98,7 @@ fn check_estimate(
             usable = false;
         }
     }
-    usable.then_some(Estimate {
-        chars_per_token: None,
-        safety_factor: None,
-    })
+    usable
 }
 
 /// The character estimate's parameters, defaults filled in, when in range.
@@ -138,7 +107,7 @@ fn check_char_estimate(
     context: &str,
     entry_at: usize,
     d: &mut Diagnostics,
-) -> Option<Estimate> {
+) -> Option<(f64, f64)> {
     let given = |value: &Option<Spanned<f64>>, default: f64| {
         value.as_ref().map_or(default, |v| *v.get_ref())
     };
@@ -148,10 +117,7 @@ fn check_char_estimate(
     );
     let safety = given(&limit.safety_factor, CharEstimator::DEFAULT_SAFETY_FACTOR);
     match CharEstimator::new(chars, safety) {
-        Ok(_) => Some(Estimate {
-            chars_per_token: Some(chars),
-            safety_factor: Some(safety),
-        }),
+        Ok(_) => Some((chars, safety)),
         Err(TokenError::InvalidEstimator {
             parameter,
             value,

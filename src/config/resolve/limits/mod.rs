@@ -1,14 +1,18 @@
 //! `[[limits]]`: each limit's name and group, its buckets ([`buckets`]),
-//! and how its requests are counted and charged ([`counting`]).
+//! how it counts prompts ([`counting`]), and how it charges and settles
+//! (its provider preset's rules unless it sets its own).
 
 mod buckets;
 mod counting;
 
 use toml::Spanned;
 
-use crate::config::diagnostics::{DeclaredNames, Diagnostics, declared_list};
-use crate::config::model::{GroupConfig, LimitConfig};
-use crate::config::raw::{RawGroup, RawLimit, declares};
+use crate::config::diagnostics::{
+    DeclaredNames, Diagnostics, check_int, check_reference, declared_list,
+};
+use crate::config::model::{DEFAULT_MAX_OUTPUT_TOKENS, GroupConfig, LimitConfig, MAX_BURST};
+use crate::config::raw::{RawGroup, RawLimit};
+use crate::tokens::Provider;
 
 /// The limits that could be resolved, and the names declared.
 pub(super) fn resolve_limits(
@@ -45,16 +49,12 @@ fn check_group(
     d: &mut Diagnostics,
 ) {
     let written = raw_groups.iter().map(|g| g.get_ref().name.as_ref());
-    if !declares(written, group.get_ref()) {
-        d.error(
-            group.span().start,
-            format!(
-                "{context}: group {:?} is not a declared group ({})",
-                group.get_ref(),
-                declared_list(groups.iter().map(|g| g.name.as_str()), "[[groups]]")
-            ),
-        );
-    }
+    check_reference(d, group, written, |name| {
+        format!(
+            "{context}: group {name:?} is not a declared group ({})",
+            declared_list(groups.iter().map(|g| g.name.as_str()), "[[groups]]")
+        )
+    });
 }
 
 /// The resolved limit (name left empty for the caller), or `None` when a
@@ -65,9 +65,17 @@ fn resolve_limit(
     entry_at: usize,
     d: &mut Diagnostics,
 ) -> Option<LimitConfig> {
-    // Both steps run, so that one pass reports every problem.
+    // Every step runs, so that one pass reports every problem.
     let buckets = buckets::resolve_buckets(limit, context, entry_at, d);
-    let counting = counting::resolve_counting(limit, context, entry_at, d);
+    let provider = limit
+        .provider
+        .as_ref()
+        .map_or(Provider::Generic, |p| *p.get_ref());
+    let counting = counting::resolve_counting(limit, provider, context, entry_at, d);
+    let default_max_output_tokens = match &limit.default_max_output_tokens {
+        Some(v) => check_int(d, context, "default_max_output_tokens", v, 0, MAX_BURST),
+        None => Some(DEFAULT_MAX_OUTPUT_TOKENS),
+    };
     let (buckets, counting) = (buckets?, counting?);
     Some(LimitConfig {
         name: String::new(),
@@ -79,17 +87,26 @@ fn resolve_limit(
         output_tokens_per_minute: buckets.output.map(|output| output.per_minute),
         burst_input_tokens: buckets.input.map(|input| input.burst),
         burst_output_tokens: buckets.output.map(|output| output.burst),
-        model: counting.model,
+        model: limit.model.as_ref().map(|m| m.get_ref().clone()),
         tenant_share: buckets.tenant_share,
         max_request_tokens: buckets.max_request_tokens,
         group: limit.group.as_ref().map(|g| g.get_ref().clone()),
-        provider: counting.provider,
+        provider,
         tokenizer: counting.tokenizer,
         chars_per_token: counting.chars_per_token,
         safety_factor: counting.safety_factor,
-        default_max_output_tokens: counting.default_max_output_tokens,
-        cost_rule: counting.cost_rule,
-        settle: counting.settle,
-        learn_max_output: counting.learn_max_output,
+        default_max_output_tokens: default_max_output_tokens?,
+        cost_rule: limit
+            .cost_rule
+            .as_ref()
+            .map_or(provider.cost_rule(), |rule| *rule.get_ref()),
+        settle: limit
+            .settle
+            .as_ref()
+            .map_or(provider.settle_rule(), |rule| *rule.get_ref()),
+        learn_max_output: limit
+            .learn_max_output
+            .as_ref()
+            .is_some_and(|learn| *learn.get_ref()),
     })
 }
