@@ -26,7 +26,7 @@
 //! quotient is rounded up in integers, so `35 bytes / 3.5 × 1.1` is 11, not
 //! the 12 that floating point (`11.000000000000002`) would round up to.
 
-use super::{PromptCount, TokenError};
+use super::{PromptCount, TokenError, openai};
 use crate::proto::ChatRequest;
 
 /// Parameters of the character estimate, validated.
@@ -50,9 +50,9 @@ impl CharEstimator {
     /// headroom for text that tokenizes worse than prose (code, JSON, numbers).
     pub const DEFAULT_SAFETY_FACTOR: f64 = 1.1;
     /// Framing tokens per message, as in OpenAI's chat format.
-    pub const DEFAULT_TOKENS_PER_MESSAGE: u32 = 3;
+    pub const DEFAULT_TOKENS_PER_MESSAGE: u32 = openai::TOKENS_PER_MESSAGE as u32;
     /// Framing tokens per request (the reply priming), as in OpenAI's format.
-    pub const DEFAULT_TOKENS_PER_REQUEST: u32 = 3;
+    pub const DEFAULT_TOKENS_PER_REQUEST: u32 = openai::REPLY_PRIMING as u32;
 
     /// Smallest and largest `chars_per_token` accepted.
     pub const CHARS_PER_TOKEN_RANGE: (f64, f64) = (0.5, 16.0);

@@ -5,9 +5,11 @@
 //! ([`encoding_for_model`]), OpenAI's per-message and per-tool framing
 //! ([`openai`]), a character estimate for models with no public tokenizer
 //! ([`CharEstimator`]), the input bounds that keep counting finite
-//! ([`Bounds`]), and a learned default for max output tokens
-//! ([`OutputTokenLearner`]). It knows nothing of limits, buckets or
-//! settlement: the dispatcher turns a [`PromptCount`] into a cost.
+//! ([`Bounds`]), a learned default for max output tokens
+//! ([`OutputTokenLearner`]), and the provider presets ([`preset`]): which
+//! counter, cost rule and settlement rule mirror a provider's accounting.
+//! It knows nothing of limits or buckets: the dispatcher turns a
+//! [`PromptCount`] into a cost with the limit's [`CostRule`].
 //!
 //! Counting is CPU work proportional to the prompt (with o200k_base in a
 //! release build, about 80 µs for 2 KB and 1.2 ms for 32 KB; cl100k_base is
@@ -36,14 +38,16 @@ mod chars;
 mod encoding;
 mod learned;
 pub mod openai;
+pub mod preset;
 
 pub use chars::CharEstimator;
 pub use encoding::{
     Encoding, Preloaded, encoding_for_model, encodings_for_models, preload, preload_encodings,
 };
 pub use learned::{LearnerSettings, OutputTokenLearner};
+pub use preset::{CostRule, PresetError, Provider, SettleRule, Tokenizer};
 
-use crate::proto::ChatRequest;
+use crate::proto::{ChatRequest, MAX_FRAME_LEN};
 
 /// Why a prompt was not counted, or an estimator not built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -83,11 +87,11 @@ pub struct Bounds {
 }
 
 impl Bounds {
-    /// 4 MiB of text (the protocol's largest frame, about a million tokens),
-    /// 16,384 messages, 65,536 parts: far above what any provider accepts in
-    /// one request, so only abuse is refused.
+    /// 4 MiB of text ([`MAX_FRAME_LEN`], the protocol's largest frame, about
+    /// a million tokens), 16,384 messages, 65,536 parts: far above what any
+    /// provider accepts in one request, so only abuse is refused.
     pub const DEFAULT: Bounds = Bounds {
-        max_text_bytes: 4 * 1024 * 1024,
+        max_text_bytes: MAX_FRAME_LEN as usize,
         max_messages: 16_384,
         max_parts: 65_536,
     };

@@ -1,0 +1,376 @@
+//! The typed, validated configuration: what the rest of the daemon reads,
+//! the defaults of every setting and the bounds validation holds them to.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::tokens::{CharEstimator, CostRule, Counter, Encoding, Provider, SettleRule, Tokenizer};
+
+/// Socket the daemon listens on when neither the file nor the environment
+/// names one.
+pub const DEFAULT_SOCKET_PATH: &str = "/tmp/ratekeeper.sock";
+/// First part of every Redis key when `redis.key_prefix` is not set.
+pub const DEFAULT_KEY_PREFIX: &str = "ratekeeper";
+/// Output tokens a messages cost reserves when it names no maximum and the
+/// limit sets no `default_max_output_tokens`.
+pub const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 1024;
+
+/// Largest `tokens_per_minute` / `requests_per_minute`.
+pub const MAX_RATE_PER_MINUTE: u64 = 1_000_000_000;
+/// Largest `burst_tokens` / `burst_requests`.
+pub const MAX_BURST: u64 = 10_000_000_000;
+/// Longest wait anywhere: a priority class's `max_wait_ms`, an acquire's,
+/// a lease's `disconnect_grace_ms` (one hour). Also bounds how far below
+/// zero a level can go, which keeps the Lua arithmetic exact in doubles.
+pub const MAX_WAIT_MS: u64 = 3_600_000;
+/// Largest `server.socket_mode`.
+pub const MAX_SOCKET_MODE: u32 = 0o777;
+/// Longest socket path, in bytes (`sun_path` minus the terminating NUL).
+#[cfg(target_os = "linux")]
+pub const MAX_SOCKET_PATH_LEN: usize = 107;
+/// Longest socket path, in bytes (`sun_path` minus the terminating NUL).
+#[cfg(not(target_os = "linux"))]
+pub const MAX_SOCKET_PATH_LEN: usize = 103;
+
+/// The validated, effective configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Config {
+    pub server: ServerConfig,
+    /// `None`: the embedded per-process store.
+    pub redis: Option<RedisConfig>,
+    pub groups: Vec<GroupConfig>,
+    pub limits: Vec<LimitConfig>,
+    /// Never empty: an implicit `default` class when the file declares none.
+    pub priorities: Vec<PriorityClass>,
+    /// Name of the class used when an acquire names none.
+    pub default_priority: String,
+    /// What happens to leases nobody reports.
+    pub leases: LeaseConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            server: ServerConfig::default(),
+            redis: None,
+            groups: Vec::new(),
+            limits: Vec::new(),
+            priorities: vec![PriorityClass::implicit_default()],
+            default_priority: PriorityClass::DEFAULT_NAME.to_string(),
+            leases: LeaseConfig::default(),
+        }
+    }
+}
+
+impl Config {
+    /// The limit called `name`.
+    pub fn limit(&self, name: &str) -> Option<&LimitConfig> {
+        self.limits.iter().find(|limit| limit.name == name)
+    }
+
+    /// The priority class called `name`.
+    pub fn priority(&self, name: &str) -> Option<&PriorityClass> {
+        self.priorities.iter().find(|class| class.name == name)
+    }
+
+    /// The group called `name`.
+    pub fn group(&self, name: &str) -> Option<&GroupConfig> {
+        self.groups.iter().find(|group| group.name == name)
+    }
+
+    /// The tiktoken encodings the limits count with: what to build at start.
+    pub fn encodings(&self) -> BTreeSet<Encoding> {
+        self.limits
+            .iter()
+            .filter_map(|limit| limit.tokenizer.encoding())
+            .collect()
+    }
+}
+
+/// Where and how the daemon listens.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServerConfig {
+    pub socket: PathBuf,
+    /// File mode of the socket, e.g. `0o660`.
+    pub socket_mode: u32,
+    /// When non-empty, only peers with one of these uids may connect.
+    pub allowed_uids: Vec<u32>,
+    /// When non-empty, only peers with one of these gids may connect.
+    pub allowed_gids: Vec<u32>,
+    /// How long `SIGTERM` waits for in-flight requests before exiting.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            socket: PathBuf::from(DEFAULT_SOCKET_PATH),
+            socket_mode: 0o660,
+            allowed_uids: Vec::new(),
+            allowed_gids: Vec::new(),
+            drain_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// The shared store: one Redis node, or a Redis Cluster from seed nodes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RedisConfig {
+    /// A single node (`redis://`, `rediss://`, `unix://`); `None` in cluster mode.
+    pub url: Option<String>,
+    /// Seed nodes of a Redis Cluster; empty for a single node.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cluster_nodes: Vec<String>,
+    /// Multiplexed connections every request is spread over.
+    pub pool_size: u32,
+    /// Deadline of one Redis call, after which the failure policy applies.
+    pub timeout_ms: u64,
+    /// Deadline of connecting to a node.
+    pub connect_timeout_ms: u64,
+    /// First part of every key, so several deployments can share one Redis.
+    pub key_prefix: String,
+    /// What acquires get while Redis fails.
+    pub on_failure: FailurePolicy,
+    /// Fraction of every limit the `local` policy grants this sidecar.
+    pub local_share: Option<f64>,
+    /// PEM file of the certificate authority that signed the server's TLS
+    /// certificate (`rediss://`), when it is not in the system's trust store.
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+impl RedisConfig {
+    /// Defaults for everything but the nodes.
+    pub fn with_url(url: impl Into<String>) -> Self {
+        RedisConfig {
+            url: Some(url.into()),
+            cluster_nodes: Vec::new(),
+            pool_size: 4,
+            timeout_ms: 250,
+            connect_timeout_ms: 1_000,
+            key_prefix: DEFAULT_KEY_PREFIX.to_string(),
+            on_failure: FailurePolicy::FailClosed,
+            local_share: None,
+            tls_ca_file: None,
+        }
+    }
+
+    /// Every node: the single `url`, or the cluster's seed nodes.
+    pub fn nodes(&self) -> impl Iterator<Item = &String> {
+        self.url.iter().chain(&self.cluster_nodes)
+    }
+}
+
+/// What acquires get while Redis is failing or too slow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailurePolicy {
+    /// Refuse with `StoreUnavailable`: never exceed the limit.
+    FailClosed,
+    /// Grant without limiting, and count it: never block the app.
+    FailOpen,
+    /// Limit with in-memory buckets holding `local_share` of each limit.
+    Local,
+}
+
+/// The life of unreported leases.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LeaseConfig {
+    /// What a closed connection's unreported leases do to their reservation.
+    pub on_disconnect: DisconnectRule,
+    /// With `refund`: the fraction of each lease's tokens given back.
+    pub disconnect_refund_fraction: f64,
+    /// With `refund`: how long a lease may still be reported (from another
+    /// connection) before the refund.
+    pub disconnect_grace_ms: u64,
+    /// Unreported leases are forgotten, reservation kept, after this long.
+    pub expire_after_ms: u64,
+    /// Most unreported leases kept; past it the oldest are forgotten.
+    pub max_open: u64,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            on_disconnect: DisconnectRule::Keep,
+            disconnect_refund_fraction: 0.5,
+            disconnect_grace_ms: 30_000,
+            expire_after_ms: 3_600_000,
+            max_open: 100_000,
+        }
+    }
+}
+
+/// What a closed connection's unreported leases do to their reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisconnectRule {
+    /// Keep the reservation: the provider was probably called.
+    Keep,
+    /// Give `disconnect_refund_fraction` back after the grace period.
+    Refund,
+}
+
+/// Buckets shared by several limits, and the Redis Cluster hash tag they all
+/// live under: an organisation cap over several models.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupConfig {
+    pub name: String,
+    pub tokens_per_minute: Option<u64>,
+    pub requests_per_minute: Option<u64>,
+    /// Defaults to one minute's worth.
+    pub burst_tokens: Option<u64>,
+    /// Defaults to one minute's worth.
+    pub burst_requests: Option<u64>,
+}
+
+/// One provider limit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LimitConfig {
+    pub name: String,
+    /// Refill rate of the combined token bucket; 0 when the limit has
+    /// separate input and output buckets instead (see [`Self::token_buckets`]).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tokens_per_minute: u64,
+    pub requests_per_minute: Option<u64>,
+    /// Combined token bucket capacity; defaults to one minute's worth; 0
+    /// with separate input and output buckets.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub burst_tokens: u64,
+    /// Request bucket capacity; defaults to one minute's worth.
+    pub burst_requests: Option<u64>,
+    /// Refill rate of the separate input-token bucket (prompt tokens).
+    pub input_tokens_per_minute: Option<u64>,
+    /// Refill rate of the separate output-token bucket (completion tokens).
+    pub output_tokens_per_minute: Option<u64>,
+    /// Input bucket capacity; defaults to one minute's worth.
+    pub burst_input_tokens: Option<u64>,
+    /// Output bucket capacity; defaults to one minute's worth.
+    pub burst_output_tokens: Option<u64>,
+    /// Model whose tokenizer counts this limit's messages; also the key
+    /// under which learned output sizes are kept.
+    pub model: Option<String>,
+    /// Fraction of the limit any one tenant may use, in (0, 1].
+    pub tenant_share: Option<f64>,
+    /// Largest cost one acquire may ask for; must fit in the burst.
+    pub max_request_tokens: Option<u64>,
+    /// The group whose buckets every acquire of this limit also draws from.
+    pub group: Option<String>,
+    /// Whose accounting the limit mirrors; sets the defaults of
+    /// `tokenizer`, `cost_rule` and `settle`.
+    pub provider: Provider,
+    /// How messages are counted, resolved (never `"auto"`).
+    pub tokenizer: Tokenizer,
+    /// With the `chars` tokenizer: characters (UTF-8 bytes) per token.
+    pub chars_per_token: Option<f64>,
+    /// With the `chars` tokenizer: multiplier over the whole estimate.
+    pub safety_factor: Option<f64>,
+    /// Output tokens reserved when a messages cost names no maximum.
+    pub default_max_output_tokens: u64,
+    /// How input and output make the charge of the combined buckets.
+    pub cost_rule: CostRule,
+    /// Whether reports give back (or take) the difference to actual usage.
+    pub settle: SettleRule,
+    /// Replace `default_max_output_tokens` by a high percentile of the
+    /// output tokens recently reported for the model.
+    pub learn_max_output: bool,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
+/// A token bucket's rate and capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenRate {
+    pub per_minute: u64,
+    pub burst: u64,
+}
+
+/// The token buckets of a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenBuckets {
+    /// One bucket for input and output together.
+    Combined(TokenRate),
+    /// Separate input (prompt) and output (completion) buckets.
+    Split { input: TokenRate, output: TokenRate },
+}
+
+impl LimitConfig {
+    /// The limit's token bucket or buckets.
+    pub fn token_buckets(&self) -> TokenBuckets {
+        match (
+            self.input_tokens_per_minute,
+            self.output_tokens_per_minute,
+            self.tokens_per_minute,
+        ) {
+            (Some(input), Some(output), 0) => TokenBuckets::Split {
+                input: TokenRate {
+                    per_minute: input,
+                    burst: self.burst_input_tokens.unwrap_or(input),
+                },
+                output: TokenRate {
+                    per_minute: output,
+                    burst: self.burst_output_tokens.unwrap_or(output),
+                },
+            },
+            _ => TokenBuckets::Combined(TokenRate {
+                per_minute: self.tokens_per_minute,
+                burst: self.burst_tokens,
+            }),
+        }
+    }
+
+    /// The rate and capacity of all token buckets together: what a tenant's
+    /// share is a share of.
+    pub fn total_token_rate(&self) -> TokenRate {
+        match self.token_buckets() {
+            TokenBuckets::Combined(rate) => rate,
+            TokenBuckets::Split { input, output } => TokenRate {
+                per_minute: input.per_minute.saturating_add(output.per_minute),
+                burst: input.burst.saturating_add(output.burst),
+            },
+        }
+    }
+
+    /// What counts this limit's messages.
+    pub fn counter(&self) -> Counter {
+        let estimator = CharEstimator::new(
+            self.chars_per_token
+                .unwrap_or(CharEstimator::DEFAULT_CHARS_PER_TOKEN),
+            self.safety_factor
+                .unwrap_or(CharEstimator::DEFAULT_SAFETY_FACTOR),
+        )
+        // Validated when the config was loaded.
+        .unwrap_or_default();
+        self.tokenizer.counter(estimator)
+    }
+}
+
+/// A priority class.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PriorityClass {
+    pub name: String,
+    /// Fraction of every bucket this class must leave for the classes above it.
+    pub reserved_fraction: f64,
+    /// Wait used when an acquire gives no `max_wait_ms`.
+    pub max_wait_ms: u64,
+    /// Limits the class applies to; `None` means all.
+    pub limits: Option<Vec<String>>,
+}
+
+impl PriorityClass {
+    /// Name of the implicit class of a config that declares none.
+    pub const DEFAULT_NAME: &'static str = "default";
+
+    /// The implicit class, also the defaults of every declared one.
+    pub(super) fn implicit_default() -> Self {
+        PriorityClass {
+            name: Self::DEFAULT_NAME.to_string(),
+            reserved_fraction: 0.0,
+            max_wait_ms: 10_000,
+            limits: None,
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The file as written: the serde schema of the TOML file.
+//!
+//! Everything is optional and spanned, and numbers are signed, so that
+//! validation (not deserialization) reports bad values, all of them, with
+//! their place in the file. Only unknown keys and values of the wrong type
+//! stop deserialization. Resolution (`super::resolve`) turns this into the
+//! typed [`Config`](super::Config).
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::model::{DisconnectRule, FailurePolicy};
+use crate::tokens::{CostRule, Provider, SettleRule, Tokenizer};
+
+/// The whole file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table of ratekeeper settings")]
+pub(super) struct RawFile {
+    pub default_priority: Option<Spanned<String>>,
+    pub server: Option<RawServer>,
+    pub redis: Option<Spanned<RawRedis>>,
+    #[serde(default)]
+    pub groups: Vec<Spanned<RawGroup>>,
+    #[serde(default)]
+    pub limits: Vec<Spanned<RawLimit>>,
+    #[serde(default)]
+    pub priorities: Vec<Spanned<RawPriority>>,
+    pub leases: Option<Spanned<RawLeases>>,
+}
+
+/// `[server]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [server] table")]
+pub(super) struct RawServer {
+    pub socket: Option<Spanned<String>>,
+    pub socket_mode: Option<Spanned<String>>,
+    pub allowed_uids: Option<Vec<Spanned<i64>>>,
+    pub allowed_gids: Option<Vec<Spanned<i64>>>,
+    pub drain_timeout_ms: Option<Spanned<i64>>,
+}
+
+/// `[redis]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [redis] table")]
+pub(super) struct RawRedis {
+    pub url: Option<Spanned<String>>,
+    pub cluster_nodes: Option<Spanned<Vec<Spanned<String>>>>,
+    pub pool_size: Option<Spanned<i64>>,
+    pub timeout_ms: Option<Spanned<i64>>,
+    pub connect_timeout_ms: Option<Spanned<i64>>,
+    pub key_prefix: Option<Spanned<String>>,
+    pub on_failure: Option<Spanned<FailurePolicy>>,
+    pub local_share: Option<Spanned<f64>>,
+    pub tls_ca_file: Option<Spanned<String>>,
+}
+
+/// `[leases]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [leases] table")]
+pub(super) struct RawLeases {
+    pub on_disconnect: Option<Spanned<DisconnectRule>>,
+    pub disconnect_refund_fraction: Option<Spanned<f64>>,
+    pub disconnect_grace_ms: Option<Spanned<i64>>,
+    pub expire_after_ms: Option<Spanned<i64>>,
+    pub max_open: Option<Spanned<i64>>,
+}
+
+/// One `[[groups]]` entry.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [[groups]] table")]
+pub(super) struct RawGroup {
+    pub name: Option<Spanned<String>>,
+    pub tokens_per_minute: Option<Spanned<i64>>,
+    pub requests_per_minute: Option<Spanned<i64>>,
+    pub burst_tokens: Option<Spanned<i64>>,
+    pub burst_requests: Option<Spanned<i64>>,
+}
+
+/// One `[[limits]]` entry.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [[limits]] table")]
+pub(super) struct RawLimit {
+    pub name: Option<Spanned<String>>,
+    pub tokens_per_minute: Option<Spanned<i64>>,
+    pub requests_per_minute: Option<Spanned<i64>>,
+    pub burst_tokens: Option<Spanned<i64>>,
+    pub burst_requests: Option<Spanned<i64>>,
+    pub model: Option<Spanned<String>>,
+    pub tenant_share: Option<Spanned<f64>>,
+    pub max_request_tokens: Option<Spanned<i64>>,
+    pub group: Option<Spanned<String>>,
+    pub input_tokens_per_minute: Option<Spanned<i64>>,
+    pub output_tokens_per_minute: Option<Spanned<i64>>,
+    pub burst_input_tokens: Option<Spanned<i64>>,
+    pub burst_output_tokens: Option<Spanned<i64>>,
+    pub provider: Option<Spanned<Provider>>,
+    pub tokenizer: Option<Spanned<RawTokenizer>>,
+    pub chars_per_token: Option<Spanned<f64>>,
+    pub safety_factor: Option<Spanned<f64>>,
+    pub default_max_output_tokens: Option<Spanned<i64>>,
+    pub cost_rule: Option<Spanned<CostRule>>,
+    pub settle: Option<Spanned<SettleRule>>,
+    pub learn_max_output: Option<Spanned<bool>>,
+}
+
+/// One `[[priorities]]` entry.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [[priorities]] table")]
+pub(super) struct RawPriority {
+    pub name: Option<Spanned<String>>,
+    pub reserved_fraction: Option<Spanned<f64>>,
+    pub max_wait_ms: Option<Spanned<i64>>,
+    pub limits: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
+/// The `tokenizer` key as written: a counter, or `auto` (the preset's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum RawTokenizer {
+    Auto,
+    O200kBase,
+    Cl100kBase,
+    Chars,
+}
+
+impl RawTokenizer {
+    /// The counter named, or `None` for `auto`.
+    pub fn named(self) -> Option<Tokenizer> {
+        match self {
+            RawTokenizer::Auto => None,
+            RawTokenizer::O200kBase => Some(Tokenizer::O200kBase),
+            RawTokenizer::Cl100kBase => Some(Tokenizer::Cl100kBase),
+            RawTokenizer::Chars => Some(Tokenizer::Chars),
+        }
+    }
+}

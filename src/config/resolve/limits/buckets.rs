@@ -1,0 +1,300 @@
+//! A limit's buckets: one combined token bucket or separate input and
+//! output ones, the request bucket, the tenant share, and the largest
+//! request, which must fit in the token buckets.
+
+use crate::config::diagnostics::{Checked, Diagnostics, Fraction, check_fraction, check_positive};
+use crate::config::model::{MAX_BURST, MAX_RATE_PER_MINUTE, TokenRate};
+use crate::config::raw::RawLimit;
+
+/// The bucket settings of a limit, resolved.
+pub(super) struct BucketSettings {
+    /// The combined token bucket; zero with separate buckets.
+    pub combined: TokenRate,
+    /// The separate input bucket, if any.
+    pub input: Option<TokenRate>,
+    /// The separate output bucket, if any.
+    pub output: Option<TokenRate>,
+    pub requests_per_minute: Option<u64>,
+    pub burst_requests: Option<u64>,
+    pub tenant_share: Option<f64>,
+    pub max_request_tokens: Option<u64>,
+}
+
+/// The limit's bucket settings, or `None` (problems reported) when a value
+/// is missing or wrong.
+pub(super) fn resolve_buckets(
+    limit: &RawLimit,
+    context: &str,
+    entry_at: usize,
+    d: &mut Diagnostics,
+) -> Option<BucketSettings> {
+    let mut usable = check_token_bucket_kind(limit, context, entry_at, d);
+    let rates = CheckedRates::check(limit, context, d);
+    usable &= check_bursts_have_rates(limit, rates.split, context, d);
+    let max_request_tokens = check_positive(
+        d,
+        context,
+        "max_request_tokens",
+        &limit.max_request_tokens,
+        MAX_BURST,
+    );
+    let tenant_share = check_tenant_share(limit, context, d);
+    if let (Some(capacity), Checked::Valid(max_request)) =
+        (rates.token_capacity(), max_request_tokens)
+    {
+        check_max_request_fits(
+            limit,
+            rates.split,
+            capacity,
+            max_request,
+            context,
+            entry_at,
+            d,
+        );
+    }
+
+    let requests_per_minute = rates.requests_per_minute.resolved()?;
+    if !usable {
+        return None;
+    }
+    let (combined, input, output) = if rates.split {
+        let none = TokenRate {
+            per_minute: 0,
+            burst: 0,
+        };
+        (none, Some(rates.input()?), Some(rates.output()?))
+    } else {
+        (rates.combined()?, None, None)
+    };
+    Some(BucketSettings {
+        combined,
+        input,
+        output,
+        requests_per_minute,
+        burst_requests: rates.burst_requests.resolved()?.or(requests_per_minute),
+        tenant_share: tenant_share.resolved()?,
+        max_request_tokens: max_request_tokens.resolved()?,
+    })
+}
+
+/// A limit's rates and bursts, each checked.
+struct CheckedRates {
+    /// Separate input and output token buckets rather than one combined.
+    split: bool,
+    tokens_per_minute: Checked<u64>,
+    input_tokens_per_minute: Checked<u64>,
+    output_tokens_per_minute: Checked<u64>,
+    requests_per_minute: Checked<u64>,
+    burst_tokens: Checked<u64>,
+    burst_input_tokens: Checked<u64>,
+    burst_output_tokens: Checked<u64>,
+    burst_requests: Checked<u64>,
+}
+
+impl CheckedRates {
+    /// Checks every rate and burst the limit sets against its bound.
+    fn check(limit: &RawLimit, context: &str, d: &mut Diagnostics) -> Self {
+        let mut rate =
+            |field: &str, value| check_positive(d, context, field, value, MAX_RATE_PER_MINUTE);
+        let tokens_per_minute = rate("tokens_per_minute", &limit.tokens_per_minute);
+        let input_tokens_per_minute =
+            rate("input_tokens_per_minute", &limit.input_tokens_per_minute);
+        let output_tokens_per_minute =
+            rate("output_tokens_per_minute", &limit.output_tokens_per_minute);
+        let requests_per_minute = rate("requests_per_minute", &limit.requests_per_minute);
+        let mut burst = |field: &str, value| check_positive(d, context, field, value, MAX_BURST);
+        CheckedRates {
+            split: limit.tokens_per_minute.is_none()
+                && (limit.input_tokens_per_minute.is_some()
+                    || limit.output_tokens_per_minute.is_some()),
+            tokens_per_minute,
+            input_tokens_per_minute,
+            output_tokens_per_minute,
+            requests_per_minute,
+            burst_tokens: burst("burst_tokens", &limit.burst_tokens),
+            burst_input_tokens: burst("burst_input_tokens", &limit.burst_input_tokens),
+            burst_output_tokens: burst("burst_output_tokens", &limit.burst_output_tokens),
+            burst_requests: burst("burst_requests", &limit.burst_requests),
+        }
+    }
+
+    /// Capacity of the combined bucket: `burst_tokens`, else one minute's
+    /// worth; `None` when unknown (absent or invalid).
+    fn combined_burst(&self) -> Option<u64> {
+        self.burst_tokens.or_default(self.tokens_per_minute.value())
+    }
+
+    /// Capacity of the input bucket, likewise.
+    fn input_burst(&self) -> Option<u64> {
+        self.burst_input_tokens
+            .or_default(self.input_tokens_per_minute.value())
+    }
+
+    /// Capacity of the output bucket, likewise.
+    fn output_burst(&self) -> Option<u64> {
+        self.burst_output_tokens
+            .or_default(self.output_tokens_per_minute.value())
+    }
+
+    /// The combined bucket, when its rate and capacity are valid.
+    fn combined(&self) -> Option<TokenRate> {
+        Some(TokenRate {
+            per_minute: self.tokens_per_minute.value()?,
+            burst: self.combined_burst()?,
+        })
+    }
+
+    /// The input bucket, likewise.
+    fn input(&self) -> Option<TokenRate> {
+        Some(TokenRate {
+            per_minute: self.input_tokens_per_minute.value()?,
+            burst: self.input_burst()?,
+        })
+    }
+
+    /// The output bucket, likewise.
+    fn output(&self) -> Option<TokenRate> {
+        Some(TokenRate {
+            per_minute: self.output_tokens_per_minute.value()?,
+            burst: self.output_burst()?,
+        })
+    }
+
+    /// Capacity of the token buckets together, when known.
+    fn token_capacity(&self) -> Option<u64> {
+        if self.split {
+            self.input_burst()
+                .zip(self.output_burst())
+                .map(|(input, output)| input + output)
+        } else {
+            self.combined_burst()
+        }
+    }
+}
+
+/// Exactly one kind of token bucket: `tokens_per_minute`, or both
+/// `input_tokens_per_minute` and `output_tokens_per_minute`. Whether it is.
+fn check_token_bucket_kind(
+    limit: &RawLimit,
+    context: &str,
+    entry_at: usize,
+    d: &mut Diagnostics,
+) -> bool {
+    let (at, problem) = match (
+        &limit.tokens_per_minute,
+        &limit.input_tokens_per_minute,
+        &limit.output_tokens_per_minute,
+    ) {
+        (None, None, None) => (
+            entry_at,
+            "tokens_per_minute is required (or input_tokens_per_minute and output_tokens_per_minute, for separate input and output buckets)",
+        ),
+        (Some(_), Some(split), _) | (Some(_), None, Some(split)) => (
+            split.span().start,
+            "give either tokens_per_minute (one token bucket) or input_tokens_per_minute and output_tokens_per_minute (separate buckets), not both",
+        ),
+        (None, Some(given), None) => (
+            given.span().start,
+            "input_tokens_per_minute needs output_tokens_per_minute too (separate buckets come in pairs)",
+        ),
+        (None, None, Some(given)) => (
+            given.span().start,
+            "output_tokens_per_minute needs input_tokens_per_minute too (separate buckets come in pairs)",
+        ),
+        _ => return true,
+    };
+    d.error(at, format!("{context}: {problem}"));
+    false
+}
+
+/// Every burst set has its rate, and `burst_tokens` is not set beside
+/// separate buckets. Whether the token bursts are usable (a request burst
+/// without its rate is reported but does not make the limit unusable).
+fn check_bursts_have_rates(
+    limit: &RawLimit,
+    split: bool,
+    context: &str,
+    d: &mut Diagnostics,
+) -> bool {
+    let mut usable = true;
+    if let (Some(burst), None) = (&limit.burst_requests, &limit.requests_per_minute) {
+        d.error(
+            burst.span().start,
+            format!("{context}: burst_requests is set but requests_per_minute is not (a request bucket needs a rate)"),
+        );
+    }
+    if let (Some(burst), true) = (&limit.burst_tokens, split) {
+        d.error(
+            burst.span().start,
+            format!("{context}: burst_tokens is set but this limit has separate input and output buckets (use burst_input_tokens and burst_output_tokens)"),
+        );
+        usable = false;
+    }
+    for (burst, burst_field, rate, rate_field) in [
+        (
+            &limit.burst_input_tokens,
+            "burst_input_tokens",
+            &limit.input_tokens_per_minute,
+            "input_tokens_per_minute",
+        ),
+        (
+            &limit.burst_output_tokens,
+            "burst_output_tokens",
+            &limit.output_tokens_per_minute,
+            "output_tokens_per_minute",
+        ),
+    ] {
+        if let (Some(burst), None) = (burst, rate) {
+            d.error(
+                burst.span().start,
+                format!("{context}: {burst_field} is set but {rate_field} is not (a bucket needs a rate)"),
+            );
+            usable = false;
+        }
+    }
+    usable
+}
+
+/// `tenant_share` in (0, 1].
+fn check_tenant_share(limit: &RawLimit, context: &str, d: &mut Diagnostics) -> Checked<f64> {
+    Checked::given(limit.tenant_share.as_ref(), |share| {
+        check_fraction(d, context, "tenant_share", share, Fraction::AboveZero)
+    })
+}
+
+/// Reports a `max_request_tokens` above the token buckets' `capacity`: a
+/// request that large could never be admitted.
+fn check_max_request_fits(
+    limit: &RawLimit,
+    split: bool,
+    capacity: u64,
+    max_request: u64,
+    context: &str,
+    entry_at: usize,
+    d: &mut Diagnostics,
+) {
+    if capacity >= max_request {
+        return;
+    }
+    let max_at = limit
+        .max_request_tokens
+        .as_ref()
+        .map_or(entry_at, |m| m.span().start);
+    let (at, capacity_desc) = match (&limit.burst_tokens, split) {
+        (_, true) => (
+            max_at,
+            format!("the input and output buckets together ({capacity})"),
+        ),
+        (Some(b), false) => (b.span().start, format!("burst_tokens ({capacity})")),
+        (None, false) => (
+            max_at,
+            format!("burst_tokens (defaulted to tokens_per_minute = {capacity})"),
+        ),
+    };
+    d.error(
+        at,
+        format!(
+            "{context}: {capacity_desc} is below max_request_tokens ({max_request}): a request that large could never be admitted"
+        ),
+    );
+}

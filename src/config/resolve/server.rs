@@ -1,0 +1,77 @@
+//! `[server]`: the socket and who may connect to it.
+
+use std::path::PathBuf;
+
+use crate::config::diagnostics::{Diagnostics, check_int};
+use crate::config::model::{MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, ServerConfig};
+use crate::config::raw::RawServer;
+
+/// The `[server]` section over `out`; bad values are reported and left at
+/// their defaults.
+pub(super) fn resolve_server(server: RawServer, out: &mut ServerConfig, d: &mut Diagnostics) {
+    if let Some(socket) = server.socket {
+        match socket_problem(socket.get_ref()) {
+            Some(problem) => d.error(socket.span().start, format!("server: {problem}")),
+            None => out.socket = PathBuf::from(socket.into_inner()),
+        }
+    }
+    if let Some(mode) = server.socket_mode {
+        match parse_socket_mode(mode.get_ref()) {
+            Some(m) if m <= MAX_SOCKET_MODE => out.socket_mode = m,
+            Some(_) => d.error(
+                mode.span().start,
+                format!(
+                    "server: socket_mode {:?} is above the largest file mode \"{MAX_SOCKET_MODE:04o}\"",
+                    mode.get_ref()
+                ),
+            ),
+            None => d.error(
+                mode.span().start,
+                format!(
+                    "server: socket_mode {:?} is not an octal file mode (e.g. \"0660\")",
+                    mode.get_ref()
+                ),
+            ),
+        }
+    }
+    for (field, ids, target) in [
+        ("allowed_uids", server.allowed_uids, &mut out.allowed_uids),
+        ("allowed_gids", server.allowed_gids, &mut out.allowed_gids),
+    ] {
+        for (i, id) in ids.iter().flatten().enumerate() {
+            let label = format!("{field}[{i}]");
+            if let Some(v) = check_int(d, "server", &label, id, 0, u64::from(u32::MAX)) {
+                target.push(v as u32);
+            }
+        }
+    }
+    if let Some(drain) = server.drain_timeout_ms {
+        if let Some(v) = check_int(d, "server", "drain_timeout_ms", &drain, 0, i64::MAX as u64) {
+            out.drain_timeout_ms = v;
+        }
+    }
+}
+
+/// Problem with a socket path, if any.
+pub(in crate::config) fn socket_problem(socket: &str) -> Option<String> {
+    if socket.is_empty() {
+        Some("socket must not be empty".to_string())
+    } else if socket.len() > MAX_SOCKET_PATH_LEN {
+        Some(format!(
+            "socket path is {} bytes long, longer than the {MAX_SOCKET_PATH_LEN} a Unix socket address can hold",
+            socket.len()
+        ))
+    } else {
+        None
+    }
+}
+
+/// `"0660"` (or `"660"`, `"0o660"`) → `0o660`; `None` when not octal. A
+/// value too large for a `u32` comes back as `u32::MAX` (above any mode).
+fn parse_socket_mode(mode: &str) -> Option<u32> {
+    let digits = mode.strip_prefix("0o").unwrap_or(mode);
+    if digits.is_empty() || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+        return None;
+    }
+    Some(u32::from_str_radix(digits, 8).unwrap_or(u32::MAX))
+}

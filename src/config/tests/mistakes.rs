@@ -1,0 +1,417 @@
+//! Every listed mistake is refused with its located message.
+
+use super::*;
+
+/// (what, file text, expected substring of the error, location included).
+const MISTAKES: &[(&str, &str, &str)] = &[
+    (
+        "unknown top-level key",
+        "bogus = 1\n",
+        "test.toml:1:1: unknown field `bogus`",
+    ),
+    (
+        "unknown key in a limit",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntoken_per_minute = 2\n",
+        "test.toml:4:1: limits: unknown field `token_per_minute`",
+    ),
+    (
+        "unknown key in server",
+        "[server]\nsockett = \"/x\"\n",
+        "test.toml:2:1: server: unknown field `sockett`",
+    ),
+    (
+        "unknown key in redis",
+        "[redis]\nurl = \"redis://h\"\npassword = \"x\"\n",
+        "test.toml:3:1: redis: unknown field `password`",
+    ),
+    (
+        "unknown key in a priority",
+        "[[priorities]]\nname = \"p\"\nmax_wait = 3\n",
+        "test.toml:3:1: priorities: unknown field `max_wait`",
+    ),
+    ("syntax error", "[[limits]\n", "test.toml:1:"),
+    (
+        "wrong type",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = \"lots\"\n",
+        "test.toml:3:21: limits.tokens_per_minute: invalid type: string \"lots\", expected an integer",
+    ),
+    (
+        "zero tokens_per_minute",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\n[[limits]]\nname = \"gpt-4o\"\ntokens_per_minute = 0\n",
+        "test.toml:6:21: limits[1] \"gpt-4o\": tokens_per_minute must be greater than zero (got 0)",
+    ),
+    (
+        "negative tokens_per_minute",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = -5\n",
+        "test.toml:3:21: limits[0] \"a\": tokens_per_minute must be greater than zero (got -5)",
+    ),
+    (
+        "tokens_per_minute above bound",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1_000_000_001\n",
+        "test.toml:3:21: limits[0] \"a\": tokens_per_minute must be at most 1000000000",
+    ),
+    (
+        "missing tokens_per_minute",
+        "[[limits]]\nname = \"a\"\n",
+        "test.toml:1:1: limits[0] \"a\": tokens_per_minute is required",
+    ),
+    (
+        "zero requests_per_minute",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nrequests_per_minute = 0\n",
+        "test.toml:4:23: limits[0] \"a\": requests_per_minute must be greater than zero",
+    ),
+    (
+        "negative burst_tokens",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nburst_tokens = -1\n",
+        "test.toml:4:16: limits[0] \"a\": burst_tokens must be greater than zero (got -1)",
+    ),
+    (
+        "burst_tokens above bound",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nburst_tokens = 10_000_000_001\n",
+        "test.toml:4:16: limits[0] \"a\": burst_tokens must be at most 10000000000",
+    ),
+    (
+        "duplicate limit name",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\n\n[[limits]]\nname = \"a\"\ntokens_per_minute = 2\n",
+        "test.toml:6:8: limits[1] \"a\": duplicate limit name \"a\" (first declared at line 2)",
+    ),
+    (
+        "duplicate priority name",
+        "[[priorities]]\nname = \"p\"\n[[priorities]]\nname = \"q\"\n[[priorities]]\nname = \"p\"\n",
+        "test.toml:6:8: priorities[2] \"p\": duplicate priority class name \"p\" (first declared at line 2)",
+    ),
+    (
+        "burst_tokens below max_request_tokens",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1000\nburst_tokens = 500\nmax_request_tokens = 800\n",
+        "test.toml:4:16: limits[0] \"a\": burst_tokens (500) is below max_request_tokens (800)",
+    ),
+    (
+        "defaulted burst below max_request_tokens",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1000\nmax_request_tokens = 1001\n",
+        "test.toml:4:22: limits[0] \"a\": burst_tokens (defaulted to tokens_per_minute = 1000) is below max_request_tokens (1001)",
+    ),
+    (
+        "zero max_request_tokens",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1000\nmax_request_tokens = 0\n",
+        "test.toml:4:22: limits[0] \"a\": max_request_tokens must be greater than zero",
+    ),
+    (
+        "burst_requests without requests_per_minute",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nburst_requests = 10\n",
+        "test.toml:4:18: limits[0] \"a\": burst_requests is set but requests_per_minute is not",
+    ),
+    (
+        "tenant_share zero",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntenant_share = 0.0\n",
+        "test.toml:4:16: limits[0] \"a\": tenant_share must be in (0, 1] (got 0)",
+    ),
+    (
+        "tenant_share above one",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntenant_share = 1.5\n",
+        "test.toml:4:16: limits[0] \"a\": tenant_share must be in (0, 1] (got 1.5)",
+    ),
+    (
+        "tenant_share nan",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntenant_share = nan\n",
+        "test.toml:4:16: limits[0] \"a\": tenant_share must be in (0, 1] (got NaN)",
+    ),
+    (
+        "reserved_fraction one",
+        "[[priorities]]\nname = \"p\"\nreserved_fraction = 1.0\n",
+        "test.toml:3:21: priorities[0] \"p\": reserved_fraction must be in [0, 1) (got 1)",
+    ),
+    (
+        "reserved_fraction negative",
+        "[[priorities]]\nname = \"p\"\nreserved_fraction = -0.1\n",
+        "test.toml:3:21: priorities[0] \"p\": reserved_fraction must be in [0, 1) (got -0.1)",
+    ),
+    (
+        "priority naming an unknown limit",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\n[[priorities]]\nname = \"p\"\nlimits = [\"a\", \"gpt-5\"]\n",
+        "test.toml:6:16: priorities[0] \"p\": limits names \"gpt-5\", which is not a declared limit (declared: \"a\")",
+    ),
+    (
+        "priority referencing nothing",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\n[[priorities]]\nname = \"p\"\nlimits = []\n",
+        "test.toml:6:10: priorities[0] \"p\": limits is empty",
+    ),
+    (
+        "default_priority naming an unknown class",
+        "default_priority = \"urgent\"\n[[priorities]]\nname = \"interactive\"\n",
+        "test.toml:1:20: default_priority \"urgent\" is not a declared priority class (declared: \"interactive\")",
+    ),
+    (
+        "default_priority with no classes declared",
+        "default_priority = \"interactive\"\n",
+        "test.toml:1:20: default_priority \"interactive\" is not a declared priority class (no [[priorities]] are declared",
+    ),
+    (
+        "empty limit name",
+        "[[limits]]\nname = \"\"\ntokens_per_minute = 1\n",
+        "test.toml:2:8: limits[0]: name must not be empty",
+    ),
+    (
+        "missing limit name",
+        "[[limits]]\ntokens_per_minute = 1\n",
+        "test.toml:1:1: limits[0]: name is required",
+    ),
+    (
+        "limit name too long",
+        concat!(
+            "[[limits]]\nname = \"",
+            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "\"\ntokens_per_minute = 1\n"
+        ),
+        "test.toml:2:8: limits[0] \"aaaa",
+    ),
+    (
+        "empty priority name",
+        "[[priorities]]\nname = \"\"\n",
+        "test.toml:2:8: priorities[0]: name must not be empty",
+    ),
+    (
+        "socket_mode not octal",
+        "[server]\nsocket_mode = \"0689\"\n",
+        "test.toml:2:15: server: socket_mode \"0689\" is not an octal file mode",
+    ),
+    (
+        "socket_mode above 0777",
+        "[server]\nsocket_mode = \"01777\"\n",
+        "test.toml:2:15: server: socket_mode \"01777\" is above the largest file mode \"0777\"",
+    ),
+    (
+        "socket_mode as an integer",
+        "[server]\nsocket_mode = 660\n",
+        "test.toml:2:15: server.socket_mode: invalid type: integer `660`, expected a string",
+    ),
+    (
+        "empty socket",
+        "[server]\nsocket = \"\"\n",
+        "test.toml:2:10: server: socket must not be empty",
+    ),
+    (
+        "negative uid",
+        "[server]\nallowed_uids = [1000, -1]\n",
+        "test.toml:2:23: server: allowed_uids[1] must not be negative (got -1)",
+    ),
+    (
+        "gid above u32",
+        "[server]\nallowed_gids = [4294967296]\n",
+        "test.toml:2:17: server: allowed_gids[0] must be at most 4294967295",
+    ),
+    (
+        "negative drain timeout",
+        "[server]\ndrain_timeout_ms = -1\n",
+        "test.toml:2:20: server: drain_timeout_ms must not be negative (got -1)",
+    ),
+    (
+        "redis url with a bad scheme, password masked",
+        "[redis]\nurl = \"http://:hunter2@127.0.0.1:6379\"\n",
+        "test.toml:2:7: redis: url \"http://:****@127.0.0.1:6379\" must start with redis://, rediss:// or unix://",
+    ),
+    (
+        "redis url without host",
+        "[redis]\nurl = \"redis://\"\n",
+        "test.toml:2:7: redis: url \"redis://\" names no host",
+    ),
+    (
+        "redis section without url",
+        "default_priority = \"default\"\n\n[redis]\n",
+        "test.toml:3:1: redis: url (or cluster_nodes) is required",
+    ),
+    (
+        "redis with both url and cluster_nodes",
+        "[redis]\nurl = \"redis://h\"\ncluster_nodes = [\"redis://a:7000\"]\n",
+        "test.toml:3:17: redis: give either url (one node) or cluster_nodes",
+    ),
+    (
+        "cluster node over a unix socket",
+        "[redis]\ncluster_nodes = [\"unix:///tmp/r.sock\"]\n",
+        "test.toml:2:18: redis: cluster nodes are reached over TCP",
+    ),
+    (
+        "local failure policy without a share",
+        "[redis]\nurl = \"redis://h\"\non_failure = \"local\"\n",
+        "test.toml:3:14: redis: on_failure = \"local\" needs local_share",
+    ),
+    (
+        "local_share without the local policy",
+        "[redis]\nurl = \"redis://h\"\nlocal_share = 0.5\n",
+        "test.toml:3:15: redis: local_share only applies with on_failure = \"local\"",
+    ),
+    (
+        "unknown failure policy",
+        "[redis]\nurl = \"redis://h\"\non_failure = \"retry\"\n",
+        "test.toml:3:14: redis.on_failure: unknown variant `retry`",
+    ),
+    (
+        "pool of zero connections",
+        "[redis]\nurl = \"redis://h\"\npool_size = 0\n",
+        "test.toml:3:13: redis: pool_size must be greater than zero",
+    ),
+    (
+        "key prefix with a hash tag",
+        "[redis]\nurl = \"redis://h\"\nkey_prefix = \"rk{x}\"\n",
+        "test.toml:3:14: redis: key_prefix must be 1 to 128 bytes without braces",
+    ),
+    (
+        "limit naming an undeclared group",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ngroup = \"org\"\n",
+        "test.toml:4:9: limits[0] \"a\": group \"org\" is not a declared group (no [[groups]] are declared)",
+    ),
+    (
+        "group without any rate",
+        "[[groups]]\nname = \"org\"\n",
+        "test.toml:1:1: groups[0] \"org\": a group needs tokens_per_minute, requests_per_minute or both",
+    ),
+    (
+        "duplicate group",
+        "[[groups]]\nname = \"org\"\ntokens_per_minute = 1\n[[groups]]\nname = \"org\"\ntokens_per_minute = 1\n",
+        "test.toml:5:8: groups[1] \"org\": duplicate group name \"org\" (first declared at line 2)",
+    ),
+    (
+        "a CA file without TLS",
+        "[redis]\nurl = \"redis://h\"\ntls_ca_file = \"/etc/ssl/ca.pem\"\n",
+        "test.toml:3:15: redis: tls_ca_file is set but no node uses TLS (rediss://)",
+    ),
+    (
+        "an unreadable CA file",
+        "[redis]\nurl = \"rediss://h\"\ntls_ca_file = \"/nonexistent/ca.pem\"\n",
+        "test.toml:3:15: redis: cannot read tls_ca_file \"/nonexistent/ca.pem\"",
+    ),
+    (
+        "a refund fraction above one",
+        "[leases]\non_disconnect = \"refund\"\ndisconnect_refund_fraction = 1.5\n",
+        "test.toml:3:30: leases: disconnect_refund_fraction must be in [0, 1] (got 1.5)",
+    ),
+    (
+        "leases that never expire",
+        "[leases]\nexpire_after_ms = 0\n",
+        "test.toml:2:19: leases: expire_after_ms must be greater than zero",
+    ),
+    (
+        "unknown provider",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"azure\"\n",
+        "test.toml:4:12: limits.provider: unknown variant `azure`, expected one of `openai`, `anthropic`, `generic`",
+    ),
+    (
+        "unknown tokenizer",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntokenizer = \"p50k_base\"\n",
+        "test.toml:4:13: limits.tokenizer: unknown variant `p50k_base`, expected one of `auto`, `o200k_base`, `cl100k_base`, `chars`",
+    ),
+    (
+        "unknown cost rule",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ncost_rule = \"min\"\n",
+        "test.toml:4:13: limits.cost_rule: unknown variant `min`, expected `sum` or `max`",
+    ),
+    (
+        "unknown settlement rule",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nsettle = \"keep\"\n",
+        "test.toml:4:10: limits.settle: unknown variant `keep`, expected `refund` or `none`",
+    ),
+    (
+        "learn_max_output as a string",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nlearn_max_output = \"yes\"\n",
+        "test.toml:4:20: limits.learn_max_output: invalid type: string \"yes\", expected a boolean",
+    ),
+    (
+        "combined and separate token buckets",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ninput_tokens_per_minute = 1\noutput_tokens_per_minute = 1\n",
+        "test.toml:4:27: limits[0] \"a\": give either tokens_per_minute (one token bucket) or input_tokens_per_minute and output_tokens_per_minute (separate buckets), not both",
+    ),
+    (
+        "an input bucket without an output bucket",
+        "[[limits]]\nname = \"a\"\ninput_tokens_per_minute = 1000\n",
+        "test.toml:3:27: limits[0] \"a\": input_tokens_per_minute needs output_tokens_per_minute too (separate buckets come in pairs)",
+    ),
+    (
+        "an output bucket without an input bucket",
+        "[[limits]]\nname = \"a\"\noutput_tokens_per_minute = 1000\n",
+        "test.toml:3:28: limits[0] \"a\": output_tokens_per_minute needs input_tokens_per_minute too",
+    ),
+    (
+        "zero output_tokens_per_minute",
+        "[[limits]]\nname = \"a\"\ninput_tokens_per_minute = 1000\noutput_tokens_per_minute = 0\n",
+        "test.toml:4:28: limits[0] \"a\": output_tokens_per_minute must be greater than zero (got 0)",
+    ),
+    (
+        "burst_tokens with separate buckets",
+        "[[limits]]\nname = \"a\"\ninput_tokens_per_minute = 1000\noutput_tokens_per_minute = 100\nburst_tokens = 5\n",
+        "test.toml:5:16: limits[0] \"a\": burst_tokens is set but this limit has separate input and output buckets (use burst_input_tokens and burst_output_tokens)",
+    ),
+    (
+        "burst_input_tokens without its rate",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nburst_input_tokens = 5\n",
+        "test.toml:4:22: limits[0] \"a\": burst_input_tokens is set but input_tokens_per_minute is not (a bucket needs a rate)",
+    ),
+    (
+        "separate buckets below max_request_tokens",
+        "[[limits]]\nname = \"a\"\ninput_tokens_per_minute = 100\noutput_tokens_per_minute = 50\nmax_request_tokens = 200\n",
+        "test.toml:5:22: limits[0] \"a\": the input and output buckets together (150) is below max_request_tokens (200)",
+    ),
+    (
+        "openai with a model tiktoken does not know",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"openai\"\nmodel = \"my-proxy\"\n",
+        "test.toml:5:9: limits[0] \"a\": provider = \"openai\" counts with tiktoken, but model \"my-proxy\" has no known encoding; set tokenizer = \"o200k_base\" or \"cl100k_base\" (or \"chars\" for an estimate)",
+    ),
+    (
+        "openai without a model",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"openai\"\n",
+        "test.toml:4:12: limits[0] \"a\": provider = \"openai\" counts with the model's tiktoken encoding: set model",
+    ),
+    (
+        "chars_per_token with a tiktoken model",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nmodel = \"gpt-4o\"\nchars_per_token = 4.0\n",
+        "test.toml:5:19: limits[0] \"a\": chars_per_token only applies to the character estimate (tokenizer = \"chars\"), but this limit counts with o200k_base",
+    ),
+    (
+        "chars_per_token of zero",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"anthropic\"\nchars_per_token = 0.0\n",
+        "test.toml:5:19: limits[0] \"a\": chars_per_token must be from 0.5 to 16 (got 0)",
+    ),
+    (
+        "safety_factor below one",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntokenizer = \"chars\"\nsafety_factor = 0.9\n",
+        "test.toml:5:17: limits[0] \"a\": safety_factor must be from 1 to 10 (got 0.9)",
+    ),
+    (
+        "negative default_max_output_tokens",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ndefault_max_output_tokens = -1\n",
+        "test.toml:4:29: limits[0] \"a\": default_max_output_tokens must not be negative (got -1)",
+    ),
+    (
+        "redis as a string, password masked",
+        "redis = \"redis://:hunter2@h\"\n",
+        "test.toml:1:9: redis: invalid type: string \"redis://:****@h\", expected a [redis] table",
+    ),
+    (
+        "max_wait_ms above bound",
+        "[[priorities]]\nname = \"p\"\nmax_wait_ms = 3_600_001\n",
+        "test.toml:3:15: priorities[0] \"p\": max_wait_ms must be at most 3600000 (got 3600001)",
+    ),
+    (
+        "negative max_wait_ms",
+        "[[priorities]]\nname = \"p\"\nmax_wait_ms = -1\n",
+        "test.toml:3:15: priorities[0] \"p\": max_wait_ms must not be negative",
+    ),
+];
+
+#[test]
+fn config_mistakes_are_reported_with_their_location() {
+    let mut failures = Vec::new();
+    for (what, text, expected) in MISTAKES {
+        match from_toml_str(text, "test.toml") {
+            Ok(_) => failures.push(format!("{what}: accepted")),
+            Err(err) => {
+                let message = err.to_string();
+                if !message.contains(expected) {
+                    failures.push(format!(
+                        "{what}:\n  expected: {expected}\n  got:      {message}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

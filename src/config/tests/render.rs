@@ -1,0 +1,93 @@
+//! The effective file `check-config` prints, and masked Redis URLs.
+
+use super::*;
+
+#[test]
+fn config_mask_redis_url() {
+    for (url, masked) in [
+        ("redis://user:pass@h", "redis://user:****@h"),
+        ("redis://:pass@h", "redis://:****@h"),
+        (
+            "redis://:secret@127.0.0.1:6379/0",
+            "redis://:****@127.0.0.1:6379/0",
+        ),
+        (
+            "rediss://u:p%40ss@h:6380/1?x=1",
+            "rediss://u:****@h:6380/1?x=1",
+        ),
+        ("redis://h:6379/0", "redis://h:6379/0"),
+        ("redis://user@h", "redis://user@h"),
+        ("redis://:@h", "redis://:@h"),
+        ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+        ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+        (
+            "unix:///run/redis.sock?db=1&pass=secret",
+            "unix:///run/redis.sock?db=1&pass=****",
+        ),
+        (
+            "unix:///run/redis.sock?password=s#frag",
+            "unix:///run/redis.sock?password=****#frag",
+        ),
+        ("redis://a:b@c@h/0", "redis://a:****@h/0"),
+        ("not a url", "not a url"),
+        ("", ""),
+    ] {
+        assert_eq!(mask_redis_url(url), masked, "{url}");
+    }
+}
+
+#[test]
+fn config_effective_toml_round_trips_and_masks() {
+    let text = "\
+[server]
+socket = \"/run/rk.sock\"
+socket_mode = \"0600\"
+allowed_uids = [1000]
+
+[redis]
+url = \"redis://:hunter2@127.0.0.1:6379/0\"
+
+[[limits]]
+name = \"gpt-4o\"
+tokens_per_minute = 30000
+requests_per_minute = 500
+tenant_share = 0.25
+max_request_tokens = 16000
+model = \"gpt-4o\"
+
+[[priorities]]
+name = \"interactive\"
+[[priorities]]
+name = \"batch\"
+reserved_fraction = 0.2
+limits = [\"gpt-4o\"]
+";
+    let config = parse_ok(text);
+    let effective = config.to_effective_toml();
+    assert!(!effective.contains("hunter2"), "{effective}");
+    assert!(
+        effective.contains("url = \"redis://:****@127.0.0.1:6379/0\""),
+        "{effective}"
+    );
+    assert!(effective.contains("socket_mode = \"0600\""), "{effective}");
+    assert!(
+        effective.contains("default_priority = \"interactive\""),
+        "{effective}"
+    );
+    assert!(effective.contains("burst_tokens = 30000"), "{effective}");
+    assert!(effective.contains("burst_requests = 500"), "{effective}");
+
+    // The output is itself a valid configuration, equal but for the
+    // masked password.
+    let mut reparsed = parse_ok(&effective);
+    assert_eq!(
+        reparsed.redis.as_ref().unwrap().url.as_deref(),
+        Some("redis://:****@127.0.0.1:6379/0")
+    );
+    reparsed.redis = config.redis.clone();
+    assert_eq!(reparsed, config);
+
+    // The defaults round-trip too (implicit class made explicit).
+    let defaults = Config::default();
+    assert_eq!(parse_ok(&defaults.to_effective_toml()), defaults);
+}
