@@ -7,9 +7,10 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 
 use ratekeeper::client::Client;
-use ratekeeper::config::{self, Provider};
+use ratekeeper::config;
 use ratekeeper::proto::{Acquire, ErrorCode, Request, Response};
 use ratekeeper::tokens::{self, CharEstimator};
+use ratekeeper::tokens::{CostRule, Provider};
 
 /// Exit code of `acquire` when the request was denied (rate limited).
 pub const EXIT_DENIED: u8 = 3;
@@ -148,14 +149,10 @@ pub fn count_tokens(
         ),
     };
     let rule_text = match rule {
-        config::CostRule::Sum => "prompt + output",
-        config::CostRule::Max => "max(prompt, output)",
+        CostRule::Sum => "prompt + output",
+        CostRule::Max => "max(prompt, output)",
     };
-    let provider_name = match provider {
-        Provider::Openai => "openai",
-        Provider::Anthropic => "anthropic",
-        Provider::Generic => "generic",
-    };
+    let provider_name = provider.name();
     println!("counter: {counted_with}");
     println!(
         "prompt_tokens: {} (messages {}, tools {})",

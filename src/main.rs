@@ -13,9 +13,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tokio::sync::{mpsc, oneshot};
 
 use ratekeeper::app::{self, App};
-use ratekeeper::config::{self, Config, Provider};
+use ratekeeper::config::{self, Config};
 use ratekeeper::logging;
 use ratekeeper::proto::{Acquire, Cost};
+use ratekeeper::tokens::Provider;
 
 const EXIT_CODES: &str = "Exit codes: 0 success, 1 failure (bad config, daemon unreachable, \
 error answer), 2 usage error.";
@@ -109,15 +110,7 @@ Exit codes: 0 granted, 3 denied (rate limited), 1 error, 2 usage error."
         release: bool,
     },
     /// Count the prompt tokens of a chat request read on stdin, as the daemon would.
-    #[command(
-        after_help = "Reads an OpenAI-shaped chat request on stdin: {\"messages\": [...], \
-\"tools\": [...], \"max_tokens\": N}, or just the messages array. Prints the prompt tokens \
-(messages + tools), the output tokens reserved (--max-tokens, else the request's max_tokens, \
-else the default of 1024) and what an acquire reserves under the provider's preset: \
-openai charges max(prompt, output), anthropic and generic prompt + output. No daemon is \
-needed.\n\n\
-Exit codes: 0 counted, 1 bad JSON, a prompt above the bounds, or a model openai cannot count."
-    )]
+    #[command(after_help = count_tokens_help())]
     CountTokens {
         /// Model whose tokenizer counts (e.g. gpt-4o-mini, gpt-4, claude-sonnet-4-5).
         #[arg(long)]
@@ -129,6 +122,18 @@ Exit codes: 0 counted, 1 bad JSON, a prompt above the bounds, or a model openai 
         #[arg(long, value_name = "N")]
         max_tokens: Option<u64>,
     },
+}
+
+fn count_tokens_help() -> String {
+    format!(
+        "Reads an OpenAI-shaped chat request on stdin: {{\"messages\": [...], \"tools\": [...], \
+\"max_tokens\": N}}, or just the messages array. Prints the prompt tokens (messages + tools), the \
+output tokens reserved (--max-tokens, else the request's max_tokens, else the default of {}) \
+and what an acquire reserves under the provider's preset: openai charges max(prompt, output), \
+anthropic and generic prompt + output. No daemon is needed.\n\n\
+Exit codes: 0 counted, 1 bad JSON, a prompt above the bounds, or a model openai cannot count.",
+        config::DEFAULT_MAX_OUTPUT_TOKENS
+    )
 }
 
 #[derive(clap::Args)]

@@ -8,16 +8,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{
-    Config, LimitConfig, MAX_WAIT_MS, PriorityClass, SettleRule, TokenBuckets, TokenRate,
+    Config, DEFAULT_KEY_PREFIX, LimitConfig, MAX_WAIT_MS, PriorityClass, TokenBuckets, TokenRate,
 };
 use crate::leases::{Reserved, Settle};
 use crate::limiter::redis::{BucketOwner, bucket_key};
 use crate::limiter::{BucketRole, BucketSpec, Draw};
 use crate::proto::MAX_NAME_LEN;
-
-/// Key prefix when no Redis is configured (the embedded store has no
-/// neighbours, but its keys follow the same schema).
-const EMBEDDED_KEY_PREFIX: &str = "ratekeeper";
+use crate::tokens::SettleRule;
 
 /// Why an acquire cannot be planned: the request's fault, each with the
 /// message the client gets.
@@ -122,7 +119,8 @@ impl Planner {
         let prefix = config
             .redis
             .as_ref()
-            .map_or(EMBEDDED_KEY_PREFIX, |redis| redis.key_prefix.as_str())
+            // Without Redis the embedded store keys its buckets the same way.
+            .map_or(DEFAULT_KEY_PREFIX, |redis| redis.key_prefix.as_str())
             .to_string();
         let buckets = config
             .limits

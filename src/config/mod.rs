@@ -34,10 +34,6 @@ pub use model::{
 };
 pub use render::mask_redis_url;
 
-// The provider presets live next to token counting; re-exported here for the
-// callers that still name them through `config`.
-pub use crate::tokens::{CostRule, Provider, SettleRule, Tokenizer};
-
 use diagnostics::Diagnostics;
 use raw::RawFile;
 

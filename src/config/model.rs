@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::limiter::FailurePolicy;
 use crate::tokens::{CharEstimator, CostRule, Counter, Encoding, Provider, SettleRule, Tokenizer};
 
 /// Socket the daemon listens on when neither the file nor the environment
@@ -160,18 +161,6 @@ impl RedisConfig {
     pub fn nodes(&self) -> impl Iterator<Item = &String> {
         self.url.iter().chain(&self.cluster_nodes)
     }
-}
-
-/// What acquires get while Redis is failing or too slow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailurePolicy {
-    /// Refuse with `StoreUnavailable`: never exceed the limit.
-    FailClosed,
-    /// Grant without limiting, and count it: never block the app.
-    FailOpen,
-    /// Limit with in-memory buckets holding `local_share` of each limit.
-    Local,
 }
 
 /// The life of unreported leases.

@@ -13,7 +13,19 @@ use async_trait::async_trait;
 
 use super::bucket::{BucketSpec, Draw};
 use super::{Adjustment, Decision, EmbeddedStore, Origin, Store, StoreError};
-use crate::config::FailurePolicy;
+use serde::{Deserialize, Serialize};
+
+/// What acquires get while the shared store is failing or too slow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailurePolicy {
+    /// Refuse with `StoreUnavailable`: never exceed the limit.
+    FailClosed,
+    /// Grant without limiting, and count it: never block the app.
+    FailOpen,
+    /// Limit with in-memory buckets holding `local_share` of each limit.
+    Local,
+}
 
 /// A shared store with a policy for its failures.
 pub struct FallbackStore {

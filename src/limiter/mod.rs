@@ -15,7 +15,7 @@ use async_trait::async_trait;
 pub use bucket::{BucketSpec, BucketState, Draw, Plan};
 pub use embedded::EmbeddedStore;
 pub use fail_fast::FailFastStore;
-pub use fallback::FallbackStore;
+pub use fallback::{FailurePolicy, FallbackStore};
 pub use redis::RedisStore;
 
 /// The role of a bucket within a limit; its name is what `Denied` and

@@ -24,6 +24,17 @@ pub enum Provider {
     Generic,
 }
 
+impl Provider {
+    /// The preset's name in the config (`provider = "openai"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::Openai => "openai",
+            Provider::Anthropic => "anthropic",
+            Provider::Generic => "generic",
+        }
+    }
+}
+
 /// Why a preset has no counter for a model (`tokenizer = "auto"`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PresetError {

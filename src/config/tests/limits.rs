@@ -2,7 +2,7 @@
 //! separate input and output buckets, and the shipped token-counting examples.
 
 use super::*;
-use crate::tokens::{CharEstimator, Counter, Encoding};
+use crate::tokens::{CharEstimator, CostRule, Counter, Encoding, Provider, SettleRule, Tokenizer};
 
 #[test]
 fn config_provider_presets_and_overrides() {
