@@ -32,7 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Each asyncio source and the blocking module generated from it.
-FILES = (("src/ratekeeper/_async.py", "src/ratekeeper/_sync.py"),)
+FILES = (
+    ("src/ratekeeper/_async.py", "src/ratekeeper/_sync.py"),
+    ("src/ratekeeper/_openai_async.py", "src/ratekeeper/_openai_sync.py"),
+)
 
 #: What the transform replaces, in this order: (regular expression, replacement).
 #: Names match whole words only. A name that should differ and is missing here
@@ -43,7 +46,7 @@ REPLACEMENTS = (
         r"^from collections\.abc import AsyncIterator, Iterable$",
         "from collections.abc import Iterable, Iterator",
     ),
-    (r"^from \._async import ", "from ._sync import "),
+    (r"^( *)from \._async import ", r"\1from ._sync import "),
     # Syntax.
     (r"\basync def ", "def "),
     (r"\basync with ", "with "),
@@ -61,9 +64,8 @@ REPLACEMENTS = (
     (r"\b_io_async\b", "_io_sync"),
     (r"\bAsyncClient\b", "Client"),
     (r"\bAsyncLease\b", "Lease"),
-    (r"\b_AsyncCompletions\b", "_Completions"),
-    (r"\b_AsyncLimitedStream\b", "_LimitedStream"),
-    (r"\bAsyncOpenAI\b", "OpenAI"),
+    (r"\bAsyncCompletions\b", "Completions"),
+    (r"\bAsyncLimitedStream\b", "LimitedStream"),
 )
 
 _COMPILED = tuple((re.compile(pattern, re.MULTILINE), new) for pattern, new in REPLACEMENTS)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import ratekeeper
-from ratekeeper import openai as rk_openai
+from ratekeeper import _openai_async, _openai_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,8 +54,8 @@ ASYNC_DUNDERS = {
 PAIRS = [
     (ratekeeper.Client, ratekeeper.AsyncClient),
     (ratekeeper.Lease, ratekeeper.AsyncLease),
-    (rk_openai._Completions, rk_openai._AsyncCompletions),
-    (rk_openai._LimitedStream, rk_openai._AsyncLimitedStream),
+    (_openai_sync.Completions, _openai_async.AsyncCompletions),
+    (_openai_sync.LimitedStream, _openai_async.AsyncLimitedStream),
 ]
 
 
