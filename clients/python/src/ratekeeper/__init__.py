@@ -31,6 +31,7 @@ from ._errors import (
     RateLimited,
     ShuttingDown,
     SidecarUnavailable,
+    SidecarUnavailableWarning,
     StoreUnavailable,
     TooManyInFlight,
     UnknownErrorCode,
@@ -41,7 +42,7 @@ from ._errors import (
     UnsupportedVersion,
 )
 from ._protocol import BucketStatus, ChatMessage, Estimated, LimitStatus, StatusReply
-from ._sync import Client, Lease, SidecarUnavailableWarning
+from ._sync import Client, Lease
 
 __version__ = "0.1.0"
 

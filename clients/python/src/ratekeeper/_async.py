@@ -1,16 +1,20 @@
-"""The asyncio client: the same design as the blocking one, on one event loop.
+"""The client's policy, written once: acquiring, retrying, reconnecting, settling.
 
-Every task sends on one pipelined connection under its own request id and
-awaits a future; a reader task completes the futures as answers arrive, in any
-order. A task cancelled while its acquire waits sends `Cancel` (and releases
-the lease if the grant crossed the cancel). The connection belongs to the
-event loop and the process that opened it; a different loop or a forked child
-opens its own.
+`AsyncClient` and `AsyncLease` decide what a call does: which deadline bounds
+it, when a broken connection is retried and when the sidecar counts as
+unavailable, how an acquire nobody waits for any more is cancelled (and its
+late grant released), how a lease is settled. Waiting is left to the
+connection and slot of the I/O module imported below.
+
+The policy is written for asyncio, in `_async.py`; `scripts/unasync.py`
+generates the blocking `_sync.py` from it by deleting `async` and `await` and
+renaming through an explicit table, so both clients follow the same rules line
+for line. Edit `_async.py`, then run `python scripts/unasync.py` in
+clients/python; a test fails while `_sync.py` is stale.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -21,198 +25,55 @@ from typing import Any, Optional, Union
 
 from . import _core as core
 from . import _protocol as p
+from ._core import ConnectionLost
 from ._errors import (
     ErrorCode,
-    ProtocolError,
     RatekeeperError,
     SidecarUnavailable,
-    closes_connection,
+    SidecarUnavailableWarning,
 )
-from ._sync import SidecarUnavailableWarning
+from ._io_async import Connection, Future, Slot, Timeout, sleep
 
 log = logging.getLogger("ratekeeper")
 
-_RECV_SIZE = 64 * 1024
 
+class AsyncLease:
+    """A reservation granted by the daemon. Settle it once: `report` or `release`.
 
-class _ConnectionLost(SidecarUnavailable):
-    """The connection broke under a request; the call may retry on a new one."""
-
-
-class _Connection:
-    """One asyncio stream to the daemon that has exchanged `Hello`, and its reader task."""
+    A lease is settled on the connection that acquired it. If that connection
+    is gone (the sidecar restarted), the daemon has already forgotten the lease
+    and kept its reservation; settling it then does nothing and returns None.
+    """
 
     def __init__(
         self,
-        session: core.Session,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        leftover: list[p.ServerFrame],
+        client: AsyncClient,
+        conn: Optional[Connection],
+        limit: str,
+        granted: Optional[p.Granted],
+        reserved: core.Reservation,
     ) -> None:
-        self.pid = os.getpid()
-        self.loop = asyncio.get_running_loop()
-        self.session = session
-        self._reader = reader
-        self._writer = writer
-        self._pending: dict[int, asyncio.Future] = {}
-        self._counted: set[int] = set()
-        self._closed: Optional[_ConnectionLost] = None
-        self.retired = False
-        self._slots = asyncio.Semaphore(session.max_in_flight)
-        self._drain_lock = asyncio.Lock()
-        for frame in leftover:
-            self._deliver(frame)
-        self._task = self.loop.create_task(self._read_loop())
-
-    @classmethod
-    async def open(cls, path: str, client_name: str) -> _Connection:
-        reader, writer = await asyncio.open_unix_connection(path, limit=_RECV_SIZE)
-        try:
-            session = core.Session(client_name)
-            hello_id, hello = session.hello_frame()
-            writer.write(hello)
-            frames: list[p.ServerFrame] = []
-            while not frames:
-                data = await reader.read(_RECV_SIZE)
-                if not data:
-                    raise ConnectionResetError("the daemon closed the connection during Hello")
-                frames = list(session.receive_data(data))
-            if frames[0].request_id not in (hello_id, 0):
-                raise ProtocolError(f"answer to request {frames[0].request_id} before Hello")
-            session.accept_hello(frames[0])
-        except BaseException:
-            writer.transport.abort()
-            raise
-        return cls(session, reader, writer, frames[1:])
-
-    @property
-    def alive(self) -> bool:
-        """Open, in this process and on the running loop: its leases can be settled on it."""
-        if self._closed is not None or self.pid != os.getpid():
-            return False
-        try:
-            return asyncio.get_running_loop() is self.loop
-        except RuntimeError:
-            return False
-
-    @property
-    def usable(self) -> bool:
-        return self.alive and not self.retired
-
-    async def submit(self, request: p.Request) -> tuple[int, asyncio.Future]:
-        """Sends `request`; the future completes with its answer or `_ConnectionLost`."""
-        counted = core.counts_in_flight(request)
-        if counted:
-            await self._slots.acquire()
-        if self._closed is not None:
-            if counted:
-                self._slots.release()
-            raise self._closed
-        request_id, data = self.session.request_frame(request)
-        future = self.loop.create_future()
-        self._pending[request_id] = future
-        if counted:
-            self._counted.add(request_id)
-        try:
-            self._writer.write(data)
-            if self._writer.transport.get_write_buffer_size() > _RECV_SIZE:
-                async with self._drain_lock:
-                    await self._writer.drain()
-        except (OSError, RuntimeError) as error:
-            self._fail(_ConnectionLost(f"sending failed: {error}"))
-        return request_id, future
-
-    def send_and_forget(self, request: p.Request) -> None:
-        """Sends a request whose answer nobody awaits (cancels, late releases)."""
-        if self._closed is not None or self.pid != os.getpid():
-            return
-        _, data = self.session.request_frame(request)
-        try:
-            self._writer.write(data)
-        except (OSError, RuntimeError) as error:
-            log.debug("could not send %s: %s", type(request).__name__, error)
-
-    async def _read_loop(self) -> None:
-        try:
-            while True:
-                data = await self._reader.read(_RECV_SIZE)
-                if not data:
-                    reason = _ConnectionLost("the daemon closed the connection")
-                    break
-                for frame in self.session.receive_data(data):
-                    self._deliver(frame)
-        except ProtocolError as error:
-            log.error("closing the connection to the sidecar: %s", error)
-            reason = _ConnectionLost(f"protocol error: {error}")
-        except OSError as error:
-            reason = _ConnectionLost(str(error))
-        except asyncio.CancelledError:
-            reason = _ConnectionLost("the client was closed")
-        self._fail(reason)
-        self._writer.transport.abort()
-
-    def _deliver(self, frame: p.ServerFrame) -> None:
-        if frame.request_id == 0:
-            response = frame.response
-            if isinstance(response, p.ErrorReply) and closes_connection(response.code):
-                raise response.exception()
-            log.warning("the sidecar sent a connection-level answer: %r", response)
-            return
-        future = self._pending.pop(frame.request_id, None)
-        if frame.request_id in self._counted:
-            self._counted.discard(frame.request_id)
-            self._slots.release()
-        if future is not None and not future.done():
-            future.set_result(frame.response)
-
-    def _fail(self, reason: _ConnectionLost) -> None:
-        if self._closed is not None:
-            return
-        self._closed = reason
-        pending, self._pending = self._pending, {}
-        for _ in self._counted:
-            self._slots.release()
-        self._counted.clear()
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(reason)
-                future.exception()  # retrieved: an abandoned future must not warn
-
-    async def close(self) -> None:
-        self._fail(_ConnectionLost("the client was closed"))
-        self._task.cancel()
-        self._writer.transport.abort()
-        # The reader ends with the cancellation; a cancellation of our caller still propagates.
-        await asyncio.gather(self._task, return_exceptions=True)
-
-    def abort(self) -> None:
-        """Drops the connection without awaiting (another loop, or a forked child)."""
-        self._closed = self._closed or _ConnectionLost("abandoned")
-        if self.pid == os.getpid():
-            with contextlib.suppress(Exception):
-                self._writer.transport.abort()
-        # In a forked child the transport is left alone: closing it would run
-        # the parent's loop machinery; the descriptor goes when the child exits.
-
-
-def _retrieve(task: asyncio.Task) -> None:
-    """Marks a connect task's failure as seen when no caller awaited it any more."""
-    if not task.cancelled():
-        task.exception()
-
-
-class AsyncLease(core.LeaseBase):
-    """A reservation granted by the daemon; `await lease.report(...)` or `release()` once.
-
-    Settled on the connection that acquired it; if that connection is gone, the
-    daemon already forgot the lease (keeping its reservation) and settling it
-    returns None.
-    """
-
-    def __init__(self, client: AsyncClient, conn: Optional[_Connection], *args: Any) -> None:
-        super().__init__(*args)
         self._client = client
         self._conn = conn
+        #: The limit the tokens were reserved in.
+        self.limit = limit
+        #: The daemon's lease id; None for an unlimited lease (sidecar unavailable, "allow").
+        self.lease_id = granted.lease if granted else None
+        #: Tokens reserved (input + output).
+        self.tokens = granted.tokens if granted else reserved.input_tokens + reserved.output_tokens
+        #: Seconds the daemon held the grant back until the reservation was due.
+        self.waited = granted.waited_ms / 1000.0 if granted else 0.0
+        #: What was reserved on each side, used to settle a lease as fully used.
+        self.reserved = reserved
+        #: Whether the lease was reported, released, or lost with its connection.
+        self.settled = granted is None
+        #: The daemon's answer to the settlement: tokens given back (negative: debited).
+        self.tokens_returned: Optional[int] = None
+
+    @property
+    def unlimited(self) -> bool:
+        """True for the no-op lease handed out while the sidecar is unavailable ("allow")."""
+        return self.lease_id is None
 
     async def report(
         self,
@@ -221,7 +82,11 @@ class AsyncLease(core.LeaseBase):
         input_tokens: Optional[int] = None,
         output_tokens: Optional[int] = None,
     ) -> Optional[int]:
-        """Settles the lease with the provider's usage; returns the tokens given back."""
+        """Settles the lease with the provider's usage: `report(total)` or by side.
+
+        Returns the tokens given back (negative when the usage exceeded the
+        reservation and the overrun was debited), or None when nothing was sent.
+        """
         counts = core.report_counts(used, input_tokens, output_tokens)
         return await self._settle(p.Report(self.lease_id or 0, *counts), p.Settled)
 
@@ -233,7 +98,8 @@ class AsyncLease(core.LeaseBase):
         """Reports exactly what was reserved: keeps the reservation, closes the lease."""
         reserved = self.reserved
         return await self.report(
-            input_tokens=reserved.input_tokens, output_tokens=reserved.output_tokens
+            input_tokens=reserved.input_tokens,
+            output_tokens=reserved.output_tokens,
         )
 
     async def _settle(self, request: p.Request, kind: type) -> Optional[int]:
@@ -243,9 +109,9 @@ class AsyncLease(core.LeaseBase):
         conn = self._conn
         try:
             if conn is None or not conn.alive:
-                raise _ConnectionLost("gone")
+                raise ConnectionLost("gone")
             response = await self._client._request_on(conn, request)
-        except _ConnectionLost:
+        except ConnectionLost:
             self.settled = True
             log.info("lease %s was lost with its connection; the daemon kept it", self.lease_id)
             return None
@@ -263,11 +129,43 @@ class AsyncLease(core.LeaseBase):
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        await self._client._finish(self, exc)
+        """Releases an unsettled lease if the body raised, else settles it as fully used."""
+        if self.settled:
+            return
+        if exc is None:
+            await self.settle_as_reserved()
+            return
+        try:
+            await self.release()
+        except RatekeeperError as error:
+            log.warning("could not release lease %s: %s", self.lease_id, error)
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        if self.unlimited:
+            return f"<{name} {self.limit!r} unlimited>"
+        state = "settled" if self.settled else "open"
+        return f"<{name} {self.limit!r} id={self.lease_id} tokens={self.tokens} {state}>"
 
 
 class AsyncClient:
-    """The asyncio counterpart of `Client`, with the same options and semantics."""
+    """A connection to the ratekeeper sidecar, pipelined and shared by every caller.
+
+    The blocking client is shared by the threads of a process and is
+    fork-safe; the asyncio client by the tasks of an event loop (another loop,
+    or a forked child, opens a connection of its own).
+
+    `socket` defaults to RATEKEEPER_SOCKET, else /tmp/ratekeeper.sock.
+    `timeout` (seconds) bounds what a call spends beyond its own `max_wait`:
+    connecting, reconnecting after the sidecar restarted, and waiting for an
+    answer that is not held back. `on_unavailable` says what `acquire` does when
+    the sidecar cannot be reached within that time: `"raise"` raises
+    `SidecarUnavailable`; `"allow"` warns and returns an unlimited no-op lease,
+    so the application keeps working without a shared limit.
+
+    After one call gave up on an unreachable sidecar, later calls try to
+    connect once and fail at once, until the sidecar answers again.
+    """
 
     def __init__(
         self,
@@ -281,89 +179,64 @@ class AsyncClient:
         self.name = name
         self.timeout = timeout
         self.on_unavailable = core.check_on_unavailable(on_unavailable)
-        self._conn: Optional[_Connection] = None
-        self._connecting: Optional[asyncio.Task] = None
-        self._down = False
+        self._slot = Slot(self.socket_path, self)
 
     # -- connections --------------------------------------------------------
 
-    async def _connection(self, deadline: core.Deadline) -> _Connection:
-        conn = self._conn
-        if conn is not None and conn.usable:
-            return conn
-        loop = asyncio.get_running_loop()
-        if conn is not None and not conn.alive and conn.loop is not loop:
-            conn.abort()  # opened on another loop or in the parent process
-        connecting = self._connecting
-        if connecting is None or connecting.done() or connecting.get_loop() is not loop:
-            # One task connects, for every caller; cancelling a caller does not stop it.
-            connecting = loop.create_task(self._connect_and_keep(deadline))
-            connecting.add_done_callback(_retrieve)
-            self._connecting = connecting
-        try:
-            return await asyncio.wait_for(asyncio.shield(connecting), deadline.remaining())
-        except asyncio.TimeoutError:
-            raise core.unavailable(self.socket_path, None) from None
-
-    async def _connect_and_keep(self, deadline: core.Deadline) -> _Connection:
-        conn = await self._connect(deadline)
-        self._conn = conn
-        return conn
-
-    async def _connect(self, deadline: core.Deadline) -> _Connection:
+    async def _connect(self, deadline: core.Deadline) -> Connection:
+        """A new connection, retried while the socket is missing, until `deadline`."""
+        slot = self._slot
         name = self.name or core.default_client_name()
         last: Optional[BaseException] = None
         for delay in core.reconnect_delays():
             try:
-                remaining = deadline.remaining()
-                conn = await asyncio.wait_for(
-                    _Connection.open(self.socket_path, name),
-                    None if remaining is None else max(remaining, 0.05),
-                )
-            except (OSError, asyncio.TimeoutError) as error:
+                conn = await Connection.open(self.socket_path, name, deadline)
+            except (OSError, ConnectionLost) as error:
                 last = error
             else:
-                if self._down:
+                if slot.down:
                     log.warning("the ratekeeper sidecar at %s is reachable again", self.socket_path)
-                self._down = False
+                slot.down = False
                 return conn
             remaining = deadline.remaining()
-            if self._down or remaining == 0:
+            if slot.down or remaining == 0:
                 break
-            await asyncio.sleep(delay if remaining is None else min(delay, remaining))
-        if not self._down:
+            await sleep(delay if remaining is None else min(delay, remaining))
+        if not slot.down:
             log.warning("the ratekeeper sidecar at %s is unavailable: %s", self.socket_path, last)
-        self._down = True
+        slot.down = True
         raise core.unavailable(self.socket_path, last)
 
     async def _wait(
         self,
-        conn: _Connection,
+        conn: Connection,
         request_id: int,
-        future: asyncio.Future,
+        future: Future,
         request: p.Request,
         deadline: core.Deadline,
     ) -> p.Response:
+        """The answer to a sent request; an acquire nobody waits for any more is abandoned."""
         try:
-            return await asyncio.wait_for(asyncio.shield(future), deadline.remaining())
-        except asyncio.TimeoutError:
+            return await conn.wait(future, deadline)
+        except ConnectionLost:
+            raise
+        except Timeout:
             self._abandon(conn, request_id, future, request)
             raise SidecarUnavailable(
                 f"no answer from the sidecar within {self.timeout}s of the deadline"
             ) from None
-        except asyncio.CancelledError:
+        except BaseException:  # KeyboardInterrupt, a cancelled task: the answer will come
             self._abandon(conn, request_id, future, request)
             raise
 
     @staticmethod
-    def _abandon(
-        conn: _Connection, request_id: int, future: asyncio.Future, request: p.Request
-    ) -> None:
+    def _abandon(conn: Connection, request_id: int, future: Future, request: p.Request) -> None:
+        """Cancels an acquire nobody waits for any more; releases it if granted anyway."""
         if not isinstance(request, p.Acquire):
             return
         conn.send_and_forget(p.Cancel(request_id))
 
-        def release_late_grant(done: asyncio.Future) -> None:
+        def release_late_grant(done: Future) -> None:
             if done.cancelled() or done.exception() is not None:
                 return
             if isinstance(done.result(), p.Granted):
@@ -371,18 +244,20 @@ class AsyncClient:
 
         future.add_done_callback(release_late_grant)
 
-    async def _request_on(self, conn: _Connection, request: p.Request) -> p.Response:
+    async def _request_on(self, conn: Connection, request: p.Request) -> p.Response:
+        """One request on a given connection (a lease's), without reconnecting."""
         deadline = core.Deadline(self.timeout)
-        request_id, future = await conn.submit(request)
+        request_id, future = await conn.submit(request, deadline)
         return await self._wait(conn, request_id, future, request, deadline)
 
     async def _call(self, request: p.Request) -> p.Response:
+        """A request that may be resent on a new connection if the old one broke."""
         deadline = core.Deadline(self.timeout)
         while True:
-            conn = await self._connection(deadline)
+            conn = await self._slot.get(deadline, self._connect)
             try:
                 return await self._request_on(conn, request)
-            except _ConnectionLost:
+            except ConnectionLost:
                 if deadline.expired:
                     raise
 
@@ -400,41 +275,48 @@ class AsyncClient:
         priority: Optional[str] = None,
         max_wait: Optional[float] = None,
     ) -> AsyncLease:
-        """Reserves tokens in `limit`; see `Client.acquire`."""
+        """Reserves tokens in `limit`, waiting up to `max_wait` seconds for them.
+
+        Give `tokens` (the prompt's tokens, or your whole estimate) and optionally
+        `max_tokens` (output tokens to reserve on top), or the chat `messages`
+        (and `tools`) for the daemon to count. `max_wait=None` uses the priority
+        class's default wait; `0` means only if grantable now. Returns a granted
+        `AsyncLease`; raises `RateLimited` (with `retry_after`) when the wait
+        would be longer, and the mapped exception for any other answer.
+        """
         request = core.build_acquire(
             limit, tokens, messages, max_tokens, tools, tenant, priority, max_wait
         )
         started = time.monotonic()
         overall = core.Deadline(None if max_wait is None else max_wait + self.timeout)
-        retry_until: Optional[core.Deadline] = None
+        retry_until: Optional[core.Deadline] = None  # set when a connection first breaks
         while True:
+            deadline = retry_until or overall.earlier(self.timeout)
             try:
-                conn = await self._connection(retry_until or overall.earlier(self.timeout))
-            except (SidecarUnavailable, asyncio.TimeoutError) as error:
+                conn = await self._slot.get(deadline, self._connect)
+            except SidecarUnavailable as error:
                 return self._unavailable(limit, request, error)
             attempt = core.with_remaining_wait(request, max_wait, started)
             try:
-                request_id, future = await conn.submit(attempt)
+                request_id, future = await conn.submit(attempt, overall)
                 response = await self._wait(conn, request_id, future, attempt, overall)
-            except _ConnectionLost as error:
+            except ConnectionLost as error:
                 retry_until = retry_until or overall.earlier(self.timeout)
                 if retry_until.expired:
                     return self._unavailable(limit, request, error)
                 continue
-            except SidecarUnavailable as error:
+            except SidecarUnavailable as error:  # alive but silent past the deadline
                 return self._unavailable(limit, request, error)
             if isinstance(response, p.ErrorReply) and response.code == ErrorCode.SHUTTING_DOWN:
+                # This daemon is draining: ask its successor, within the deadline.
                 conn.retired = True
                 retry_until = retry_until or overall.earlier(self.timeout)
                 continue
             granted = core.granted_or_raise(response, limit)
-            return AsyncLease(
-                self, conn, limit, granted, core.reservation(request.cost, granted.tokens)
-            )
+            reserved = core.reservation(request.cost, granted.tokens)
+            return AsyncLease(self, conn, limit, granted, reserved)
 
-    def _unavailable(self, limit: str, request: p.Acquire, error: BaseException) -> AsyncLease:
-        if not isinstance(error, SidecarUnavailable):
-            error = core.unavailable(self.socket_path, error)
+    def _unavailable(self, limit: str, request: p.Acquire, error: SidecarUnavailable) -> AsyncLease:
         if self.on_unavailable == "raise":
             raise error
         warnings.warn(
@@ -446,23 +328,21 @@ class AsyncClient:
 
     @contextlib.asynccontextmanager
     async def reserve(
-        self, limit: str, tokens: Optional[int] = None, **options: Any
+        self,
+        limit: str,
+        tokens: Optional[int] = None,
+        **options: Any,
     ) -> AsyncIterator[AsyncLease]:
-        """`async with client.reserve(...) as lease:` — see `Client.reserve`."""
+        """`acquire` as a context manager: `async with client.reserve(...) as lease:`.
+
+        If the body raises before the lease was settled, the reservation is
+        released (the provider call is assumed not to have happened). If the
+        body ends normally without a report, the reservation is kept and the
+        lease is settled as fully used: tokens are never handed back on a guess.
+        """
         lease = await self.acquire(limit, tokens, **options)
         async with lease:
             yield lease
-
-    async def _finish(self, lease: AsyncLease, exc: Optional[BaseException]) -> None:
-        if lease.settled:
-            return
-        if exc is None:
-            await lease.settle_as_reserved()
-            return
-        try:
-            await lease.release()
-        except RatekeeperError as error:
-            log.warning("could not release lease %s: %s", lease.lease_id, error)
 
     async def estimate(
         self,
@@ -483,20 +363,14 @@ class AsyncClient:
 
     async def ping(self) -> float:
         """Round trip to the daemon, in seconds (connecting first if needed)."""
-        await self._connection(core.Deadline(self.timeout))
+        await self._slot.get(core.Deadline(self.timeout), self._connect)
         started = time.perf_counter()
         core.expect(await self._call(p.Ping()), p.Pong)
         return time.perf_counter() - started
 
     async def close(self) -> None:
         """Closes the connection. The client can still be used: it reconnects."""
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        if conn.alive:
-            await conn.close()
-        else:
-            conn.abort()
+        await self._slot.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -505,6 +379,5 @@ class AsyncClient:
         await self.close()
 
     def __repr__(self) -> str:
-        return (
-            f"<ratekeeper.AsyncClient {self.socket_path!r} on_unavailable={self.on_unavailable!r}>"
-        )
+        path, on_unavailable = self.socket_path, self.on_unavailable
+        return f"<ratekeeper.AsyncClient {path!r} on_unavailable={on_unavailable!r}>"

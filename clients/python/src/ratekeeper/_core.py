@@ -1,14 +1,17 @@
-"""What the sync and asyncio clients share: everything but the waiting.
+"""What the sync and asyncio clients share that never waits.
 
 `Session` is the sans-IO state of one connection (request ids, the `Hello`
 exchange, the frame decoder). The functions below build requests from the
-public API's arguments and turn answers into results or exceptions, so the two
-shells only move bytes and wait.
+public API's arguments and turn answers into results or exceptions. The policy
+that does wait (retries, reconnects, settling) is written once in `_async.py`
+and generated into `_sync.py`; the connections it drives are `_io_async.py` and
+`_io_sync.py`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -24,7 +27,10 @@ from ._errors import (
     RateLimited,
     SidecarUnavailable,
     UnsupportedVersion,
+    closes_connection,
 )
+
+log = logging.getLogger("ratekeeper")
 
 #: The daemon's socket when neither the argument nor RATEKEEPER_SOCKET names one.
 DEFAULT_SOCKET = "/tmp/ratekeeper.sock"
@@ -32,6 +38,9 @@ DEFAULT_SOCKET = "/tmp/ratekeeper.sock"
 ENV_SOCKET = "RATEKEEPER_SOCKET"
 #: Default for `timeout`: how long a call may spend on I/O beyond its own wait.
 DEFAULT_TIMEOUT = 5.0
+
+#: Bytes asked of the socket per read.
+RECV_SIZE = 64 * 1024
 
 #: What `on_unavailable` accepts.
 ON_UNAVAILABLE = ("raise", "allow")
@@ -103,6 +112,20 @@ class Session:
         self.hello = response
         return response
 
+    def receive_hello(self, hello_id: int, data: bytes) -> Optional[list[p.ServerFrame]]:
+        """Feeds bytes received after `Hello`; None until its answer is in.
+
+        Then checks the answer (raising when the daemon refused us) and returns
+        the frames that arrived after it, for the connection to deliver.
+        """
+        frames = list(self.receive_data(data))
+        if not frames:
+            return None
+        if frames[0].request_id not in (hello_id, 0):
+            raise ProtocolError(f"answer to request {frames[0].request_id} before Hello")
+        self.accept_hello(frames[0])
+        return frames[1:]
+
     def request_frame(self, request: p.Request) -> tuple[int, bytes]:
         """Allocates an id for `request` and encodes it within the daemon's bound."""
         request_id = self.next_id()
@@ -120,6 +143,21 @@ class Session:
             if frame is p.NEED_DATA:
                 return
             yield frame
+
+
+def connection_answer(response: p.Response) -> None:
+    """An answer addressed to request id 0, about the connection itself.
+
+    Raises the error when the daemon closes the connection after it (the
+    connection then fails with it); anything else is logged and dropped.
+    """
+    if isinstance(response, p.ErrorReply) and closes_connection(response.code):
+        raise response.exception()
+    log.warning("the sidecar sent a connection-level answer: %r", response)
+
+
+class ConnectionLost(SidecarUnavailable):
+    """The connection broke under a request; the call may retry on a new one."""
 
 
 def counts_in_flight(request: p.Request) -> bool:
@@ -376,44 +414,8 @@ def estimate_prompt_tokens(messages: Iterable[MessageLike], tools: Any = None) -
     return total
 
 
-class LeaseBase:
-    """What sync and asyncio leases share: the grant and whether it was settled."""
-
-    def __init__(
-        self,
-        limit: str,
-        granted: Optional[p.Granted],
-        reserved: Reservation,
-    ) -> None:
-        #: The limit the tokens were reserved in.
-        self.limit = limit
-        #: The daemon's lease id; None for an unlimited lease (sidecar unavailable, "allow").
-        self.lease_id = granted.lease if granted else None
-        #: Tokens reserved (input + output).
-        self.tokens = granted.tokens if granted else reserved.input_tokens + reserved.output_tokens
-        #: Seconds the daemon held the grant back until the reservation was due.
-        self.waited = granted.waited_ms / 1000.0 if granted else 0.0
-        #: What was reserved on each side, used to settle a lease as fully used.
-        self.reserved = reserved
-        #: Whether the lease was reported, released, or lost with its connection.
-        self.settled = granted is None
-        #: The daemon's answer to the settlement: tokens given back (negative: debited).
-        self.tokens_returned: Optional[int] = None
-
-    @property
-    def unlimited(self) -> bool:
-        """True for the no-op lease handed out while the sidecar is unavailable ("allow")."""
-        return self.lease_id is None
-
-    def __repr__(self) -> str:
-        state = "settled" if self.settled else "open"
-        if self.unlimited:
-            return f"<{type(self).__name__} {self.limit!r} unlimited>"
-        name = type(self).__name__
-        return f"<{name} {self.limit!r} id={self.lease_id} tokens={self.tokens} {state}>"
-
-
 def describe(error: BaseException) -> str:
+    """An error in a sentence, for a warning or a log line."""
     if isinstance(error, RatekeeperError):
         return error.message or type(error).__name__
     return f"{type(error).__name__}: {error}"

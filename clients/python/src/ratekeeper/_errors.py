@@ -74,6 +74,10 @@ class SidecarUnavailable(RatekeeperError):
     retryable = True
 
 
+class SidecarUnavailableWarning(RuntimeWarning):
+    """Issued when a call proceeds unlimited because the sidecar is unreachable ("allow")."""
+
+
 class ProtocolError(RatekeeperError):
     """The bytes on the connection broke the protocol (either side); the connection is closed."""
 

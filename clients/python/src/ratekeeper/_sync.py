@@ -1,19 +1,18 @@
-"""The blocking client: one pipelined connection per process, shared by threads.
+# Generated from src/ratekeeper/_async.py by scripts/unasync.py: do not edit.
+# Edit the source, then run `python scripts/unasync.py` in clients/python.
+"""The client's policy, written once: acquiring, retrying, reconnecting, settling.
 
-Design: every thread of a process sends its requests on one Unix socket, each
-under its own request id, and waits on a future. There is no background
-thread: a waiting caller reads the socket while no other does (leader and
-followers), completing every caller's future as answers arrive, in whatever
-order the daemon sends them, and hands the reading over when its own answer
-is in. A request that waits seconds for its reservation holds up nothing
-behind it; a lone thread reads its answers itself, with no thread switch; a
-process needs one connection (one file descriptor on the daemon) however many
-threads it runs; and leases are settled on the connection that acquired them,
-as PROTOCOL.md asks.
+`Client` and `Lease` decide what a call does: which deadline bounds
+it, when a broken connection is retried and when the sidecar counts as
+unavailable, how an acquire nobody waits for any more is cancelled (and its
+late grant released), how a lease is settled. Waiting is left to the
+connection and slot of the I/O module imported below.
 
-After `fork` the child never touches the parent's socket: a fork hook (and a
-pid check on every call) drops the inherited connection without shutting it
-down, and the child opens its own on first use.
+The policy is written for asyncio, in `_async.py`; `scripts/unasync.py`
+generates the blocking `_sync.py` from it by deleting `async` and `await` and
+renaming through an explicit table, so both clients follow the same rules line
+for line. Edit `_async.py`, then run `python scripts/unasync.py` in
+clients/python; a test fails while `_sync.py` is stale.
 """
 
 from __future__ import annotations
@@ -21,259 +20,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
-import socket
-import threading
 import time
 import warnings
-import weakref
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Optional, Union
 
 from . import _core as core
 from . import _protocol as p
+from ._core import ConnectionLost
 from ._errors import (
     ErrorCode,
-    ProtocolError,
     RatekeeperError,
     SidecarUnavailable,
-    TooManyInFlight,
-    closes_connection,
+    SidecarUnavailableWarning,
 )
+from ._io_sync import Connection, Future, Slot, Timeout, sleep
 
 log = logging.getLogger("ratekeeper")
 
-_RECV_SIZE = 64 * 1024
 
-
-class SidecarUnavailableWarning(RuntimeWarning):
-    """Issued when a call proceeds unlimited because the sidecar is unreachable ("allow")."""
-
-
-class _ConnectionLost(SidecarUnavailable):
-    """The connection broke under a request; the call may retry on a new one."""
-
-
-class _Connection:
-    """One socket to the daemon that has exchanged `Hello`.
-
-    No thread of its own: a caller waiting for an answer becomes the reader
-    while nobody else reads, decodes whatever arrives and completes the
-    futures of the other callers; when its own answer is in, it hands the
-    reading over to a caller still waiting. One thread alone therefore reads
-    its own answers without a thread switch, and many threads share one
-    socket without mixing up answers.
-    """
-
-    def __init__(self, path: str, client_name: str, deadline: core.Deadline) -> None:
-        self.pid = os.getpid()
-        self.session = core.Session(client_name)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            remaining = deadline.remaining()
-            sock.settimeout(None if remaining is None else max(remaining, 0.05))
-            sock.connect(path)
-            hello_id, hello = self.session.hello_frame()
-            sock.sendall(hello)
-            frames: list[p.ServerFrame] = []
-            while not frames:
-                data = sock.recv(_RECV_SIZE)
-                if not data:
-                    raise ConnectionResetError("the daemon closed the connection during Hello")
-                frames = list(self.session.receive_data(data))
-            if frames[0].request_id not in (hello_id, 0):
-                raise ProtocolError(f"answer to request {frames[0].request_id} before Hello")
-            self.session.accept_hello(frames[0])
-            sock.settimeout(None)
-        except BaseException:
-            sock.close()
-            raise
-        self._sock = sock
-        self._poll = select.poll()
-        self._poll.register(sock, select.POLLIN)
-        self._state = threading.Lock()  # guards everything below but the socket writes
-        self._send = threading.Lock()  # one frame at a time on the socket
-        self._pending: dict[int, Future] = {}
-        self._closed: Optional[_ConnectionLost] = None
-        self._reading = False  # whether a caller is the reader now
-        self._sleepers: dict[threading.Event, Future] = {}  # callers waiting on the reader
-        #: Set when the daemon said ShuttingDown: new acquires go elsewhere.
-        self.retired = False
-        self._slots = threading.BoundedSemaphore(self.session.max_in_flight)
-        for frame in frames[1:]:
-            self._deliver(frame)
-
-    @property
-    def usable(self) -> bool:
-        return self._closed is None and not self.retired and self.pid == os.getpid()
-
-    @property
-    def alive(self) -> bool:
-        """Not known to be closed, and owned by this process: leases can be settled on it."""
-        return self._closed is None and self.pid == os.getpid()
-
-    def submit(self, request: p.Request, deadline: core.Deadline) -> tuple[int, Future]:
-        """Sends `request`; the future completes with its answer or `_ConnectionLost`."""
-        counted = core.counts_in_flight(request)
-        if counted and not self._slots.acquire(timeout=deadline.remaining()):
-            raise TooManyInFlight(
-                f"{self.session.max_in_flight} requests are already unanswered on this connection"
-            )
-        future: Future = Future()
-        future.counted = counted  # type: ignore[attr-defined]
-        with self._state:
-            if self._closed is not None:
-                if counted:
-                    self._slots.release()
-                raise self._closed
-            request_id, data = self.session.request_frame(request)
-            self._pending[request_id] = future
-        try:
-            with self._send:
-                self._sock.sendall(data)
-        except OSError as error:
-            self._fail(_ConnectionLost(f"sending failed: {error}"))
-        return request_id, future
-
-    def send_and_forget(self, request: p.Request) -> None:
-        """Sends a request whose answer nobody waits for (cancels, late releases).
-
-        Its answer is read, and dropped, by whichever call reads next.
-        """
-        try:
-            self.submit(request, core.Deadline(0))
-        except RatekeeperError as error:
-            log.debug("could not send %s: %s", type(request).__name__, error)
-
-    def wait(self, future: Future, deadline: core.Deadline) -> p.Response:
-        """The answer of `future`, reading the socket when no other caller does.
-
-        Raises `FutureTimeout` at the deadline and `_ConnectionLost` when the
-        connection broke.
-        """
-        wake = threading.Event()
-        future.add_done_callback(lambda _: wake.set())
-        while not future.done():
-            if deadline.expired:
-                raise FutureTimeout
-            with self._state:
-                reader = not self._reading and self._closed is None and not future.done()
-                if reader:
-                    self._reading = True
-                elif not future.done():
-                    self._sleepers[wake] = future
-            if reader:
-                try:
-                    self._read_until(future, deadline)
-                finally:
-                    self._hand_over()
-            else:
-                wake.wait(deadline.remaining())
-                with self._state:
-                    self._sleepers.pop(wake, None)
-                wake.clear()
-        return future.result()
-
-    def _read_until(self, future: Future, deadline: core.Deadline) -> None:
-        try:
-            while not future.done():
-                remaining = deadline.remaining()
-                if remaining is not None and not self._poll.poll(remaining * 1000):
-                    return  # the deadline passed; the caller's loop raises
-                data = self._sock.recv(_RECV_SIZE)
-                if not data:
-                    self._fail(_ConnectionLost("the daemon closed the connection"))
-                    return
-                for frame in self.session.receive_data(data):
-                    self._deliver(frame)
-        except ProtocolError as error:
-            log.error("closing the connection to the sidecar: %s", error)
-            self._fail(_ConnectionLost(f"protocol error: {error}"))
-        except OSError as error:
-            self._fail(_ConnectionLost(str(error)))
-
-    def _hand_over(self) -> None:
-        """Stops reading; wakes one caller still waiting so that it reads on."""
-        with self._state:
-            self._reading = False
-            successor = next(
-                (wake for wake, waiting in self._sleepers.items() if not waiting.done()), None
-            )
-        if successor is not None:
-            successor.set()
-
-    def _deliver(self, frame: p.ServerFrame) -> None:
-        if frame.request_id == 0:
-            response = frame.response
-            if isinstance(response, p.ErrorReply) and closes_connection(response.code):
-                raise response.exception()
-            log.warning("the sidecar sent a connection-level answer: %r", response)
-            return
-        with self._state:
-            future = self._pending.pop(frame.request_id, None)
-        if future is None:
-            return  # the answer to a request sent and forgotten
-        if future.counted:  # type: ignore[attr-defined]
-            self._slots.release()
-        future.set_result(frame.response)
-
-    def _fail(self, reason: _ConnectionLost) -> None:
-        with self._state:
-            if self._closed is not None:
-                return
-            self._closed = reason
-            pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if future.counted:  # type: ignore[attr-defined]
-                self._slots.release()
-            future.set_exception(reason)
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes a reader blocked in recv
-        self._sock.close()
-
-    def close(self) -> None:
-        """Closes the connection; waiting calls fail with `SidecarUnavailable`."""
-        self._fail(_ConnectionLost("the client was closed"))
-
-    def forget(self) -> None:
-        """In a forked child: drop this process's copy of the parent's socket.
-
-        Only the file descriptor is closed; a shutdown would cut the parent off.
-        """
-        with contextlib.suppress(OSError):
-            self._sock.close()
-
-
-class _Slot:
-    """Holds a client's connection, so a finalizer can close it without the client."""
-
-    __slots__ = ("conn",)
-
-    def __init__(self) -> None:
-        self.conn: Optional[_Connection] = None
-
-
-def _close_slot(slot: _Slot, pid: int) -> None:
-    conn, slot.conn = slot.conn, None
-    if conn is not None and conn.pid == os.getpid() == pid:
-        conn.close()
-
-
-_clients: weakref.WeakSet = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for client in list(_clients):
-        client._reset_after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class Lease(core.LeaseBase):
+class Lease:
     """A reservation granted by the daemon. Settle it once: `report` or `release`.
 
     A lease is settled on the connection that acquired it. If that connection
@@ -281,10 +47,35 @@ class Lease(core.LeaseBase):
     and kept its reservation; settling it then does nothing and returns None.
     """
 
-    def __init__(self, client: Client, conn: Optional[_Connection], *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(
+        self,
+        client: Client,
+        conn: Optional[Connection],
+        limit: str,
+        granted: Optional[p.Granted],
+        reserved: core.Reservation,
+    ) -> None:
         self._client = client
         self._conn = conn
+        #: The limit the tokens were reserved in.
+        self.limit = limit
+        #: The daemon's lease id; None for an unlimited lease (sidecar unavailable, "allow").
+        self.lease_id = granted.lease if granted else None
+        #: Tokens reserved (input + output).
+        self.tokens = granted.tokens if granted else reserved.input_tokens + reserved.output_tokens
+        #: Seconds the daemon held the grant back until the reservation was due.
+        self.waited = granted.waited_ms / 1000.0 if granted else 0.0
+        #: What was reserved on each side, used to settle a lease as fully used.
+        self.reserved = reserved
+        #: Whether the lease was reported, released, or lost with its connection.
+        self.settled = granted is None
+        #: The daemon's answer to the settlement: tokens given back (negative: debited).
+        self.tokens_returned: Optional[int] = None
+
+    @property
+    def unlimited(self) -> bool:
+        """True for the no-op lease handed out while the sidecar is unavailable ("allow")."""
+        return self.lease_id is None
 
     def report(
         self,
@@ -308,20 +99,21 @@ class Lease(core.LeaseBase):
     def settle_as_reserved(self) -> Optional[int]:
         """Reports exactly what was reserved: keeps the reservation, closes the lease."""
         reserved = self.reserved
-        return self.report(input_tokens=reserved.input_tokens, output_tokens=reserved.output_tokens)
+        return self.report(
+            input_tokens=reserved.input_tokens,
+            output_tokens=reserved.output_tokens,
+        )
 
     def _settle(self, request: p.Request, kind: type) -> Optional[int]:
         if self.unlimited:
             self.settled = True
             return None
         conn = self._conn
-        if conn is None or not conn.alive:
-            self.settled = True
-            log.info("lease %s was lost with its connection; the daemon kept it", self.lease_id)
-            return None
         try:
+            if conn is None or not conn.alive:
+                raise ConnectionLost("gone")
             response = self._client._request_on(conn, request)
-        except _ConnectionLost:
+        except ConnectionLost:
             self.settled = True
             log.info("lease %s was lost with its connection; the daemon kept it", self.lease_id)
             return None
@@ -339,11 +131,31 @@ class Lease(core.LeaseBase):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self._client._finish(self, exc)
+        """Releases an unsettled lease if the body raised, else settles it as fully used."""
+        if self.settled:
+            return
+        if exc is None:
+            self.settle_as_reserved()
+            return
+        try:
+            self.release()
+        except RatekeeperError as error:
+            log.warning("could not release lease %s: %s", self.lease_id, error)
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        if self.unlimited:
+            return f"<{name} {self.limit!r} unlimited>"
+        state = "settled" if self.settled else "open"
+        return f"<{name} {self.limit!r} id={self.lease_id} tokens={self.tokens} {state}>"
 
 
 class Client:
-    """A thread-safe, fork-safe connection to the ratekeeper sidecar.
+    """A connection to the ratekeeper sidecar, pipelined and shared by every caller.
+
+    The blocking client is shared by the threads of a process and is
+    fork-safe; the asyncio client by the tasks of an event loop (another loop,
+    or a forked child, opens a connection of its own).
 
     `socket` defaults to RATEKEEPER_SOCKET, else /tmp/ratekeeper.sock.
     `timeout` (seconds) bounds what a call spends beyond its own `max_wait`:
@@ -369,98 +181,72 @@ class Client:
         self.name = name
         self.timeout = timeout
         self.on_unavailable = core.check_on_unavailable(on_unavailable)
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-        self._slot = _Slot()
-        self._down = False
-        self._finalizer = weakref.finalize(self, _close_slot, self._slot, self._pid)
-        _clients.add(self)
+        self._slot = Slot(self.socket_path, self)
 
     # -- connections --------------------------------------------------------
 
-    def _reset_after_fork(self) -> None:
-        conn, self._slot.conn = self._slot.conn, None
-        if conn is not None and conn.pid != os.getpid():
-            conn.forget()
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._down = False
-
-    def _connection(self, deadline: core.Deadline) -> _Connection:
-        if self._pid != os.getpid():
-            self._reset_after_fork()
-        conn = self._slot.conn
-        if conn is not None and conn.usable:
-            return conn
-        if not self._lock.acquire(timeout=-1 if deadline.at is None else deadline.remaining()):
-            raise core.unavailable(self.socket_path, TimeoutError("another thread is connecting"))
-        try:
-            conn = self._slot.conn
-            if conn is not None and conn.usable:
-                return conn
-            conn = self._connect(deadline)
-            self._slot.conn = conn
-            return conn
-        finally:
-            self._lock.release()
-
-    def _connect(self, deadline: core.Deadline) -> _Connection:
+    def _connect(self, deadline: core.Deadline) -> Connection:
+        """A new connection, retried while the socket is missing, until `deadline`."""
+        slot = self._slot
         name = self.name or core.default_client_name()
         last: Optional[BaseException] = None
         for delay in core.reconnect_delays():
             try:
-                conn = _Connection(self.socket_path, name, deadline)
-            except (OSError, _ConnectionLost) as error:
+                conn = Connection.open(self.socket_path, name, deadline)
+            except (OSError, ConnectionLost) as error:
                 last = error
             else:
-                if self._down:
+                if slot.down:
                     log.warning("the ratekeeper sidecar at %s is reachable again", self.socket_path)
-                self._down = False
+                slot.down = False
                 return conn
             remaining = deadline.remaining()
-            if self._down or remaining == 0:
+            if slot.down or remaining == 0:
                 break
-            time.sleep(delay if remaining is None else min(delay, remaining))
-        if not self._down:
+            sleep(delay if remaining is None else min(delay, remaining))
+        if not slot.down:
             log.warning("the ratekeeper sidecar at %s is unavailable: %s", self.socket_path, last)
-        self._down = True
+        slot.down = True
         raise core.unavailable(self.socket_path, last)
 
     def _wait(
         self,
-        conn: _Connection,
+        conn: Connection,
         request_id: int,
         future: Future,
         request: p.Request,
         deadline: core.Deadline,
     ) -> p.Response:
+        """The answer to a sent request; an acquire nobody waits for any more is abandoned."""
         try:
             return conn.wait(future, deadline)
-        except FutureTimeout:
+        except ConnectionLost:
+            raise
+        except Timeout:
             self._abandon(conn, request_id, future, request)
             raise SidecarUnavailable(
                 f"no answer from the sidecar within {self.timeout}s of the deadline"
             ) from None
-        except _ConnectionLost:
-            raise
-        except BaseException:  # KeyboardInterrupt and the like: the answer will come
+        except BaseException:  # KeyboardInterrupt, a cancelled task: the answer will come
             self._abandon(conn, request_id, future, request)
             raise
 
     @staticmethod
-    def _abandon(conn: _Connection, request_id: int, future: Future, request: p.Request) -> None:
+    def _abandon(conn: Connection, request_id: int, future: Future, request: p.Request) -> None:
         """Cancels an acquire nobody waits for any more; releases it if granted anyway."""
         if not isinstance(request, p.Acquire):
             return
         conn.send_and_forget(p.Cancel(request_id))
 
         def release_late_grant(done: Future) -> None:
-            if done.exception() is None and isinstance(done.result(), p.Granted):
+            if done.cancelled() or done.exception() is not None:
+                return
+            if isinstance(done.result(), p.Granted):
                 conn.send_and_forget(p.Release(done.result().lease))
 
         future.add_done_callback(release_late_grant)
 
-    def _request_on(self, conn: _Connection, request: p.Request) -> p.Response:
+    def _request_on(self, conn: Connection, request: p.Request) -> p.Response:
         """One request on a given connection (a lease's), without reconnecting."""
         deadline = core.Deadline(self.timeout)
         request_id, future = conn.submit(request, deadline)
@@ -470,10 +256,10 @@ class Client:
         """A request that may be resent on a new connection if the old one broke."""
         deadline = core.Deadline(self.timeout)
         while True:
-            conn = self._connection(deadline)
+            conn = self._slot.get(deadline, self._connect)
             try:
                 return self._request_on(conn, request)
-            except _ConnectionLost:
+            except ConnectionLost:
                 if deadline.expired:
                     raise
 
@@ -497,8 +283,8 @@ class Client:
         `max_tokens` (output tokens to reserve on top), or the chat `messages`
         (and `tools`) for the daemon to count. `max_wait=None` uses the priority
         class's default wait; `0` means only if grantable now. Returns a granted
-        `Lease`; raises `RateLimited` (with `retry_after`) when the wait would be
-        longer, and the mapped exception for any other answer.
+        `Lease`; raises `RateLimited` (with `retry_after`) when the wait
+        would be longer, and the mapped exception for any other answer.
         """
         request = core.build_acquire(
             limit, tokens, messages, max_tokens, tools, tenant, priority, max_wait
@@ -507,15 +293,16 @@ class Client:
         overall = core.Deadline(None if max_wait is None else max_wait + self.timeout)
         retry_until: Optional[core.Deadline] = None  # set when a connection first breaks
         while True:
+            deadline = retry_until or overall.earlier(self.timeout)
             try:
-                conn = self._connection(retry_until or overall.earlier(self.timeout))
+                conn = self._slot.get(deadline, self._connect)
             except SidecarUnavailable as error:
                 return self._unavailable(limit, request, error)
             attempt = core.with_remaining_wait(request, max_wait, started)
             try:
                 request_id, future = conn.submit(attempt, overall)
                 response = self._wait(conn, request_id, future, attempt, overall)
-            except _ConnectionLost as error:
+            except ConnectionLost as error:
                 retry_until = retry_until or overall.earlier(self.timeout)
                 if retry_until.expired:
                     return self._unavailable(limit, request, error)
@@ -528,7 +315,8 @@ class Client:
                 retry_until = retry_until or overall.earlier(self.timeout)
                 continue
             granted = core.granted_or_raise(response, limit)
-            return Lease(self, conn, limit, granted, core.reservation(request.cost, granted.tokens))
+            reserved = core.reservation(request.cost, granted.tokens)
+            return Lease(self, conn, limit, granted, reserved)
 
     def _unavailable(self, limit: str, request: p.Acquire, error: SidecarUnavailable) -> Lease:
         if self.on_unavailable == "raise":
@@ -541,7 +329,12 @@ class Client:
         return Lease(self, None, limit, None, core.reservation(request.cost, 0))
 
     @contextlib.contextmanager
-    def reserve(self, limit: str, tokens: Optional[int] = None, **options: Any) -> Iterator[Lease]:
+    def reserve(
+        self,
+        limit: str,
+        tokens: Optional[int] = None,
+        **options: Any,
+    ) -> Iterator[Lease]:
         """`acquire` as a context manager: `with client.reserve(...) as lease:`.
 
         If the body raises before the lease was settled, the reservation is
@@ -552,17 +345,6 @@ class Client:
         lease = self.acquire(limit, tokens, **options)
         with lease:
             yield lease
-
-    def _finish(self, lease: Lease, exc: Optional[BaseException]) -> None:
-        if lease.settled:
-            return
-        if exc is None:
-            lease.settle_as_reserved()
-            return
-        try:
-            lease.release()
-        except RatekeeperError as error:
-            log.warning("could not release lease %s: %s", lease.lease_id, error)
 
     def estimate(
         self,
@@ -583,16 +365,14 @@ class Client:
 
     def ping(self) -> float:
         """Round trip to the daemon, in seconds (connecting first if needed)."""
-        self._connection(core.Deadline(self.timeout))
+        self._slot.get(core.Deadline(self.timeout), self._connect)
         started = time.perf_counter()
         core.expect(self._call(p.Ping()), p.Pong)
         return time.perf_counter() - started
 
     def close(self) -> None:
         """Closes the connection. The client can still be used: it reconnects."""
-        conn, self._slot.conn = self._slot.conn, None
-        if conn is not None and conn.pid == os.getpid():
-            conn.close()
+        self._slot.close()
 
     def __enter__(self) -> Client:
         return self
@@ -601,4 +381,5 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<ratekeeper.Client {self.socket_path!r} on_unavailable={self.on_unavailable!r}>"
+        path, on_unavailable = self.socket_path, self.on_unavailable
+        return f"<ratekeeper.Client {path!r} on_unavailable={on_unavailable!r}>"

@@ -1,0 +1,360 @@
+"""The messages of PROTOCOL.md §4, sans I/O: one frozen dataclass each.
+
+Each message's class attribute `WIRE` lists its fields in wire order with their
+wire types (from `_wire`); the tables after the classes (and the two frame
+structs at the end) are the only place the layout of a message is written
+down. An enum (`COST`, `REQUEST`, `RESPONSE`) numbers its variants by their
+order, so the tuples below are the spec's tags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Optional, Union
+
+from ._errors import RatekeeperError, error_for_code
+from ._wire import BOOL, I64, STR, U16, U32, U64, Enum, Opt, Struct, Vec
+
+
+@dataclass(frozen=True)
+class TokenCost:
+    """`Cost::Tokens`: counts the client knows (prompt, and output to reserve)."""
+
+    input_tokens: int
+    output_tokens: int = 0
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One chat message for the daemon to count: its text parts, tool calls as JSON."""
+
+    role: str
+    content: tuple[str, ...] = ()
+    name: Optional[str] = None
+    tool_calls_json: Optional[str] = None
+    WIRE: ClassVar[tuple] = ()
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """`Cost::Messages`: the chat request, counted by the daemon's tokenizer."""
+
+    messages: tuple[ChatMessage, ...]
+    tools_json: Optional[str] = None
+    max_output_tokens: Optional[int] = None
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+Cost = Union[TokenCost, ChatRequest]
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Request 0: the first frame of every connection."""
+
+    protocol_version: int
+    client_name: str
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Acquire:
+    """Request 1: reserve `cost` in every bucket of `limit`, waiting up to `max_wait_ms`."""
+
+    limit: str
+    cost: Cost
+    tenant: Optional[str] = None
+    priority: Optional[str] = None
+    max_wait_ms: Optional[int] = None
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Report:
+    """Request 2: settle a lease with the usage the provider reported."""
+
+    lease: int
+    input_tokens: int
+    output_tokens: int
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Release:
+    """Request 3: give a lease back unused."""
+
+    lease: int
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Request 4: abandon the unanswered acquire sent with `request_id`."""
+
+    request_id: int
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Request 5: what an acquire of `cost` on `limit` would reserve."""
+
+    limit: str
+    cost: Cost
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Status:
+    """Request 6: bucket levels of one limit, or of all when `limit` is None."""
+
+    limit: Optional[str] = None
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Ping:
+    """Request 7: liveness."""
+
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+Request = Union[Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping]
+
+
+@dataclass(frozen=True)
+class HelloReply:
+    """Response 0: the version in use and the bounds the daemon enforces."""
+
+    protocol_version: int
+    server: str
+    max_frame_len: int
+    max_in_flight: int
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Granted:
+    """Response 1: the cost is reserved under `lease`; call the provider now."""
+
+    lease: int
+    tokens: int
+    waited_ms: int
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Denied:
+    """Response 2: not grantable within the wait; nothing reserved."""
+
+    retry_after_ms: int
+    bucket: str
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Response 3: reserved - used went back (negative: an overrun was debited)."""
+
+    tokens_returned: int
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Released:
+    """Response 4: the whole reservation went back."""
+
+    tokens_returned: int
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class CancelReply:
+    """Response 5 (`Cancelled`): whether an unanswered acquire with that id existed."""
+
+    found: bool
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Estimated:
+    """Response 6: what an acquire with that cost would reserve."""
+
+    input_tokens: int
+    output_tokens: int
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class BucketStatus:
+    """One bucket of a limit: capacity, current level (negative while acquires wait), rate."""
+
+    name: str
+    capacity: int
+    level: int
+    per_minute: int
+    WIRE: ClassVar[tuple] = ()
+
+
+@dataclass(frozen=True)
+class LimitStatus:
+    """One limit: its buckets and how many acquires this daemon holds back for it."""
+
+    name: str
+    waiters: int
+    buckets: tuple[BucketStatus, ...] = field(default_factory=tuple)
+    WIRE: ClassVar[tuple] = ()
+
+    def bucket(self, name: str) -> Optional[BucketStatus]:
+        """The bucket called `name`, if the limit has one."""
+        return next((b for b in self.buckets if b.name == name), None)
+
+
+@dataclass(frozen=True)
+class StatusReply:
+    """Response 7 (`Status`): the store kind and the limits asked for."""
+
+    store: str
+    limits: tuple[LimitStatus, ...] = ()
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+    def limit(self, name: str) -> Optional[LimitStatus]:
+        """The status of the limit called `name`, if it was listed."""
+        return next((lim for lim in self.limits if lim.name == name), None)
+
+
+@dataclass(frozen=True)
+class Pong:
+    """Response 8: answer to `Ping`."""
+
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """Response 9 (`Error`): a stable `code` and a message for humans."""
+
+    code: int
+    message: str
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+    def exception(self) -> RatekeeperError:
+        """The exception class mapped one to one from `code`."""
+        return error_for_code(self.code, self.message)
+
+
+Response = Union[
+    HelloReply,
+    Granted,
+    Denied,
+    Settled,
+    Released,
+    CancelReply,
+    Estimated,
+    StatusReply,
+    Pong,
+    ErrorReply,
+]
+
+
+COST = Enum("Cost", (TokenCost, ChatRequest))
+REQUEST = Enum("Request", (Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping))
+RESPONSE = Enum(
+    "Response",
+    (
+        HelloReply,
+        Granted,
+        Denied,
+        Settled,
+        Released,
+        CancelReply,
+        Estimated,
+        StatusReply,
+        Pong,
+        ErrorReply,
+    ),
+)
+
+TokenCost.WIRE = (("input_tokens", U64), ("output_tokens", U64))
+ChatMessage.WIRE = (
+    ("role", STR),
+    ("name", Opt(STR)),
+    ("content", Vec(STR)),
+    ("tool_calls_json", Opt(STR)),
+)
+ChatRequest.WIRE = (
+    ("messages", Vec(Struct(ChatMessage))),
+    ("tools_json", Opt(STR)),
+    ("max_output_tokens", Opt(U64)),
+)
+Hello.WIRE = (("protocol_version", U16), ("client_name", STR))
+Acquire.WIRE = (
+    ("limit", STR),
+    ("tenant", Opt(STR)),
+    ("priority", Opt(STR)),
+    ("cost", COST),
+    ("max_wait_ms", Opt(U64)),
+)
+Report.WIRE = (("lease", U64), ("input_tokens", U64), ("output_tokens", U64))
+Release.WIRE = (("lease", U64),)
+Cancel.WIRE = (("request_id", U64),)
+Estimate.WIRE = (("limit", STR), ("cost", COST))
+Status.WIRE = (("limit", Opt(STR)),)
+HelloReply.WIRE = (
+    ("protocol_version", U16),
+    ("server", STR),
+    ("max_frame_len", U32),
+    ("max_in_flight", U32),
+)
+Granted.WIRE = (("lease", U64), ("tokens", U64), ("waited_ms", U64))
+Denied.WIRE = (("retry_after_ms", U64), ("bucket", STR))
+Settled.WIRE = (("tokens_returned", I64),)
+Released.WIRE = (("tokens_returned", U64),)
+CancelReply.WIRE = (("found", BOOL),)
+Estimated.WIRE = (("input_tokens", U64), ("output_tokens", U64))
+BucketStatus.WIRE = (("name", STR), ("capacity", U64), ("level", I64), ("per_minute", U64))
+LimitStatus.WIRE = (("name", STR), ("waiters", U64), ("buckets", Vec(Struct(BucketStatus))))
+StatusReply.WIRE = (("store", STR), ("limits", Vec(Struct(LimitStatus))))
+ErrorReply.WIRE = (("code", U16), ("message", STR))
+
+
+@dataclass(frozen=True)
+class ClientFrame:
+    """What a client sends: a request and the id its answer will carry."""
+
+    request_id: int
+    request: Request
+    WIRE: ClassVar[tuple] = (("request_id", U64), ("request", REQUEST))
+
+
+@dataclass(frozen=True)
+class ServerFrame:
+    """What the daemon sends: the answer to `request_id` (0: the connection's own error)."""
+
+    request_id: int
+    response: Response
+    WIRE: ClassVar[tuple] = (("request_id", U64), ("response", RESPONSE))
+
+
+Frame = Union[ClientFrame, ServerFrame]

@@ -1,0 +1,127 @@
+"""What both halves of the OpenAI wrapper share that never waits.
+
+Reading the provider's rate-limit headers (`retry_delay`), preparing a stream
+to report its usage, reading a request's cost and a reply's usage, and what a
+failed provider call means for its lease. The halves that do wait are written
+once in `_openai_async.py`, and `_openai_sync.py` is generated from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import logging
+import random
+import re
+import time
+from typing import Any, Optional
+
+from ._errors import RatekeeperError
+
+log = logging.getLogger("ratekeeper.openai")
+
+#: Output tokens reserved by the client-side estimate when nothing says more.
+FALLBACK_MAX_TOKENS = 1024
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def _parse_duration(text: str) -> Optional[float]:
+    """OpenAI's reset durations: `"1s"`, `"6m0s"`, `"20ms"`, `"1h2m3.5s"`."""
+    parts = _DURATION.findall(text.strip())
+    if not parts or "".join(n + u for n, u in parts) != text.strip():
+        return None
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
+def retry_delay(headers: Any, attempt: int, cap: float = 60.0) -> float:
+    """Seconds to wait before retrying a 429, from the provider's headers.
+
+    `retry-after-ms`, then `retry-after` (seconds or an HTTP date), then the
+    latest of the `x-ratelimit-reset-*` durations; without any, exponential
+    backoff from 0.5 s. Never more than `cap`, with up to 10 % jitter added.
+    """
+    headers = headers or {}
+    delay: Optional[float] = None
+    value = headers.get("retry-after-ms")
+    if value is not None:
+        with contextlib.suppress(ValueError):
+            delay = float(value) / 1000.0
+    value = headers.get("retry-after")
+    if delay is None and value is not None:
+        try:
+            delay = float(value)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+                delay = when.timestamp() - time.time()
+            except (TypeError, ValueError):
+                pass
+    if delay is None:
+        resets = [
+            _parse_duration(headers.get(name) or "")
+            for name in ("x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
+        ]
+        known = [reset for reset in resets if reset is not None]
+        delay = max(known) if known else None
+    if delay is None:
+        delay = 0.5 * 2**attempt
+    delay = min(max(delay, 0.0), cap)
+    return delay * (1 + random.random() / 10)
+
+
+def status_code(error: BaseException) -> Optional[int]:
+    status = getattr(error, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def prepare(kwargs: dict) -> bool:
+    """Asks a stream for its usage; True when the caller did not ask for it."""
+    if kwargs.get("stream") is not True:
+        return False
+    stream_options = dict(kwargs.get("stream_options") or {})
+    injected = "include_usage" not in stream_options
+    stream_options.setdefault("include_usage", True)
+    kwargs["stream_options"] = stream_options
+    return injected
+
+
+def usage_counts(usage: Any) -> Optional[tuple[int, int]]:
+    if usage is None:
+        return None
+    if isinstance(usage, dict):
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    else:
+        prompt = getattr(usage, "prompt_tokens", None)
+        completion = getattr(usage, "completion_tokens", None)
+    if prompt is None and completion is None:
+        return None
+    return int(prompt or 0), int(completion or 0)
+
+
+def cost(kwargs: dict) -> tuple[Any, Any, Optional[int]]:
+    messages = kwargs.get("messages") or []
+    tools = kwargs.get("tools") or kwargs.get("functions")
+    max_tokens = kwargs.get("max_completion_tokens") or kwargs.get("max_tokens")
+    return list(messages), tools, max_tokens
+
+
+def failure(error: BaseException) -> str:
+    """What a failed provider call means for its lease.
+
+    `"retry"`: a 429 — the request was refused, release and try again;
+    `"release"`: another 4xx — refused, never processed; `"keep"`: anything
+    else (5xx, timeouts, broken connections) — it may have been processed,
+    so the reservation is kept.
+    """
+    status = status_code(error)
+    if status == 429:
+        return "retry"
+    if status is not None and 400 <= status < 500:
+        return "release"
+    return "keep"
+
+
+def log_settle_error(lease: Any, error: RatekeeperError) -> None:
+    log.warning("could not settle lease %s: %s", lease.lease_id, error)

@@ -1,0 +1,155 @@
+# Generated from src/ratekeeper/_openai_async.py by scripts/unasync.py: do not edit.
+# Edit the source, then run `python scripts/unasync.py` in clients/python.
+"""The OpenAI wrapper's limited calls, written once: acquire, call, settle, retry.
+
+`Completions.create` acquires from the limit, calls the provider, and
+reports the usage it answered; a provider 429 releases the lease, waits as the
+headers say and tries again. `LimitedStream` reports when its stream ends.
+
+The wrapper's halves are written for asyncio, in `_openai_async.py`;
+`scripts/unasync.py` generates the blocking `_openai_sync.py` from it (see
+`_async.py`). Edit `_openai_async.py`, then run `python scripts/unasync.py` in
+clients/python; a test fails while `_openai_sync.py` is stale.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import _openai_core as core
+from ._errors import RatekeeperError, Unsupported
+from ._io_sync import sleep
+
+if TYPE_CHECKING:
+    from ._sync import Client, Lease
+    from .openai import _Wrapped
+
+
+class Completions:
+    """`chat.completions` of a wrapped client: `create` is limited, the rest passes through."""
+
+    def __init__(self, wrapped: _Wrapped) -> None:
+        self._wrapped = wrapped
+        self._settings = wrapped.settings
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped._client.chat.completions, name)
+
+    def _acquire(self, kwargs: dict) -> Lease:
+        settings = self._settings
+        limiter: Client = self._wrapped.limiter
+        messages, tools, max_tokens = core.cost(kwargs)
+        max_tokens = max_tokens or settings.default_max_tokens
+        common = {
+            "tenant": settings.tenant,
+            "priority": settings.priority,
+            "max_wait": settings.max_wait,
+        }
+        try:
+            return limiter.acquire(
+                settings.limit, messages=messages, max_tokens=max_tokens, tools=tools, **common
+            )
+        except Unsupported:  # transitional: a daemon from before token counting
+            prompt = settings.estimate(messages, tools)
+            output = max_tokens or core.FALLBACK_MAX_TOKENS
+            return limiter.acquire(settings.limit, prompt, max_tokens=output, **common)
+
+    def create(self, **kwargs: Any) -> Any:
+        """`chat.completions.create`, limited: acquire, call, report the usage."""
+        hide_usage = core.prepare(kwargs)
+        settings = self._settings
+        attempt = 0
+        while True:
+            lease = self._acquire(kwargs)
+            try:
+                result = self._wrapped._raw.chat.completions.create(**kwargs)
+            except BaseException as error:
+                outcome = core.failure(error)
+                _settle_failed(lease, outcome)
+                if outcome != "retry" or attempt >= settings.max_retries:
+                    raise
+                headers = getattr(getattr(error, "response", None), "headers", None)
+                delay = core.retry_delay(headers, attempt, settings.max_retry_wait)
+                core.log.info("provider answered 429; retrying in %.3fs", delay)
+                sleep(delay)
+                attempt += 1
+                continue
+            if kwargs.get("stream") is True:
+                return LimitedStream(result, lease, hide_usage)
+            _report(lease, getattr(result, "usage", None))
+            return result
+
+
+def _settle_failed(lease: Lease, outcome: str) -> None:
+    """Keeps the reservation (settled as fully used) or releases it, as `failure` said."""
+    try:
+        if outcome == "keep":
+            lease.settle_as_reserved()
+        else:
+            lease.release()
+    except RatekeeperError as error:
+        core.log_settle_error(lease, error)
+
+
+def _report(lease: Lease, usage: Any) -> None:
+    """Settles with the provider's usage; without one, the reservation counts as spent."""
+    counts = core.usage_counts(usage)
+    try:
+        if counts is None:
+            lease.settle_as_reserved()
+        else:
+            lease.report(input_tokens=counts[0], output_tokens=counts[1])
+    except RatekeeperError as error:
+        core.log_settle_error(lease, error)
+
+
+class LimitedStream:
+    """A provider stream that reports its usage to the lease when it ends.
+
+    Iterate it to the end or close it (it is a context manager, like the
+    stream it wraps); a stream abandoned half-way keeps its whole reservation.
+    """
+
+    def __init__(self, stream: Any, lease: Lease, hide_usage: bool) -> None:
+        self._stream = stream
+        self._iterator = stream.__iter__()
+        self._lease = lease
+        self._hide_usage = hide_usage
+        self._usage: Any = None
+
+    def __iter__(self) -> LimitedStream:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                chunk = self._iterator.__next__()
+            except BaseException:  # the end of the stream, or a failure
+                self._finish()
+                raise
+            usage = getattr(chunk, "usage", None)
+            if usage is not None:
+                self._usage = usage
+                if self._hide_usage and not getattr(chunk, "choices", None):
+                    continue  # the usage-only chunk the caller did not ask for
+            return chunk
+
+    def _finish(self) -> None:
+        if not self._lease.settled:
+            _report(self._lease, self._usage)
+
+    def close(self) -> None:
+        """Closes the provider's stream and settles the lease."""
+        try:
+            self._stream.close()
+        finally:
+            self._finish()
+
+    def __enter__(self) -> LimitedStream:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
