@@ -462,12 +462,15 @@ mod tests {
     #[test]
     fn a_restored_lease_keeps_its_age() {
         let start = Instant::now();
+        let after = |seconds| start + Duration::from_secs(seconds);
         let table = LeaseTable::new(Duration::from_secs(60), 100);
-        let old = table.insert(lease(1, start));
-        let young = table.insert(lease(1, start + Duration::from_secs(30)));
+        let (old, young) = (
+            table.insert(lease(1, start)),
+            table.insert(lease(1, after(30))),
+        );
         let taken = table.take(old).unwrap();
         table.restore(old, taken);
-        assert_eq!(table.expire(start + Duration::from_secs(61)), 1);
+        assert_eq!(table.expire(after(61)), 1);
         assert!(table.take(old).is_none(), "the old lease expired first");
         assert!(table.take(young).is_some());
     }

@@ -4,6 +4,8 @@
 # Redis, in the same run. Prints a Markdown table; see bench/redis/README.md.
 #
 # Usage: bench/redis/run.sh [SECONDS_PER_STEP]   (default 10)
+# RATEKEEPER_BIN=path runs another daemon build (e.g. an older one) under the
+# same load generator, for before/after ratios.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECONDS_PER_STEP="${1:-10}"
@@ -11,7 +13,7 @@ CLIENTS=(1 8 64)
 
 command -v redis-server >/dev/null || { echo "needs redis-server (scripts/test installs it)" >&2; exit 1; }
 cargo build --release --quiet
-BIN="$PWD/target/release/ratekeeper"
+BIN="${RATEKEEPER_BIN:-$PWD/target/release/ratekeeper}"
 LOADGEN="$PWD/target/release/ratekeeper-loadgen"
 
 # shellcheck source=bench/lib.sh

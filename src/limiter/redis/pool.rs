@@ -9,6 +9,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, RedisError, Script, ScriptInvocation};
+use redis::{RedisFuture, Value};
 use tokio::sync::Mutex;
 
 use crate::limiter::StoreError;
@@ -53,30 +54,83 @@ pub enum RedisSetupError {
 
 /// The connections, and which one the next call takes.
 pub(super) struct Pool {
-    nodes: Nodes,
+    connector: Connector,
+    slots: Vec<Slot>,
     next: AtomicUsize,
     timeout: Duration,
     connect_timeout: Duration,
 }
 
-enum Nodes {
+/// How a slot opens its connection.
+enum Connector {
     Single {
         client: redis::Client,
         config: AsyncConnectionConfig,
-        slots: Vec<Slot<MultiplexedConnection>>,
     },
     Cluster {
         client: redis::cluster::ClusterClient,
-        slots: Vec<Slot<ClusterConnection>>,
     },
 }
 
-/// One pooled connection: absent until first use and after it broke.
-struct Slot<C> {
-    connection: Mutex<Option<C>>,
+/// A live connection to a node or to the cluster.
+#[derive(Clone)]
+enum Connection {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
 }
 
-impl<C: Clone> Slot<C> {
+impl Connector {
+    async fn connect(&self) -> Result<Connection, RedisError> {
+        match self {
+            Connector::Single { client, config } => client
+                .get_multiplexed_async_connection_with_config(config)
+                .await
+                .map(Connection::Single),
+            Connector::Cluster { client } => {
+                client.get_async_connection().await.map(Connection::Cluster)
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(connection) => connection.req_packed_command(cmd),
+            Connection::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
+            Connection::Cluster(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(connection) => connection.get_db(),
+            Connection::Cluster(connection) => connection.get_db(),
+        }
+    }
+}
+
+/// One pooled connection: absent until first use and after it broke.
+struct Slot {
+    connection: Mutex<Option<Connection>>,
+}
+
+impl Slot {
     fn new() -> Self {
         Slot {
             connection: Mutex::new(None),
@@ -85,23 +139,25 @@ impl<C: Clone> Slot<C> {
 
     /// The live connection, connecting first if there is none. Concurrent
     /// callers wait for one connect instead of each opening their own.
-    async fn get<F, Fut>(&self, connect: F) -> Result<C, RedisError>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<C, RedisError>>,
-    {
+    async fn get(&self, connector: &Connector) -> Result<Connection, RedisError> {
         let mut connection = self.connection.lock().await;
         if let Some(live) = connection.as_ref() {
             return Ok(live.clone());
         }
-        let fresh = connect().await?;
+        let fresh = connector.connect().await?;
         *connection = Some(fresh.clone());
         Ok(fresh)
     }
 
-    /// Drops a connection that failed so the next call reconnects.
-    async fn discard(&self) {
-        *self.connection.lock().await = None;
+    /// Drops the connection after an error that leaves it unusable, so the
+    /// next call reconnects.
+    async fn discard_if_broken(&self, redis_error: &RedisError) {
+        if redis_error.is_unrecoverable_error()
+            || redis_error.is_connection_dropped()
+            || redis_error.is_io_error()
+        {
+            *self.connection.lock().await = None;
+        }
     }
 }
 
@@ -128,8 +184,8 @@ impl Pool {
             node: settings.display.clone(),
             source,
         };
-        let nodes = match &settings.nodes {
-            RedisNodes::Single(url) => Nodes::Single {
+        let connector = match &settings.nodes {
+            RedisNodes::Single(url) => Connector::Single {
                 client: match certificates {
                     Some(certificates) => redis::Client::build_with_tls(url.as_str(), certificates),
                     None => redis::Client::open(url.as_str()),
@@ -138,9 +194,8 @@ impl Pool {
                 config: AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(settings.connect_timeout))
                     .set_response_timeout(Some(settings.timeout)),
-                slots: (0..size).map(|_| Slot::new()).collect(),
             },
-            RedisNodes::Cluster(seeds) => Nodes::Cluster {
+            RedisNodes::Cluster(seeds) => Connector::Cluster {
                 client: certificates
                     .into_iter()
                     .fold(
@@ -151,11 +206,11 @@ impl Pool {
                     .response_timeout(settings.timeout)
                     .build()
                     .map_err(invalid)?,
-                slots: (0..size).map(|_| Slot::new()).collect(),
             },
         };
         Ok(Pool {
-            nodes,
+            connector,
+            slots: (0..size).map(|_| Slot::new()).collect(),
             next: AtomicUsize::new(0),
             timeout: settings.timeout,
             connect_timeout: settings.connect_timeout,
@@ -166,37 +221,18 @@ impl Pool {
     /// loads `scripts` on it, so that the first request finds both ready.
     pub(super) async fn warm_up(&self, scripts: &[&Script]) -> Result<(), StoreError> {
         let attempt = async {
-            match &self.nodes {
-                Nodes::Single {
-                    client,
-                    config,
-                    slots,
-                } => {
-                    for slot in slots {
-                        let mut connection = slot
-                            .get(|| client.get_multiplexed_async_connection_with_config(config))
-                            .await?;
-                        load(&mut connection, scripts, slot).await?;
-                    }
-                }
-                Nodes::Cluster { client, slots } => {
-                    for slot in slots {
-                        let mut connection = slot.get(|| client.get_async_connection()).await?;
-                        load(&mut connection, scripts, slot).await?;
+            for slot in &self.slots {
+                let mut connection = slot.get(&self.connector).await?;
+                for script in scripts {
+                    if let Err(redis_error) = script.load_async(&mut connection).await {
+                        slot.discard_if_broken(&redis_error).await;
+                        return Err(redis_error);
                     }
                 }
             }
-            Ok::<(), RedisError>(())
+            Ok(())
         };
-        let deadline = self.connect_timeout + self.timeout;
-        match tokio::time::timeout(deadline, attempt).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(redis_error)) => Err(StoreError::Unavailable(redis_error.to_string())),
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "no answer from Redis within {} ms",
-                deadline.as_millis()
-            ))),
-        }
+        within(self.connect_timeout + self.timeout, attempt).await
     }
 
     /// Runs one script on the next pooled connection within the deadline.
@@ -206,74 +242,30 @@ impl Pool {
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
         let index = self.next.fetch_add(1, Ordering::Relaxed);
+        let slot = &self.slots[index % self.slots.len()];
         let attempt = async {
-            match &self.nodes {
-                Nodes::Single {
-                    client,
-                    config,
-                    slots,
-                } => {
-                    let slot = &slots[index % slots.len()];
-                    let mut connection = slot
-                        .get(|| client.get_multiplexed_async_connection_with_config(config))
-                        .await?;
-                    invoke(invocation, &mut connection, slot).await
-                }
-                Nodes::Cluster { client, slots } => {
-                    let slot = &slots[index % slots.len()];
-                    let mut connection = slot.get(|| client.get_async_connection()).await?;
-                    invoke(invocation, &mut connection, slot).await
-                }
+            let mut connection = slot.get(&self.connector).await?;
+            let result = invocation.invoke_async(&mut connection).await;
+            if let Err(redis_error) = &result {
+                slot.discard_if_broken(redis_error).await;
             }
+            result
         };
-        match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(redis_error)) => Err(StoreError::Unavailable(redis_error.to_string())),
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "no answer from Redis within {} ms",
-                self.timeout.as_millis()
-            ))),
-        }
+        within(self.timeout, attempt).await
     }
 }
 
-/// Loads every script on one connection; a failed connection is dropped.
-async fn load<C>(connection: &mut C, scripts: &[&Script], slot: &Slot<C>) -> Result<(), RedisError>
-where
-    C: ConnectionLike + Clone + Send,
-{
-    for script in scripts {
-        if let Err(redis_error) = script.load_async(connection).await {
-            discard_if_broken(&redis_error, slot).await;
-            return Err(redis_error);
-        }
-    }
-    Ok(())
-}
-
-async fn invoke<C, T>(
-    invocation: &ScriptInvocation<'_>,
-    connection: &mut C,
-    slot: &Slot<C>,
-) -> Result<T, RedisError>
-where
-    C: ConnectionLike + Clone + Send,
-    T: redis::FromRedisValue,
-{
-    let result = invocation.invoke_async(connection).await;
-    if let Err(redis_error) = &result {
-        discard_if_broken(redis_error, slot).await;
-    }
-    result
-}
-
-/// Drops the slot's connection after an error that leaves it unusable, so
-/// the next call reconnects.
-async fn discard_if_broken<C: Clone>(redis_error: &RedisError, slot: &Slot<C>) {
-    if redis_error.is_unrecoverable_error()
-        || redis_error.is_connection_dropped()
-        || redis_error.is_io_error()
-    {
-        slot.discard().await;
+/// `attempt`'s outcome, or `Unavailable` once `deadline` has passed.
+async fn within<T>(
+    deadline: Duration,
+    attempt: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(deadline, attempt).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(redis_error)) => Err(StoreError::Unavailable(redis_error.to_string())),
+        Err(_) => Err(StoreError::Unavailable(format!(
+            "no answer from Redis within {} ms",
+            deadline.as_millis()
+        ))),
     }
 }
