@@ -160,6 +160,10 @@ impl Store for FailFastStore {
     async fn warm_up(&self) -> Result<(), StoreError> {
         self.inner.warm_up().await
     }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
 }
 
 #[cfg(test)]

@@ -6,8 +6,9 @@
 //! is logged, and recovery is automatic: each call tries the shared store
 //! first, so the first success ends the outage.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use async_trait::async_trait;
 
@@ -35,6 +36,8 @@ pub struct FallbackStore {
     local: EmbeddedStore,
     local_share: f64,
     failing: AtomicBool,
+    /// When the current outage began; `None` while the store answers.
+    failing_since: Mutex<Option<Instant>>,
     /// Acquires answered by the policy instead of the shared store.
     policy_decisions: AtomicU64,
 }
@@ -48,8 +51,22 @@ impl FallbackStore {
             local: EmbeddedStore::new(),
             local_share,
             failing: AtomicBool::new(false),
+            failing_since: Mutex::new(None),
             policy_decisions: AtomicU64::new(0),
         }
+    }
+
+    /// The policy that answers while the shared store fails.
+    pub fn policy(&self) -> FailurePolicy {
+        self.policy
+    }
+
+    /// Since when the shared store has been failing, if it is.
+    pub fn failing_since(&self) -> Option<Instant> {
+        *self
+            .failing_since
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Acquires the failure policy has answered since start.
@@ -64,6 +81,10 @@ impl FallbackStore {
 
     fn note_failure(&self, cause: &StoreError) {
         if !self.failing.swap(true, Ordering::Relaxed) {
+            *self
+                .failing_since
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
             tracing::warn!(
                 store = self.shared.kind(),
                 policy = ?self.policy,
@@ -75,6 +96,10 @@ impl FallbackStore {
 
     fn note_success(&self) {
         if self.failing.swap(false, Ordering::Relaxed) {
+            *self
+                .failing_since
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
             tracing::info!(
                 store = self.shared.kind(),
                 policy_decisions = self.policy_decisions(),
@@ -166,6 +191,15 @@ impl Store for FallbackStore {
         self.shared.levels(buckets).await
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        let outcome = self.shared.ping().await;
+        match &outcome {
+            Ok(()) => self.note_success(),
+            Err(cause) => self.note_failure(cause),
+        }
+        outcome
+    }
+
     async fn warm_up(&self) -> Result<(), StoreError> {
         let outcome = self.shared.warm_up().await;
         match &outcome {
@@ -216,11 +250,15 @@ mod tests {
     #[tokio::test]
     async fn each_policy_answers_an_outage_its_own_way() {
         let closed = FallbackStore::new(down(), FailurePolicy::FailClosed, 1.0);
+        assert!(closed.failing_since().is_none());
         assert!(matches!(
             closed.acquire(&[draw(10)], 0).await,
             Err(StoreError::Unavailable(_))
         ));
         assert!(closed.is_failing());
+        let since = closed.failing_since().expect("an outage began");
+        assert!(closed.ping().await.is_err(), "a health check sees it too");
+        assert_eq!(closed.failing_since(), Some(since), "the same outage");
 
         let open = FallbackStore::new(down(), FailurePolicy::FailOpen, 1.0);
         for _ in 0..3 {

@@ -138,6 +138,11 @@ pub trait Store: Send + Sync + 'static {
     async fn warm_up(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// Checks that the store answers, cheaply (health checks).
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// Turns a [`Plan`] into the store's answer.

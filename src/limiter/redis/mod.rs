@@ -159,6 +159,10 @@ impl Store for RedisStore {
             .warm_up(&[&self.acquire, &self.adjust, &self.levels])
             .await
     }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.pool.ping().await
+    }
 }
 
 fn clock_arg(now_ms: Option<i64>) -> String {

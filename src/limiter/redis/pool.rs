@@ -235,6 +235,22 @@ impl Pool {
         within(self.connect_timeout + self.timeout, attempt).await
     }
 
+    /// Sends `PING` on the next pooled connection within the deadline.
+    pub(super) async fn ping(&self) -> Result<(), StoreError> {
+        let index = self.next.fetch_add(1, Ordering::Relaxed);
+        let slot = &self.slots[index % self.slots.len()];
+        let attempt = async {
+            let mut connection = slot.get(&self.connector).await?;
+            let result: Result<String, RedisError> =
+                redis::cmd("PING").query_async(&mut connection).await;
+            if let Err(redis_error) = &result {
+                slot.discard_if_broken(redis_error).await;
+            }
+            result.map(drop)
+        };
+        within(self.timeout, attempt).await
+    }
+
     /// Runs one script on the next pooled connection within the deadline.
     /// A connection that failed is dropped so the next call reconnects.
     pub(super) async fn run<T: redis::FromRedisValue>(
