@@ -1,6 +1,6 @@
 -- ratekeeper's bucket library, written once: the daemon prepends this file
--- to acquire.lua, adjust.lua and levels.lua when it embeds them (so does
--- bench/redis/run.sh), since a Redis script cannot load another.
+-- to batch.lua, cancel.lua and levels.lua when it embeds them (so do
+-- the benchmarks), since a Redis script cannot load another.
 --
 -- A bucket is a hash: field l = level in units, t = time of l in ms.
 -- One token is 60000 units, so R tokens per minute refill exactly R units per

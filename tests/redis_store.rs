@@ -9,6 +9,7 @@ use ratekeeper::app::redis_settings;
 use ratekeeper::config::RedisConfig;
 use ratekeeper::limiter::bucket::{BucketSpec, Draw};
 use ratekeeper::limiter::embedded::Clock;
+use ratekeeper::limiter::redis::BatchOp;
 use ratekeeper::limiter::{Adjustment, Decision, EmbeddedStore, Origin, RedisStore, Store};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -100,11 +101,20 @@ async fn keys_expire_when_the_bucket_would_be_full_again() {
         .await
         .unwrap();
     assert_eq!(server.cli(&["EXISTS", &tokens.key]).unwrap(), "0");
-    // Nothing else is stored: no keys without a TTL.
+    // Nothing is kept for ever: besides the bucket, only the records of
+    // recent calls, and every key expires.
     store.acquire(&[draw(&tokens, 10)], 0).await.unwrap();
-    assert_eq!(server.cli(&["DBSIZE"]).unwrap(), "1");
     let ttl: i64 = server.cli(&["PTTL", &tokens.key]).unwrap().parse().unwrap();
     assert!((0..=100).contains(&ttl), "pttl {ttl}");
+    let keys = server.cli(&["KEYS", "*"]).unwrap();
+    for key in keys.lines() {
+        let ttl: i64 = server.cli(&["PTTL", key]).unwrap().parse().unwrap();
+        assert!(ttl > 0, "{key} never expires");
+        assert!(
+            key == tokens.key || key.starts_with("rk:{l:b}:call:"),
+            "{key}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -149,8 +159,6 @@ async fn an_unreachable_redis_is_an_unavailable_error_within_the_deadline() {
 /// One operation of the lockstep comparison.
 #[derive(Debug, Clone)]
 enum Op {
-    /// Advance both clocks.
-    Wait(i64),
     /// Acquire from bucket i a cost of `cost_percent[i]` % of its capacity
     /// (0 skips the bucket), leaving `floor_percent[i]` % for higher classes.
     Acquire {
@@ -162,10 +170,17 @@ enum Op {
     Adjust { bucket: usize, tokens: i64 },
 }
 
+#[derive(Debug, Clone)]
+enum Step {
+    /// Advance both clocks.
+    Wait(i64),
+    /// Operations sent as one batch on Redis, one by one on the embedded store.
+    Batch(Vec<Op>),
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (0i64..5_000).prop_map(Op::Wait),
-        (
+        3 => (
             // Now and then a cost that can never fit.
             prop::collection::vec(prop_oneof![12 => 0u64..=60, 1 => Just(101u64)], 3),
             prop::collection::vec(prop_oneof![3 => Just(0u64), 1 => 0u64..30], 3),
@@ -176,7 +191,14 @@ fn op() -> impl Strategy<Value = Op> {
                 floor_percent,
                 max_wait_ms
             }),
-        (0usize..3, -500i64..500).prop_map(|(bucket, tokens)| Op::Adjust { bucket, tokens }),
+        1 => (0usize..3, -500i64..500).prop_map(|(bucket, tokens)| Op::Adjust { bucket, tokens }),
+    ]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        1 => (0i64..5_000).prop_map(Step::Wait),
+        2 => prop::collection::vec(op(), 1..6).prop_map(Step::Batch),
     ]
 }
 
@@ -188,11 +210,12 @@ impl Clock for StepClock {
     }
 }
 
-/// The same random sequences of acquires, adjustments and time steps on
-/// the Lua scripts (with the test clock argument) and on the embedded store
-/// give the same decisions, waits and levels, exactly.
+/// The same random sequences of batches of acquires and adjustments, and
+/// time steps, on the Lua batch script (with the test clock argument) and,
+/// one operation at a time, on the embedded store give the same decisions,
+/// waits and levels, exactly: a batch is its operations one by one.
 #[test]
-fn lua_and_rust_give_the_same_answers() {
+fn lua_batches_and_rust_give_the_same_answers() {
     let server = RedisServer::start();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -209,7 +232,7 @@ fn lua_and_rust_give_the_same_answers() {
         rng_seed: proptest::test_runner::RngSeed::Fixed(0x5eed_1e55),
         ..ProptestConfig::default()
     };
-    proptest!(config, |(ops in prop::collection::vec(op(), 1..40))| {
+    proptest!(config, |(steps in prop::collection::vec(step(), 1..30))| {
         let case = case.fetch_add(1, Ordering::SeqCst);
         let buckets = [
             bucket(&format!("p{case}:{{x}}:tokens"), 1_000, 600),
@@ -220,7 +243,7 @@ fn lua_and_rust_give_the_same_answers() {
         let embedded = EmbeddedStore::with_clock(clock.clone());
         // Redis expires keys in real time, so the test clock never runs
         // behind it: it is the real time since the case began plus every
-        // Wait so far, frozen for the length of one operation.
+        // Wait so far, frozen for the length of one step.
         let real_start = std::time::Instant::now();
         let mut waited = 0i64;
         let freeze = |waited: i64| {
@@ -228,37 +251,52 @@ fn lua_and_rust_give_the_same_answers() {
             clock.0.store(1_700_000_000_000 + real + waited, Ordering::SeqCst);
         };
         runtime.block_on(async {
-            for op in &ops {
+            for step in &steps {
                 freeze(waited);
                 let now = clock.now_ms();
-                match op {
-                    Op::Wait(ms) => { waited += ms; freeze(waited); }
-                    Op::Acquire { cost_percent, floor_percent, max_wait_ms } => {
-                        let share = |bucket: &BucketSpec, percent: u64| (bucket.capacity * percent).div_ceil(100);
-                        let draws: Vec<Draw> = buckets.iter().zip(cost_percent.iter().zip(floor_percent))
-                            .filter(|(_, (cost, _))| **cost > 0)
-                            .map(|(bucket, (cost, floor))| Draw {
-                                bucket: bucket.clone(),
-                                cost: share(bucket, *cost),
-                                floor: share(bucket, *floor),
-                            })
-                            .collect();
-                        if draws.is_empty() { continue; }
-                        let lua = redis.acquire_at(&draws, *max_wait_ms, Some(now)).await;
-                        let rust = embedded.acquire(&draws, *max_wait_ms).await;
-                        *outcomes.lock().unwrap().entry(outcome_kind(&rust)).or_default() += 1;
-                        prop_assert_eq!(format!("{:?}", lua), format!("{:?}", rust), "{:?} at {}", op, now);
+                let ops = match step {
+                    Step::Wait(ms) => { waited += ms; Vec::new() }
+                    Step::Batch(ops) => ops.clone(),
+                };
+                let mut batch = Vec::new();
+                let mut rust = Vec::new();
+                for op in &ops {
+                    match op {
+                        Op::Acquire { cost_percent, floor_percent, max_wait_ms } => {
+                            let share = |bucket: &BucketSpec, percent: u64| (bucket.capacity * percent).div_ceil(100);
+                            let draws: Vec<Draw> = buckets.iter().zip(cost_percent.iter().zip(floor_percent))
+                                .filter(|(_, (cost, _))| **cost > 0)
+                                .map(|(bucket, (cost, floor))| Draw {
+                                    bucket: bucket.clone(),
+                                    cost: share(bucket, *cost),
+                                    floor: share(bucket, *floor),
+                                })
+                                .collect();
+                            if draws.is_empty() { continue; }
+                            let answer = embedded.acquire(&draws, *max_wait_ms).await;
+                            *outcomes.lock().unwrap().entry(outcome_kind(&answer)).or_default() += 1;
+                            rust.push(format!("{:?}", answer.map(Some)));
+                            batch.push(BatchOp::Acquire { draws, max_wait_ms: *max_wait_ms });
+                        }
+                        Op::Adjust { bucket, tokens } => {
+                            let adjustment = vec![Adjustment { bucket: buckets[*bucket].clone(), tokens: *tokens }];
+                            embedded.adjust(&adjustment, Origin::Store).await.unwrap();
+                            rust.push(format!("{:?}", Ok::<_, ()>(None::<Decision>)));
+                            batch.push(BatchOp::Settle(adjustment));
+                        }
                     }
-                    Op::Adjust { bucket, tokens } => {
-                        let adjustment = [Adjustment { bucket: buckets[*bucket].clone(), tokens: *tokens }];
-                        redis.adjust_at(&adjustment, Some(now)).await.unwrap();
-                        embedded.adjust(&adjustment, Origin::Store).await.unwrap();
-                    }
+                }
+                if !batch.is_empty() {
+                    let lua: Vec<String> = redis.batch_at(batch, now).await
+                        .into_iter()
+                        .map(|result| format!("{result:?}"))
+                        .collect();
+                    prop_assert_eq!(lua, rust, "{:?} at {}", step, now);
                 }
                 freeze(waited);
                 let lua = redis.levels_at(&buckets, Some(clock.now_ms())).await.unwrap();
                 let rust = embedded.levels(&buckets).await.unwrap();
-                prop_assert_eq!(lua, rust, "levels after {:?}", op);
+                prop_assert_eq!(lua, rust, "levels after {:?}", step);
             }
             Ok(())
         })?;

@@ -20,10 +20,11 @@ LOADGEN="$PWD/target/release/ratekeeper-loadgen"
 . bench/lib.sh
 start_redis_and_sidecar "$BIN"
 
-SHA="$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat lua/bucket.lua lua/acquire.lua)")"
-# The same two buckets and arguments as one sidecar acquire of 1 token.
-FLOOR_ARGS=(EVALSHA "$SHA" 2 "floor:{b}:tokens" "floor:{b}:requests" 0 ""
-    10000000000 1000000000 1 0 10000000000 1000000000 1 0)
+SHA="$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat lua/bucket.lua lua/batch.lua)")"
+# One sidecar acquire of 1 token as its own call: the call's record (a fresh
+# id each time, as the sidecar sends) and the same two buckets.
+FLOOR_ARGS=(EVALSHA "$SHA" 3 "floor:{b}:call:__rand_int__" "floor:{b}:tokens" "floor:{b}:requests"
+    "" 10000 1 a 0 2 2 10000000000 1000000000 1 0 3 10000000000 1000000000 1 0)
 
 echo "| clients | sidecar acquires/s | p50 µs | p99 µs | redis-benchmark EVALSHA/s | p50 µs | p99 µs | sidecar / floor |"
 echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
@@ -33,7 +34,7 @@ for clients in "${CLIENTS[@]}"; do
     read -r s_rate s_p50 s_p99 < <(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(round(r["acquires_per_second"]), r["latency_p50_us"], r["latency_p99_us"])' "$sidecar")
     # As many requests as the sidecar managed in the same time, at least 20k.
     requests=$(( s_rate * SECONDS_PER_STEP > 20000 ? s_rate * SECONDS_PER_STEP : 20000 ))
-    floor="$(redis-benchmark -p "$PORT" -c "$clients" -n "$requests" --csv "${FLOOR_ARGS[@]}" | tail -1)"
+    floor="$(redis-benchmark -p "$PORT" -c "$clients" -n "$requests" -r 1000000000 --csv "${FLOOR_ARGS[@]}" | tail -1)"
     read -r f_rate f_p50 f_p99 < <(python3 -c '
 import csv, sys
 row = next(csv.reader([sys.argv[1]]))

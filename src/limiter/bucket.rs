@@ -55,7 +55,7 @@ pub enum Plan {
 
 impl Draw {
     /// Whether the bucket can ever hold this cost above the floor: the one
-    /// capacity rule (`lua/acquire.lua` applies it again on Redis).
+    /// capacity rule (`lua/batch.lua` applies it again on Redis).
     pub fn fits_capacity(&self) -> bool {
         self.cost.saturating_add(self.floor) <= self.bucket.capacity
     }

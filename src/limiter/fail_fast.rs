@@ -157,6 +157,10 @@ impl Store for FailFastStore {
         self.inner.levels(buckets).await
     }
 
+    async fn reconciled(&self) {
+        self.inner.reconciled().await
+    }
+
     async fn warm_up(&self) -> Result<(), StoreError> {
         self.inner.warm_up().await
     }

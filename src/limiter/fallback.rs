@@ -2,9 +2,11 @@
 //!
 //! `fail_closed` denies with `StoreUnavailable`, `fail_open` grants without
 //! limiting, `local` limits with in-memory buckets holding this sidecar's
-//! share of each limit. Every switch between the shared store and the policy
-//! is logged, and recovery is automatic: each call tries the shared store
-//! first, so the first success ends the outage.
+//! share of each limit. Settlements of leases the shared store granted are
+//! replayed when it answers again ([`super::replay`]), so a report made
+//! during an outage is not lost. Every switch between the shared store and
+//! the policy is logged, and recovery is automatic: each call tries the
+//! shared store first, so the first success ends the outage.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,6 +15,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use super::bucket::{BucketSpec, Draw};
+use super::replay::Replay;
 use super::{Adjustment, Decision, EmbeddedStore, Origin, Store, StoreError};
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +35,8 @@ pub enum FailurePolicy {
 pub struct FallbackStore {
     shared: Arc<dyn Store>,
     policy: FailurePolicy,
+    /// Settlements of shared-store leases made during an outage.
+    replay: Arc<Replay>,
     /// Buckets for the `local` policy, each `local_share` of the real one.
     local: EmbeddedStore,
     local_share: f64,
@@ -46,6 +51,7 @@ impl FallbackStore {
     /// `local_share` only matters for [`FailurePolicy::Local`].
     pub fn new(shared: Arc<dyn Store>, policy: FailurePolicy, local_share: f64) -> Self {
         FallbackStore {
+            replay: Replay::new(shared.clone()),
             shared,
             policy,
             local: EmbeddedStore::new(),
@@ -54,6 +60,11 @@ impl FallbackStore {
             failing_since: Mutex::new(None),
             policy_decisions: AtomicU64::new(0),
         }
+    }
+
+    /// Settlements waiting for the shared store, and what became of others.
+    pub fn replay(&self) -> &Replay {
+        &self.replay
     }
 
     /// The policy that answers while the shared store fails.
@@ -166,7 +177,18 @@ impl Store for FallbackStore {
 
     async fn adjust(&self, adjustments: &[Adjustment], origin: Origin) -> Result<(), StoreError> {
         match origin {
-            Origin::Store => self.shared.adjust(adjustments, origin).await,
+            Origin::Store => match self.shared.adjust(adjustments, origin).await {
+                Err(cause @ StoreError::Unavailable(_)) => {
+                    // Settled later: the failed call changed nothing.
+                    self.note_failure(&cause);
+                    self.replay.push(adjustments.to_vec());
+                    Ok(())
+                }
+                answer => {
+                    self.note_success();
+                    answer
+                }
+            },
             Origin::Local => {
                 let local: Vec<Adjustment> = adjustments
                     .iter()
@@ -198,6 +220,10 @@ impl Store for FallbackStore {
             Err(cause) => self.note_failure(cause),
         }
         outcome
+    }
+
+    async fn reconciled(&self) {
+        self.shared.reconciled().await
     }
 
     async fn warm_up(&self) -> Result<(), StoreError> {

@@ -9,6 +9,7 @@ pub mod embedded;
 pub mod fail_fast;
 pub mod fallback;
 pub mod redis;
+pub mod replay;
 
 use async_trait::async_trait;
 
@@ -102,7 +103,7 @@ pub struct Adjustment {
 }
 
 /// Why a store could not answer.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// A cost that no wait can satisfy; callers check capacity first, so
     /// reaching this is a caller bug or a config changed underneath.
@@ -143,6 +144,12 @@ pub trait Store: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// Returns once every call whose outcome the store did not learn has
+    /// been undone or kept from running, so that what comes next is not
+    /// changed by an undo that lands after it (a refund replayed before the
+    /// undo of a lost refund would meet a full bucket and be lost).
+    async fn reconciled(&self) {}
 }
 
 /// Turns a [`Plan`] into the store's answer.

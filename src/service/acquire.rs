@@ -65,8 +65,10 @@ impl Service {
             }
         };
         let started = Instant::now();
-        let waiters = &snapshot.waiters[&limit.name];
-        if !wait_until_due(waiters, wait_ms, &cancel).await {
+        // Counted until the reservation is granted or given back, so that
+        // status never shows a waiter gone while its tokens are still out.
+        let _waiter = (wait_ms > 0).then(|| Waiter::enter(&snapshot.waiters[&limit.name]));
+        if !wait_until_due(wait_ms, &cancel).await {
             let refunds = refund_all(&plan.reserved);
             if let Err(store_error) = self.store.adjust(&refunds, origin).await {
                 tracing::warn!(limit = %limit.name, %store_error, "could not return a cancelled reservation");
@@ -188,23 +190,36 @@ impl Service {
     }
 }
 
-/// Sleeps `wait_ms` unless cancelled first, counted in `waiters`; true
-/// when the wait completed.
-async fn wait_until_due(waiters: &AtomicU64, wait_ms: u64, cancel: &CancellationToken) -> bool {
+/// Sleeps `wait_ms` unless cancelled first; true when the wait completed.
+async fn wait_until_due(wait_ms: u64, cancel: &CancellationToken) -> bool {
     if cancel.is_cancelled() {
         return false;
     }
     if wait_ms == 0 {
         return true;
     }
-    waiters.fetch_add(1, Ordering::Relaxed);
-    let completed = tokio::select! {
+    tokio::select! {
         biased;
         _ = cancel.cancelled() => false,
         _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => true,
-    };
-    waiters.fetch_sub(1, Ordering::Relaxed);
-    completed
+    }
+}
+
+/// One acquire held back until its reservation is due, counted in its
+/// limit's waiters while it lives.
+struct Waiter<'a>(&'a AtomicU64);
+
+impl<'a> Waiter<'a> {
+    fn enter(waiters: &'a AtomicU64) -> Self {
+        waiters.fetch_add(1, Ordering::Relaxed);
+        Waiter(waiters)
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The key of a limit's learned max output: its model, else its name.

@@ -71,6 +71,31 @@ pub fn bucket_key(prefix: &str, owner: BucketOwner<'_>, role: BucketRole) -> Str
     key
 }
 
+/// The part of a key that decides its Redis Cluster slot, `{…}` included:
+/// the first braces, or the whole key when it has none.
+pub fn slot_of(key: &str) -> &str {
+    key.find('{')
+        .and_then(|open| {
+            let close = open + key[open..].find('}')?;
+            Some(&key[open..=close])
+        })
+        .unwrap_or(key)
+}
+
+/// The record of one script call (`lua/batch.lua`), in the slot of
+/// `bucket_key` and under its prefix: `PREFIX:{TAG}:call:ID`. No bucket key
+/// has this shape: a limit's bucket ends in a bucket name, never in an id.
+pub fn call_record_key(bucket_key: &str, id: u64) -> String {
+    let through_tag = match bucket_key
+        .find('{')
+        .and_then(|open| bucket_key[open..].find('}').map(|close| open + close + 1))
+    {
+        Some(end) => &bucket_key[..end],
+        None => bucket_key,
+    };
+    format!("{through_tag}:call:{id:016x}")
+}
+
 fn push_tag(key: &mut String, kind: char, name: &str) {
     key.push_str(":{");
     key.push(kind);
@@ -237,8 +262,26 @@ mod tests {
     /// The part of `key` Redis Cluster hashes: between the first `{` and
     /// the next `}`.
     fn hash_tag(key: &str) -> &str {
-        let open = key.find('{').expect("a tag") + 1;
-        let close = open + key[open..].find('}').expect("a closed tag");
-        &key[open..close]
+        slot_of(key).trim_start_matches('{').trim_end_matches('}')
+    }
+
+    #[test]
+    fn call_records_live_in_their_batch_slot_and_look_like_no_bucket() {
+        let bucket = bucket_key(
+            "rk",
+            BucketOwner::Limit {
+                limit: "call",
+                group: Some("g"),
+            },
+            BucketRole::Tokens,
+        );
+        let record = call_record_key(&bucket, 0x1f);
+        assert_eq!(record, "rk:{g:g}:call:000000000000001f");
+        assert_eq!(slot_of(&record), slot_of(&bucket));
+        assert_eq!(
+            call_record_key("untagged", 1),
+            "untagged:call:0000000000000001"
+        );
+        assert_eq!(slot_of("untagged"), "untagged");
     }
 }

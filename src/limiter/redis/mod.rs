@@ -1,30 +1,48 @@
 //! The shared store: buckets in Redis, changed only by the scripts in `lua/`.
 //!
-//! This is the only module that touches redis types. Each acquire, settlement
-//! and status read is one `EVALSHA` on one of a few multiplexed connections;
-//! `redis::Script` reloads a script after `NOSCRIPT` (a flush, a restart, a
-//! failover), so callers never see it.
+//! This is the only module that touches redis types. Acquires and
+//! settlements of one hash slot that meet while a call for the slot is in
+//! flight go together as the next `EVALSHA` of `lua/batch.lua` ([`lanes`]),
+//! in arrival order. Every call carries an id that Redis records for a
+//! while, so a call can be retried on a fresh connection after its
+//! connection broke without running twice, and a call whose outcome is
+//! unknown is cancelled ([`reconcile`]): a failed call never changes a
+//! bucket. `redis::Script` reloads a script after `NOSCRIPT` (a flush, a
+//! restart, a failover), so callers never see it.
 
+mod batch;
 mod keys;
+mod lanes;
 mod pool;
+mod reconcile;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::FutureExt;
 use redis::Script;
+use tokio::sync::oneshot;
 
-use super::bucket::{BucketSpec, Draw, Plan};
-use super::{Adjustment, Decision, Origin, Store, StoreError, decision_from_plan};
-pub use keys::{BucketOwner, bucket_key};
-use pool::Pool;
+use super::bucket::{BucketSpec, Draw};
+use super::{Adjustment, Decision, Origin, Store, StoreError};
+pub use batch::{BatchOp, OpResult};
+use batch::{Call, CallReply};
+pub use keys::{BucketOwner, bucket_key, slot_of};
+use lanes::{Lanes, Next, Pending};
+use pool::{Failure, Pool};
 pub use pool::{RedisNodes, RedisSettings, RedisSetupError};
+use reconcile::Reconciler;
 
 /// Each script is the shared bucket library followed by its own body.
-const ACQUIRE_LUA: &str = concat!(
+const BATCH_LUA: &str = concat!(
     include_str!("../../../lua/bucket.lua"),
-    include_str!("../../../lua/acquire.lua")
+    include_str!("../../../lua/batch.lua")
 );
-const ADJUST_LUA: &str = concat!(
+const CANCEL_LUA: &str = concat!(
     include_str!("../../../lua/bucket.lua"),
-    include_str!("../../../lua/adjust.lua")
+    include_str!("../../../lua/cancel.lua")
 );
 const LEVELS_LUA: &str = concat!(
     include_str!("../../../lua/bucket.lua"),
@@ -34,84 +52,82 @@ const LEVELS_LUA: &str = concat!(
 /// The script argument that makes a script read Redis `TIME`.
 const REDIS_CLOCK: &str = "";
 
+/// How long Redis keeps a call's record: the window in which a retry is
+/// recognised and an unknown outcome can be undone.
+const RECORD_TTL_MS: u64 = 10_000;
+
+/// How long a cancelled call's tombstone keeps it from running late.
+const TOMBSTONE_TTL_MS: u64 = 60_000;
+
+/// Pauses between attempts to send cancels while Redis does not answer.
+const CANCEL_RETRY: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(2));
+
 /// Buckets in Redis (one node or a cluster), shared by every sidecar using it.
 pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     pool: Pool,
-    acquire: Script,
-    adjust: Script,
+    batch: Script,
+    cancel: Script,
     levels: Script,
+    lanes: Lanes,
+    reconciler: Reconciler,
+}
+
+/// What the Redis store has counted since start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RedisCounters {
+    /// Calls found to have run after their answer was lost, and undone.
+    pub calls_undone: u64,
+    /// Calls whose answer was lost and that had not run (now they never will).
+    pub calls_prevented: u64,
+    /// Cancels dropped for room in a long outage.
+    pub cancels_evicted: u64,
+    /// Cancels waiting for Redis to answer.
+    pub cancels_pending: u64,
 }
 
 impl RedisStore {
-    /// Builds the pool; connections open on first use, so the daemon starts
-    /// (and applies its failure policy) even while Redis is down.
+    /// Builds the pool; connections open in [`Store::warm_up`] or on first use.
     pub fn new(settings: &RedisSettings) -> Result<Self, RedisSetupError> {
         Ok(RedisStore {
-            pool: Pool::new(settings)?,
-            acquire: Script::new(ACQUIRE_LUA),
-            adjust: Script::new(ADJUST_LUA),
-            levels: Script::new(LEVELS_LUA),
+            inner: Arc::new(Inner {
+                pool: Pool::new(settings)?,
+                batch: Script::new(BATCH_LUA),
+                cancel: Script::new(CANCEL_LUA),
+                levels: Script::new(LEVELS_LUA),
+                lanes: Lanes::default(),
+                reconciler: Reconciler::default(),
+            }),
         })
     }
 
-    /// [`Store::acquire`] at a given script time instead of Redis `TIME`:
-    /// lets tests drive the script and the embedded store in lockstep.
-    pub async fn acquire_at(
-        &self,
-        draws: &[Draw],
-        max_wait_ms: u64,
-        now_ms: Option<i64>,
-    ) -> Result<Decision, StoreError> {
-        let mut invocation = self.acquire.prepare_invoke();
-        invocation.arg(max_wait_ms).arg(clock_arg(now_ms));
-        for draw in draws {
-            invocation
-                .key(&draw.bucket.key)
-                .arg(draw.bucket.capacity)
-                .arg(draw.bucket.per_minute)
-                .arg(draw.cost)
-                .arg(draw.floor);
+    /// What the store has counted since start.
+    pub fn counters(&self) -> RedisCounters {
+        let reconciler = &self.inner.reconciler;
+        RedisCounters {
+            calls_undone: reconciler.undone.load(Ordering::Relaxed),
+            calls_prevented: reconciler.prevented.load(Ordering::Relaxed),
+            cancels_evicted: reconciler.evicted.load(Ordering::Relaxed),
+            cancels_pending: reconciler.len() as u64,
         }
-        let reply: Vec<i64> = self.pool.run(&invocation).await?;
-        let plan = match reply.as_slice() {
-            [1, wait_ms] => Plan::Grant {
-                wait_ms: non_negative(*wait_ms),
-            },
-            [0, retry_after_ms, bucket] => Plan::Deny {
-                retry_after_ms: non_negative(*retry_after_ms),
-                bucket: bucket_index(*bucket, draws.len())?,
-            },
-            [-1, bucket] => Plan::Impossible {
-                bucket: bucket_index(*bucket, draws.len())?,
-            },
-            other => return Err(unexpected_reply("acquire", other)),
-        };
-        decision_from_plan(draws, plan)
     }
 
-    /// [`Store::adjust`] at a given script time (tests only; see `acquire_at`).
-    pub async fn adjust_at(
-        &self,
-        adjustments: &[Adjustment],
-        now_ms: Option<i64>,
-    ) -> Result<(), StoreError> {
-        if adjustments.is_empty() {
-            return Ok(());
+    /// Runs `ops` as one call at a given script time instead of Redis
+    /// `TIME`, without waiting for other operations: lets tests drive the
+    /// script and the embedded store in lockstep.
+    pub async fn batch_at(&self, ops: Vec<BatchOp>, now_ms: i64) -> Vec<OpResult> {
+        let count = ops.len();
+        let call = Call::new(ops, rand::random());
+        match self.inner.execute(&call, &now_ms.to_string()).await {
+            Ok(results) => results,
+            Err(error) => vec![Err(error); count],
         }
-        let mut invocation = self.adjust.prepare_invoke();
-        invocation.arg(clock_arg(now_ms));
-        for adjustment in adjustments {
-            invocation
-                .key(&adjustment.bucket.key)
-                .arg(adjustment.bucket.capacity)
-                .arg(adjustment.bucket.per_minute)
-                .arg(adjustment.tokens);
-        }
-        let _: i64 = self.pool.run(&invocation).await?;
-        Ok(())
     }
 
-    /// [`Store::levels`] at a given script time (tests only; see `acquire_at`).
+    /// [`Store::levels`] at a given script time (tests; see [`Self::batch_at`]).
     pub async fn levels_at(
         &self,
         buckets: &[BucketSpec],
@@ -120,19 +136,163 @@ impl RedisStore {
         if buckets.is_empty() {
             return Ok(Vec::new());
         }
-        let mut invocation = self.levels.prepare_invoke();
-        invocation.arg(clock_arg(now_ms));
+        let clock = now_ms.map_or_else(|| REDIS_CLOCK.to_string(), |now| now.to_string());
+        let mut invocation = self.inner.levels.prepare_invoke();
+        invocation.arg(clock);
         for bucket in buckets {
             invocation
                 .key(&bucket.key)
                 .arg(bucket.capacity)
                 .arg(bucket.per_minute);
         }
-        let levels: Vec<i64> = self.pool.run(&invocation).await?;
+        let levels: Vec<i64> = self
+            .inner
+            .pool
+            .run(&invocation, false)
+            .await
+            .map_err(Failure::into_error)?;
         if levels.len() != buckets.len() {
-            return Err(unexpected_reply("levels", &levels));
+            return Err(batch::unexpected_reply(&levels));
         }
         Ok(levels)
+    }
+}
+
+impl Inner {
+    /// Queues `op` on its slot's lane and waits for its call's answer.
+    async fn submit(self: &Arc<Self>, op: BatchOp) -> OpResult {
+        let slot = slot_of(op.slot_key().unwrap_or("")).to_string();
+        let (result, answer) = oneshot::channel();
+        match self.lanes.enqueue(&slot, Pending { op, result }) {
+            // Calls run on their own task: a caller that goes away must not
+            // take the other operations of its batch with it.
+            Next::Send(batch) => {
+                tokio::spawn(self.clone().drive(slot, batch));
+            }
+            Next::Arm => {
+                let inner = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(lanes::SETTLE_FLUSH).await;
+                    if let Some(batch) = inner.lanes.fire(&slot) {
+                        inner.drive(slot, batch).await;
+                    }
+                });
+            }
+            Next::Wait => {}
+        }
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(
+                "the Redis call of this request failed inside the daemon".into(),
+            ))
+        })
+    }
+
+    /// Sends `batch`, then whatever queued on the slot meanwhile, until the
+    /// lane is empty.
+    async fn drive(self: Arc<Self>, slot: String, mut batch: Vec<Pending>) {
+        loop {
+            let (ops, senders): (Vec<BatchOp>, Vec<_>) =
+                batch.into_iter().map(|p| (p.op, p.result)).unzip();
+            let call = Call::new(ops, rand::random());
+            // A bug must cost this batch an error, never stall the lane.
+            let results = std::panic::AssertUnwindSafe(self.execute(&call, REDIS_CLOCK))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::error!("a Redis batch failed inside the daemon (a bug)");
+                    Err(StoreError::Unavailable("internal error".into()))
+                });
+            match results {
+                Ok(results) => {
+                    for (sender, result) in senders.into_iter().zip(results) {
+                        let _ = sender.send(result);
+                    }
+                }
+                Err(error) => {
+                    for sender in senders {
+                        let _ = sender.send(Err(error.clone()));
+                    }
+                }
+            }
+            match self.lanes.next_batch(&slot) {
+                Some(next) => batch = next,
+                None => return,
+            }
+        }
+    }
+
+    /// Runs one call. A call whose connection failed is tried once more on
+    /// a fresh connection (the record makes a second run return the first
+    /// answer); a call whose outcome stays unknown is cancelled, so an
+    /// error always means "nothing changed".
+    async fn execute(
+        self: &Arc<Self>,
+        call: &Call,
+        clock: &str,
+    ) -> Result<Vec<OpResult>, StoreError> {
+        let invocation = call.invocation(&self.batch, clock, RECORD_TTL_MS);
+        let reply: Vec<Vec<i64>> = match self.pool.run(&invocation, false).await {
+            Ok(reply) => reply,
+            // Redis refused it, or is too slow: another attempt now would
+            // meet the same.
+            Err(first @ (Failure::Refused(_) | Failure::TimedOut(_))) => {
+                return Err(self.fail(call, clock, first));
+            }
+            Err(first) => match self.pool.run(&invocation, true).await {
+                Ok(reply) => reply,
+                Err(second) if first.may_have_run() => {
+                    drop(second);
+                    return Err(self.fail(call, clock, first));
+                }
+                Err(second) => return Err(self.fail(call, clock, second)),
+            },
+        };
+        match call.read_reply(&reply)? {
+            CallReply::Ran(results) => Ok(results),
+            CallReply::Cancelled => Err(StoreError::Unavailable(
+                "the call was cancelled before it ran".into(),
+            )),
+        }
+    }
+
+    /// The error of a failed call, after queueing its cancel if it may
+    /// have run.
+    fn fail(self: &Arc<Self>, call: &Call, clock: &str, failure: Failure) -> StoreError {
+        if failure.may_have_run() && clock == REDIS_CLOCK && self.reconciler.push(call.clone()) {
+            tokio::spawn(self.clone().send_cancels());
+        }
+        failure.into_error()
+    }
+
+    /// Sends the queued cancels, oldest first, until none is left; while
+    /// Redis does not answer, waits and tries again.
+    async fn send_cancels(self: Arc<Self>) {
+        let (mut pause, longest) = CANCEL_RETRY;
+        let (mut undone, mut prevented) = (0u64, 0u64);
+        while let Some(call) = self.reconciler.pop() {
+            let invocation = call.cancel_invocation(&self.cancel, REDIS_CLOCK, TOMBSTONE_TTL_MS);
+            match self.pool.run::<i64>(&invocation, false).await {
+                Ok(outcome) => {
+                    self.reconciler.answered(outcome == 1);
+                    match outcome {
+                        1 => undone += 1,
+                        _ => prevented += 1,
+                    }
+                    pause = CANCEL_RETRY.0;
+                }
+                Err(failure) => {
+                    tracing::debug!(error = %failure.into_error(), "a cancel waits for Redis");
+                    self.reconciler.retry_later(call);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(longest);
+                }
+            }
+        }
+        tracing::info!(
+            undone,
+            prevented,
+            "calls whose answer was lost are settled: those that ran are undone"
+        );
     }
 }
 
@@ -143,11 +303,24 @@ impl Store for RedisStore {
     }
 
     async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError> {
-        self.acquire_at(draws, max_wait_ms, None).await
+        let op = BatchOp::Acquire {
+            draws: draws.to_vec(),
+            max_wait_ms,
+        };
+        match self.inner.submit(op).await? {
+            Some(decision) => Ok(decision),
+            None => Err(batch::unexpected_reply(&[])),
+        }
     }
 
     async fn adjust(&self, adjustments: &[Adjustment], _origin: Origin) -> Result<(), StoreError> {
-        self.adjust_at(adjustments, None).await
+        if adjustments.is_empty() {
+            return Ok(());
+        }
+        self.inner
+            .submit(BatchOp::Settle(adjustments.to_vec()))
+            .await
+            .map(drop)
     }
 
     async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
@@ -155,33 +328,18 @@ impl Store for RedisStore {
     }
 
     async fn warm_up(&self) -> Result<(), StoreError> {
-        self.pool
-            .warm_up(&[&self.acquire, &self.adjust, &self.levels])
+        let inner = &self.inner;
+        inner
+            .pool
+            .warm_up(&[&inner.batch, &inner.cancel, &inner.levels])
             .await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.pool.ping().await
+        self.inner.pool.ping().await
     }
-}
 
-fn clock_arg(now_ms: Option<i64>) -> String {
-    now_ms.map_or_else(|| REDIS_CLOCK.to_string(), |now| now.to_string())
-}
-
-fn non_negative(value: i64) -> u64 {
-    value.max(0) as u64
-}
-
-fn bucket_index(one_based: i64, buckets: usize) -> Result<usize, StoreError> {
-    usize::try_from(one_based - 1)
-        .ok()
-        .filter(|&index| index < buckets)
-        .ok_or_else(|| unexpected_reply("acquire", &[one_based]))
-}
-
-fn unexpected_reply(script: &str, reply: &[i64]) -> StoreError {
-    StoreError::Unavailable(format!(
-        "unexpected reply from the {script} script: {reply:?}"
-    ))
+    async fn reconciled(&self) {
+        self.inner.reconciler.settled().await
+    }
 }

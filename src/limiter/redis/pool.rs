@@ -3,12 +3,12 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, RedisError, Script, ScriptInvocation};
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ScriptInvocation};
 use redis::{RedisFuture, Value};
 use tokio::sync::Mutex;
 
@@ -149,6 +149,11 @@ impl Slot {
         Ok(fresh)
     }
 
+    /// Drops the connection, so the next call connects afresh.
+    async fn reset(&self) {
+        *self.connection.lock().await = None;
+    }
+
     /// Drops the connection after an error that leaves it unusable, so the
     /// next call reconnects.
     async fn discard_if_broken(&self, redis_error: &RedisError) {
@@ -251,24 +256,89 @@ impl Pool {
         within(self.timeout, attempt).await
     }
 
-    /// Runs one script on the next pooled connection within the deadline.
-    /// A connection that failed is dropped so the next call reconnects.
+    /// Runs one script on the next pooled connection within the deadline;
+    /// `fresh` replaces that connection first (a retry after it broke). A
+    /// connection that failed is dropped so the next call reconnects.
     pub(super) async fn run<T: redis::FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
-    ) -> Result<T, StoreError> {
+        fresh: bool,
+    ) -> Result<T, Failure> {
         let index = self.next.fetch_add(1, Ordering::Relaxed);
         let slot = &self.slots[index % self.slots.len()];
+        let sent = AtomicBool::new(false);
         let attempt = async {
-            let mut connection = slot.get(&self.connector).await?;
+            if fresh {
+                slot.reset().await;
+            }
+            let mut connection = slot
+                .get(&self.connector)
+                .await
+                .map_err(|redis_error| Failure::NotSent(unavailable(&redis_error)))?;
+            sent.store(true, Ordering::Relaxed);
             let result = invocation.invoke_async(&mut connection).await;
             if let Err(redis_error) = &result {
                 slot.discard_if_broken(redis_error).await;
             }
-            result
+            result.map_err(|redis_error| Failure::classify(&redis_error))
         };
-        within(self.timeout, attempt).await
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                let error = StoreError::Unavailable(format!(
+                    "no answer from Redis within {} ms",
+                    self.timeout.as_millis()
+                ));
+                Err(if sent.load(Ordering::Relaxed) {
+                    Failure::TimedOut(error)
+                } else {
+                    Failure::NotSent(error)
+                })
+            }
+        }
     }
+}
+
+/// Why a script call got no reply, and what that says about whether it ran.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// It never reached Redis (no connection): it did not run.
+    NotSent(StoreError),
+    /// Redis answered with an error (OOM, READONLY, BUSY, …): it did not run.
+    Refused(StoreError),
+    /// The connection broke after it was written: it may have run.
+    Lost(StoreError),
+    /// No reply within the deadline: it may have run, or may still run.
+    TimedOut(StoreError),
+}
+
+impl Failure {
+    fn classify(redis_error: &RedisError) -> Failure {
+        let error = unavailable(redis_error);
+        match redis_error.kind() {
+            ErrorKind::Server(_) | ErrorKind::Extension => Failure::Refused(error),
+            _ if redis_error.is_connection_refusal() => Failure::NotSent(error),
+            _ => Failure::Lost(error),
+        }
+    }
+
+    /// Whether the call may have changed buckets.
+    pub(super) fn may_have_run(&self) -> bool {
+        matches!(self, Failure::Lost(_) | Failure::TimedOut(_))
+    }
+
+    pub(super) fn into_error(self) -> StoreError {
+        match self {
+            Failure::NotSent(error)
+            | Failure::Refused(error)
+            | Failure::Lost(error)
+            | Failure::TimedOut(error) => error,
+        }
+    }
+}
+
+fn unavailable(redis_error: &RedisError) -> StoreError {
+    StoreError::Unavailable(redis_error.to_string())
 }
 
 /// `attempt`'s outcome, or `Unavailable` once `deadline` has passed.

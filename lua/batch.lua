@@ -1,0 +1,148 @@
+-- ratekeeper batch: the acquires and settlements of one hash slot, in the
+-- order the sidecar received them, as one script call. (Runs after
+-- bucket.lua.)
+--
+-- Each operation sees the buckets exactly as if it ran alone at the same
+-- time: the batch is the same as its operations one by one, but reads and
+-- writes each bucket once. A call is recorded under its id for a while, so
+-- that running it again (a retry after a broken connection) only returns
+-- the first answer, and cancel.lua can undo it (or keep it from running late).
+--
+-- KEYS[1]    the call's record: PREFIX:{TAG}:call:ID
+-- KEYS[2..]  the buckets the operations touch, each once
+-- ARGV[1]    "" to read the clock with Redis TIME (always, in production),
+--            or a time in ms (tests drive the script and the Rust store in lockstep)
+-- ARGV[2]    how long the record is kept, in ms
+-- ARGV[3]    the number of operations; then each operation:
+--   "a", max wait ms, n, and n times: key index (into KEYS), capacity,
+--        refill per minute, cost, floor (tokens kept for higher classes)
+--   "s", n, and n times: key index, capacity, refill per minute, tokens to
+--        add (negative: to take)
+--
+-- Reply, integers only: {{status}, one reply per operation...}
+--   status 1: ran now; 2: ran before, these are its replies; 0: cancelled
+--             before it ran, so it did nothing (and no replies follow)
+--   acquire:    {1, wait_ms}                       reserved in every bucket
+--               {0, retry_after_ms, draw_index}    reserved nothing; the draw
+--                                                  (from 1) needing the longest wait
+--               {-1, draw_index}                   that draw can never fit
+--   settlement: {2}
+local record = KEYS[1]
+local previous = redis.call('GET', record)
+if previous == 'x' then
+  return {{0}}
+end
+if previous then
+  -- "reply;reply;...|deltas": replay the replies, touch nothing.
+  local replies = {{2}}
+  local text = string.match(previous, '^([^|]*)')
+  for op in string.gmatch(text, '[^;]+') do
+    local reply = {}
+    for number in string.gmatch(op, '[^,]+') do
+      reply[#reply + 1] = tonumber(number)
+    end
+    replies[#replies + 1] = reply
+  end
+  return replies
+end
+
+local now = clock(ARGV[1])
+local ttl = ARGV[2]
+local count = tonumber(ARGV[3])
+
+-- Each touched bucket: level and time, read once; the net change (units)
+-- of those the batch changed, which are written once at the end.
+local level, updated, capacity, rate, delta = {}, {}, {}, {}, {}
+local function touch(index, capacity_tokens, per_minute)
+  capacity[index] = capacity_tokens * UNITS
+  rate[index] = per_minute
+  if level[index] == nil then
+    level[index], updated[index] = read_bucket(KEYS[index], capacity[index], per_minute, now)
+  elseif now > updated[index] then
+    level[index] = math.min(capacity[index], level[index] + (now - updated[index]) * per_minute)
+    updated[index] = now
+  end
+end
+-- Adds units; a bucket that ends full is as if deleted and read again.
+local function add(index, units)
+  local before = level[index]
+  level[index] = math.min(capacity[index], before + units)
+  delta[index] = (delta[index] or 0) + level[index] - before
+  if level[index] >= capacity[index] then
+    updated[index] = now
+  end
+end
+
+-- Integers as text, exactly (tostring would round above 1e14).
+local function encode(numbers)
+  local parts = {}
+  for i, number in ipairs(numbers) do
+    parts[i] = string.format('%d', number)
+  end
+  return table.concat(parts, ',')
+end
+
+local replies, texts = {{1}}, {}
+local at = 4
+for _ = 1, count do
+  local kind = ARGV[at]
+  local reply
+  if kind == 'a' then
+    local max_wait, n = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+    local first = at + 3
+    local longest, longest_draw = 0, 1
+    for draw = 1, n do
+      local base = first + 5 * (draw - 1)
+      local index = tonumber(ARGV[base])
+      local capacity_tokens, per_minute = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+      local cost, floor = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
+      if cost + floor > capacity_tokens then
+        reply = {-1, draw}
+        break
+      end
+      touch(index, capacity_tokens, per_minute)
+      local missing = (cost + floor) * UNITS - level[index]
+      local wait = 0
+      if missing > 0 then
+        wait = ceil_div(missing, per_minute)
+      end
+      if wait > longest then
+        longest, longest_draw = wait, draw
+      end
+    end
+    if reply == nil then
+      if longest > max_wait then
+        reply = {0, longest - max_wait, longest_draw}
+      else
+        for draw = 1, n do
+          local base = first + 5 * (draw - 1)
+          add(tonumber(ARGV[base]), -tonumber(ARGV[base + 3]) * UNITS)
+        end
+        reply = {1, longest}
+      end
+    end
+    at = first + 5 * n
+  else
+    local n = tonumber(ARGV[at + 1])
+    for change = 1, n do
+      local base = at + 2 + 4 * (change - 1)
+      local index = tonumber(ARGV[base])
+      touch(index, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]))
+      add(index, tonumber(ARGV[base + 3]) * UNITS)
+    end
+    reply = {2}
+    at = at + 2 + 4 * n
+  end
+  replies[#replies + 1] = reply
+  texts[#texts + 1] = encode(reply)
+end
+
+local changes = {}
+for index, units in pairs(delta) do
+  write_bucket(KEYS[index], level[index], updated[index], capacity[index], rate[index])
+  if units ~= 0 then
+    changes[#changes + 1] = index .. ':' .. string.format('%d', units)
+  end
+end
+redis.call('SET', record, table.concat(texts, ';') .. '|' .. table.concat(changes, ','), 'PX', ttl)
+return replies

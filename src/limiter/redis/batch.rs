@@ -1,0 +1,306 @@
+//! One script call of `lua/batch.lua`: the operations of one hash slot in
+//! arrival order, the keys they touch (each once), the call's record key,
+//! and the reading of its reply. The cancel of a call (`lua/cancel.lua`)
+//! is built from the same parts.
+
+use std::collections::HashMap;
+
+use redis::{Script, ScriptInvocation};
+
+use super::keys::call_record_key;
+use crate::limiter::bucket::{BucketSpec, Draw, Plan};
+use crate::limiter::{Adjustment, Decision, StoreError, decision_from_plan};
+
+/// One operation of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOp {
+    /// Reserve every draw's cost if all fit within `max_wait_ms`, else none.
+    Acquire { draws: Vec<Draw>, max_wait_ms: u64 },
+    /// Refunds and debits of a settlement.
+    Settle(Vec<Adjustment>),
+}
+
+/// What a batch answered for one operation.
+pub type OpResult = Result<Option<Decision>, StoreError>;
+
+impl BatchOp {
+    /// The key whose hash tag decides the slot (and so the batch) of the op.
+    pub fn slot_key(&self) -> Option<&str> {
+        match self {
+            BatchOp::Acquire { draws, .. } => draws.first().map(|draw| draw.bucket.key.as_str()),
+            BatchOp::Settle(adjustments) => adjustments.first().map(|a| a.bucket.key.as_str()),
+        }
+    }
+
+    pub fn is_acquire(&self) -> bool {
+        matches!(self, BatchOp::Acquire { .. })
+    }
+}
+
+/// How a call ended, from its reply.
+#[derive(Debug)]
+pub(super) enum CallReply {
+    /// It ran (now, or on an earlier attempt): one result per operation,
+    /// `None` for a settlement.
+    Ran(Vec<OpResult>),
+    /// A cancel got there first: it did nothing.
+    Cancelled,
+}
+
+/// A batch ready to send: its operations and the keys they touch.
+#[derive(Debug, Clone)]
+pub(super) struct Call {
+    /// `KEYS[1]`, the record; then each bucket once, in order of first use.
+    keys: Vec<String>,
+    /// Capacity and rate of each bucket of `keys[1..]`, for the cancel.
+    shapes: Vec<(u64, u64)>,
+    ops: Vec<BatchOp>,
+    /// Per op and draw (or adjustment): its bucket's index into `keys`.
+    indices: Vec<Vec<usize>>,
+}
+
+impl Call {
+    /// A call of `ops` (at least one, all of one slot) under a fresh id.
+    pub(super) fn new(ops: Vec<BatchOp>, id: u64) -> Call {
+        let slot_key = ops.iter().find_map(BatchOp::slot_key).unwrap_or("");
+        let mut keys = vec![call_record_key(slot_key, id)];
+        let mut shapes = Vec::new();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        let mut index_of = |bucket: &BucketSpec, keys: &mut Vec<String>| -> usize {
+            // Lua counts from 1, and KEYS[1] is the record.
+            if let Some(&index) = seen.get(&bucket.key) {
+                return index;
+            }
+            keys.push(bucket.key.clone());
+            shapes.push((bucket.capacity, bucket.per_minute));
+            seen.insert(bucket.key.clone(), keys.len());
+            keys.len()
+        };
+        let indices = ops
+            .iter()
+            .map(|op| match op {
+                BatchOp::Acquire { draws, .. } => draws
+                    .iter()
+                    .map(|draw| index_of(&draw.bucket, &mut keys))
+                    .collect(),
+                BatchOp::Settle(adjustments) => adjustments
+                    .iter()
+                    .map(|adjustment| index_of(&adjustment.bucket, &mut keys))
+                    .collect(),
+            })
+            .collect();
+        Call {
+            keys,
+            shapes,
+            ops,
+            indices,
+        }
+    }
+
+    /// The `EVALSHA` of `lua/batch.lua` for this call.
+    pub(super) fn invocation<'a>(
+        &'a self,
+        script: &'a Script,
+        clock: &str,
+        record_ttl_ms: u64,
+    ) -> ScriptInvocation<'a> {
+        let mut invocation = script.prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key);
+        }
+        invocation.arg(clock).arg(record_ttl_ms).arg(self.ops.len());
+        for (op, indices) in self.ops.iter().zip(&self.indices) {
+            match op {
+                BatchOp::Acquire { draws, max_wait_ms } => {
+                    invocation.arg("a").arg(*max_wait_ms).arg(draws.len());
+                    for (draw, index) in draws.iter().zip(indices) {
+                        invocation
+                            .arg(*index)
+                            .arg(draw.bucket.capacity)
+                            .arg(draw.bucket.per_minute)
+                            .arg(draw.cost)
+                            .arg(draw.floor);
+                    }
+                }
+                BatchOp::Settle(adjustments) => {
+                    invocation.arg("s").arg(adjustments.len());
+                    for (adjustment, index) in adjustments.iter().zip(indices) {
+                        invocation
+                            .arg(*index)
+                            .arg(adjustment.bucket.capacity)
+                            .arg(adjustment.bucket.per_minute)
+                            .arg(adjustment.tokens);
+                    }
+                }
+            }
+        }
+        invocation
+    }
+
+    /// The `EVALSHA` of `lua/cancel.lua` that undoes this call or keeps it
+    /// from running.
+    pub(super) fn cancel_invocation<'a>(
+        &'a self,
+        script: &'a Script,
+        clock: &str,
+        tombstone_ttl_ms: u64,
+    ) -> ScriptInvocation<'a> {
+        let mut invocation = script.prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key);
+        }
+        invocation.arg(clock).arg(tombstone_ttl_ms);
+        for (capacity, per_minute) in &self.shapes {
+            invocation.arg(*capacity).arg(*per_minute);
+        }
+        invocation
+    }
+
+    /// Reads the script's reply: one list of integers per element.
+    pub(super) fn read_reply(&self, reply: &[Vec<i64>]) -> Result<CallReply, StoreError> {
+        let (status, replies) = match reply.split_first() {
+            Some((status, replies)) => (status.as_slice(), replies),
+            None => return Err(unexpected_reply(&[])),
+        };
+        match status {
+            [0] => return Ok(CallReply::Cancelled),
+            [1] | [2] if replies.len() == self.ops.len() => {}
+            _ => return Err(unexpected_reply(status)),
+        }
+        let mut results = Vec::with_capacity(self.ops.len());
+        for (op, reply) in self.ops.iter().zip(replies) {
+            results.push(match (op, reply.as_slice()) {
+                (BatchOp::Settle(_), [2]) => Ok(None),
+                (BatchOp::Acquire { draws, .. }, reply) => {
+                    decision_from_plan(draws, acquire_plan(reply, draws.len())?).map(Some)
+                }
+                (_, other) => return Err(unexpected_reply(other)),
+            });
+        }
+        Ok(CallReply::Ran(results))
+    }
+}
+
+fn acquire_plan(reply: &[i64], draws: usize) -> Result<Plan, StoreError> {
+    Ok(match reply {
+        [1, wait_ms] => Plan::Grant {
+            wait_ms: non_negative(*wait_ms),
+        },
+        [0, retry_after_ms, draw] => Plan::Deny {
+            retry_after_ms: non_negative(*retry_after_ms),
+            bucket: draw_index(*draw, draws, reply)?,
+        },
+        [-1, draw] => Plan::Impossible {
+            bucket: draw_index(*draw, draws, reply)?,
+        },
+        other => return Err(unexpected_reply(other)),
+    })
+}
+
+fn non_negative(value: i64) -> u64 {
+    value.max(0) as u64
+}
+
+fn draw_index(one_based: i64, draws: usize, reply: &[i64]) -> Result<usize, StoreError> {
+    usize::try_from(one_based - 1)
+        .ok()
+        .filter(|&index| index < draws)
+        .ok_or_else(|| unexpected_reply(reply))
+}
+
+pub(super) fn unexpected_reply(reply: &[i64]) -> StoreError {
+    StoreError::Unavailable(format!("unexpected reply from a Redis script: {reply:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket(key: &str) -> BucketSpec {
+        BucketSpec {
+            key: key.into(),
+            capacity: 100,
+            per_minute: 60,
+        }
+    }
+
+    fn acquire(keys: &[&str], cost: u64) -> BatchOp {
+        BatchOp::Acquire {
+            draws: keys
+                .iter()
+                .map(|key| Draw {
+                    bucket: bucket(key),
+                    cost,
+                    floor: 0,
+                })
+                .collect(),
+            max_wait_ms: 0,
+        }
+    }
+
+    #[test]
+    fn each_bucket_is_one_key_and_the_record_shares_the_slot() {
+        let settle = BatchOp::Settle(vec![Adjustment {
+            bucket: bucket("rk:{l:a}:a:tokens"),
+            tokens: 5,
+        }]);
+        let ops = vec![
+            acquire(&["rk:{l:a}:a:tokens", "rk:{l:a}:a:requests"], 10),
+            settle,
+            acquire(&["rk:{l:a}:a:requests", "rk:{l:a}:a:tokens"], 1),
+        ];
+        let call = Call::new(ops, 0xab);
+        assert_eq!(
+            call.keys,
+            [
+                "rk:{l:a}:call:00000000000000ab",
+                "rk:{l:a}:a:tokens",
+                "rk:{l:a}:a:requests"
+            ]
+        );
+        assert_eq!(call.indices, vec![vec![2, 3], vec![2], vec![3, 2]]);
+    }
+
+    #[test]
+    fn replies_become_decisions_in_order() {
+        let call = Call::new(
+            vec![
+                acquire(&["{t}:a"], 10),
+                acquire(&["{t}:a", "{t}:b"], 10),
+                BatchOp::Settle(vec![]),
+                acquire(&["{t}:a"], 200),
+            ],
+            1,
+        );
+        let reply = vec![vec![1], vec![1, 0], vec![0, 30, 2], vec![2], vec![-1, 1]];
+        let CallReply::Ran(results) = call.read_reply(&reply).unwrap() else {
+            panic!("ran");
+        };
+        assert!(matches!(
+            results[0],
+            Ok(Some(Decision::Granted { wait_ms: 0, .. }))
+        ));
+        assert!(matches!(
+            results[1],
+            Ok(Some(Decision::Denied {
+                retry_after_ms: 30,
+                bucket: 1
+            }))
+        ));
+        assert!(matches!(results[2], Ok(None)));
+        assert!(matches!(
+            results[3],
+            Err(StoreError::CostExceedsCapacity { .. })
+        ));
+        assert!(matches!(
+            call.read_reply(&[vec![0]]),
+            Ok(CallReply::Cancelled)
+        ));
+        assert!(call.read_reply(&[vec![1], vec![1, 0]]).is_err(), "too few");
+        assert!(
+            call.read_reply(&[vec![1], vec![0, 1, 9], vec![0, 1, 1], vec![2], vec![2]])
+                .is_err(),
+            "a draw out of range, a settlement answered as an acquire"
+        );
+    }
+}

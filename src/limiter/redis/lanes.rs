@@ -1,0 +1,178 @@
+//! Coalescing: the operations of one hash slot wait in that slot's lane
+//! while a script call for the slot is in flight, and go together, in
+//! arrival order, as the next call. A lone acquire goes out at once; a
+//! settlement waits up to [`SETTLE_FLUSH`] for an acquire to ride along with.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::batch::{BatchOp, OpResult};
+
+/// Most operations in one script call, so that no call holds Redis long.
+pub(super) const MAX_BATCH: usize = 64;
+
+/// How long a settlement waits for company when its lane is idle.
+pub(super) const SETTLE_FLUSH: Duration = Duration::from_millis(2);
+
+/// An operation waiting for its call, and where its result goes.
+pub(super) struct Pending {
+    pub op: BatchOp,
+    pub result: oneshot::Sender<OpResult>,
+}
+
+/// What the caller of [`Lanes::enqueue`] must do next.
+pub(super) enum Next {
+    /// Start a call with this batch now: the lane was idle.
+    Send(Vec<Pending>),
+    /// Start the flush timer: only settlements are waiting.
+    Arm,
+    /// Nothing: a call in flight (or an armed timer) takes it along.
+    Wait,
+}
+
+#[derive(Default)]
+struct Lane {
+    queue: VecDeque<Pending>,
+    state: State,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum State {
+    #[default]
+    Idle,
+    /// Settlements wait for the flush timer.
+    Armed,
+    /// A call is in flight; whoever runs it sends the next batch after it.
+    Busy,
+}
+
+/// Every slot's lane.
+#[derive(Default)]
+pub(super) struct Lanes {
+    lanes: Mutex<HashMap<String, Lane>>,
+}
+
+impl Lanes {
+    /// Queues `pending` on `slot`'s lane.
+    pub(super) fn enqueue(&self, slot: &str, pending: Pending) -> Next {
+        let mut lanes = self.lock();
+        let lane = match lanes.get_mut(slot) {
+            Some(lane) => lane,
+            None => lanes.entry(slot.to_string()).or_default(),
+        };
+        let acquire = pending.op.is_acquire();
+        lane.queue.push_back(pending);
+        match (lane.state, acquire) {
+            (State::Busy, _) => Next::Wait,
+            (State::Idle | State::Armed, true) => {
+                lane.state = State::Busy;
+                Next::Send(take_batch(lane))
+            }
+            (State::Idle, false) => {
+                lane.state = State::Armed;
+                Next::Arm
+            }
+            (State::Armed, false) => Next::Wait,
+        }
+    }
+
+    /// The flush timer fired: the batch to send, if the lane is still armed.
+    pub(super) fn fire(&self, slot: &str) -> Option<Vec<Pending>> {
+        let mut lanes = self.lock();
+        let lane = lanes.get_mut(slot)?;
+        if lane.state != State::Armed {
+            return None;
+        }
+        lane.state = State::Busy;
+        Some(take_batch(lane))
+    }
+
+    /// A call finished: the next batch to send, or `None` when the lane is
+    /// empty (and idle again).
+    pub(super) fn next_batch(&self, slot: &str) -> Option<Vec<Pending>> {
+        let mut lanes = self.lock();
+        let lane = lanes.get_mut(slot)?;
+        if lane.queue.is_empty() {
+            lane.state = State::Idle;
+            return None;
+        }
+        Some(take_batch(lane))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Lane>> {
+        // Every change is a few field writes with no panic point between.
+        self.lanes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+fn take_batch(lane: &mut Lane) -> Vec<Pending> {
+    let take = lane.queue.len().min(MAX_BATCH);
+    lane.queue.drain(..take).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(acquire: bool) -> Pending {
+        let op = if acquire {
+            BatchOp::Acquire {
+                draws: Vec::new(),
+                max_wait_ms: 0,
+            }
+        } else {
+            BatchOp::Settle(Vec::new())
+        };
+        Pending {
+            op,
+            result: oneshot::channel().0,
+        }
+    }
+
+    #[test]
+    fn a_lone_acquire_goes_at_once_and_later_ones_wait_for_the_next_call() {
+        let lanes = Lanes::default();
+        assert!(
+            matches!(lanes.enqueue("{a}", pending(true)), Next::Send(batch) if batch.len() == 1)
+        );
+        for _ in 0..3 {
+            assert!(matches!(lanes.enqueue("{a}", pending(true)), Next::Wait));
+        }
+        // Another slot is independent.
+        assert!(matches!(lanes.enqueue("{b}", pending(true)), Next::Send(_)));
+        assert_eq!(lanes.next_batch("{a}").map(|batch| batch.len()), Some(3));
+        assert!(lanes.next_batch("{a}").is_none(), "empty: idle again");
+        assert!(matches!(lanes.enqueue("{a}", pending(true)), Next::Send(_)));
+    }
+
+    #[test]
+    fn settlements_wait_for_an_acquire_or_the_timer() {
+        let lanes = Lanes::default();
+        assert!(matches!(lanes.enqueue("{a}", pending(false)), Next::Arm));
+        assert!(matches!(lanes.enqueue("{a}", pending(false)), Next::Wait));
+        // An acquire takes the settlements along, at once.
+        assert!(
+            matches!(lanes.enqueue("{a}", pending(true)), Next::Send(batch) if batch.len() == 3)
+        );
+        assert!(lanes.fire("{a}").is_none(), "the timer finds nothing to do");
+        assert!(lanes.next_batch("{a}").is_none());
+        assert!(matches!(lanes.enqueue("{a}", pending(false)), Next::Arm));
+        assert_eq!(lanes.fire("{a}").map(|batch| batch.len()), Some(1));
+    }
+
+    #[test]
+    fn batches_are_bounded() {
+        let lanes = Lanes::default();
+        assert!(matches!(lanes.enqueue("{a}", pending(true)), Next::Send(_)));
+        for _ in 0..MAX_BATCH + 5 {
+            lanes.enqueue("{a}", pending(true));
+        }
+        assert_eq!(lanes.next_batch("{a}").map(|b| b.len()), Some(MAX_BATCH));
+        assert_eq!(lanes.next_batch("{a}").map(|b| b.len()), Some(5));
+    }
+}
