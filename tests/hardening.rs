@@ -142,3 +142,69 @@ fn the_socket_is_created_with_its_final_mode() {
         "the socket's mode changed after it was created"
     );
 }
+
+/// A limit that counts with tiktoken (o200k_base) and has room for anything.
+const COUNTING: &str = r#"
+[[limits]]
+name = "gpt"
+model = "gpt-4o-mini"
+tokens_per_minute = 600000000
+burst_tokens = 100000000
+"#;
+
+fn by_messages(text: &str, max_wait_ms: u64) -> Request {
+    Request::Acquire(ratekeeper::proto::Acquire {
+        limit: "gpt".into(),
+        tenant: None,
+        priority: None,
+        cost: ratekeeper::proto::Cost::Messages(ratekeeper::proto::ChatRequest {
+            messages: vec![ratekeeper::proto::ChatMessage::text("user", &[text])],
+            tools_json: None,
+            max_output_tokens: Some(10),
+        }),
+        max_wait_ms: Some(max_wait_ms),
+    })
+}
+
+/// Issue: twelve pipelined acquires of 3.9 MiB prompts, then a disconnect,
+/// kept the daemon busy 13 s for nobody, and another client's 2 KB
+/// acquire-by-messages with `max_wait` 0.5 s waited up to 6.7 s. Now large
+/// prompts queue apart from small ones (a bounded queue, with its own
+/// error when full), and a count stops when its client leaves.
+#[tokio::test]
+async fn huge_prompts_neither_starve_others_nor_outlive_their_client() {
+    use ratekeeper::proto::ErrorCode;
+    let daemon = Daemon::start(COUNTING);
+    let mut hog = daemon.raw_after_hello().await;
+    // A single word of 3.9 MiB: the slowest text there is for BPE.
+    let word = "a".repeat(3_900_000);
+    for request_id in 1..=7 {
+        send(&mut hog, request_id, by_messages(&word, 0)).await;
+    }
+    // One is counted, four wait, the others are refused at once.
+    let mut refused = 0;
+    for _ in 0..2 {
+        let answer = receive(&mut hog).await.expect("an answer");
+        assert_eq!(support::error_code(&answer.response), ErrorCode::Overloaded);
+        refused += 1;
+    }
+    assert_eq!(refused, 2);
+    // Meanwhile a small prompt of another client goes through at once.
+    let other = daemon.client().await;
+    let started = std::time::Instant::now();
+    let small = "word ".repeat(400);
+    let answer = other.call(by_messages(&small, 500)).await.unwrap();
+    assert!(matches!(answer, Response::Granted { .. }), "{answer:?}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(500),
+        "the small acquire waited {:?} behind the large prompts",
+        started.elapsed()
+    );
+    // The hog leaves: the count in progress and the waiting ones stop.
+    drop(hog);
+    daemon.wait_for_log("counting abandoned").await;
+    daemon.wait_for_log("unreported_leases=0").await;
+    let log = daemon.log();
+    let abandoned = log.matches("counting abandoned").count();
+    assert!(abandoned >= 1, "{log}");
+}

@@ -458,17 +458,40 @@ fn a_megabyte_of_whitespace_is_counted_not_a_panic() {
 }
 
 #[test]
-fn text_without_long_whitespace_runs_is_counted_exactly_as_tiktoken() {
-    // The guard cuts only runs longer than MAX_WHITESPACE_RUN.
-    let run = " ".repeat(tokens::openai::MAX_WHITESPACE_RUN - 1);
+fn long_text_is_counted_in_segments_exactly_as_tiktoken() {
+    // Segments end before a space that follows a non-space character, where
+    // no piece of the split pattern can span: the count of real text of any
+    // length is tiktoken's. Whitespace runs shorter than half a segment
+    // leave such places too.
+    let run = " ".repeat(tokens::openai::SEGMENT_LEN / 4);
+    let words = [
+        "ratekeeper",
+        "tokens,",
+        "42",
+        "naïve",
+        "東京",
+        "(quoted)",
+        "end.\n\n",
+        "x",
+    ];
+    let prose: String = (0..20_000)
+        .map(|i| words[i * 7 % words.len()])
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(prose.len() > 8 * tokens::openai::SEGMENT_LEN);
     let texts = [
         format!("indented{run}code\n{run}\tmore"),
         format!("{run}x\n\n{run}x"),
         "plain words, numbers 12345 and\r\n  spaces".to_string(),
+        prose,
     ];
-    let bpe = tiktoken_rs::o200k_base_singleton();
-    for text in &texts {
-        let ours = tokens::count_text(Counter::Tiktoken(Encoding::O200kBase), text).unwrap();
-        assert_eq!(ours, bpe.encode_ordinary(text).len() as u64);
+    for (encoding, bpe) in [
+        (Encoding::O200kBase, tiktoken_rs::o200k_base_singleton()),
+        (Encoding::Cl100kBase, tiktoken_rs::cl100k_base_singleton()),
+    ] {
+        for text in &texts {
+            let ours = tokens::count_text(Counter::Tiktoken(encoding), text).unwrap();
+            assert_eq!(ours, bpe.encode_ordinary(text).len() as u64, "{encoding:?}");
+        }
     }
 }

@@ -1057,6 +1057,11 @@ fn error_cases() -> Vec<CaseSpec> {
                     "Code 16: something this build does not provide.",
                     "this build does not provide that",
                 ),
+                ErrorCode::Overloaded => (
+                    "overloaded",
+                    "Code 17: a resource bound of the daemon; retryable.",
+                    "too many prompts are waiting to be counted; retry later",
+                ),
             };
             let request_id = if code == ErrorCode::FrameTooLarge {
                 0

@@ -39,13 +39,17 @@ pub enum ErrorCode {
     ShuttingDown = 14,
     /// A bug in the daemon; the message says what.
     Internal = 15,
-    /// The request asks for something this build does not provide.
+    /// The request asks for something this build does not provide, or is a
+    /// request of a later protocol revision.
     Unsupported = 16,
+    /// The daemon is at one of its resource bounds (its counting queue, its
+    /// connections, its buffer for incomplete frames): retry later.
+    Overloaded = 17,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         Self::UnsupportedVersion,
         Self::HelloRequired,
         Self::FrameTooLarge,
@@ -62,6 +66,7 @@ impl ErrorCode {
         Self::ShuttingDown,
         Self::Internal,
         Self::Unsupported,
+        Self::Overloaded,
     ];
 
     /// The number carried on the wire.
@@ -81,7 +86,7 @@ impl ErrorCode {
     pub fn is_retryable(self) -> bool {
         matches!(
             self,
-            Self::TooManyInFlight | Self::StoreUnavailable | Self::ShuttingDown
+            Self::TooManyInFlight | Self::StoreUnavailable | Self::ShuttingDown | Self::Overloaded
         )
     }
 
@@ -104,7 +109,7 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(code.as_u16()), Some(code));
         }
         assert_eq!(ErrorCode::from_u16(0), None);
-        assert_eq!(ErrorCode::from_u16(17), None);
+        assert_eq!(ErrorCode::from_u16(18), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::leases::{Lease, refund_all};
 use crate::limiter::Decision;
 use crate::plan::check_name;
 use crate::proto::{Acquire, ChatRequest, Cost, Response};
-use crate::tokens::{self, Bounds, Counter, PromptCount};
+use crate::tokens::{Counter, PromptCount};
 
 impl Service {
     pub(super) async fn acquire(
@@ -38,7 +38,7 @@ impl Service {
         let checked =
             planner.check_acquire(&limit, tenant.as_deref(), priority.as_deref(), max_wait_ms)?;
         let limit = checked.limit;
-        let (input, output) = self.reservation(limit, cost).await?;
+        let (input, output) = self.reservation(limit, cost, &cancel).await?;
         if cancel.is_cancelled() {
             return Err(ServiceError::CancelledBeforeReserving);
         }
@@ -100,7 +100,8 @@ impl Service {
     pub(super) async fn estimate(&self, limit: &str, cost: Cost) -> Result<Response, ServiceError> {
         let snapshot = self.snapshot();
         let limit = snapshot.planner.find_limit(limit)?;
-        let (input_tokens, output_tokens) = self.reservation(limit, cost).await?;
+        let never = CancellationToken::new();
+        let (input_tokens, output_tokens) = self.reservation(limit, cost, &never).await?;
         Ok(Response::Estimated {
             input_tokens,
             output_tokens,
@@ -114,6 +115,7 @@ impl Service {
         &self,
         limit: &LimitConfig,
         cost: Cost,
+        cancel: &CancellationToken,
     ) -> Result<(u64, u64), ServiceError> {
         match cost {
             Cost::Tokens {
@@ -125,7 +127,7 @@ impl Service {
                     Some(given) => given,
                     None => self.default_max_output(limit),
                 };
-                let prompt = self.count_prompt(limit.counter(), request).await?;
+                let prompt = self.count_prompt(limit.counter(), request, cancel).await?;
                 Ok((prompt.total, output))
             }
         }
@@ -149,36 +151,18 @@ impl Service {
         }
     }
 
-    /// Counts a prompt: with tiktoken on the blocking pool, at most one
-    /// count per CPU at a time; requests beyond [`Bounds::DEFAULT`] are
-    /// refused before they wait for a slot.
+    /// Counts a prompt (see [`super::counting`]); refuses role names above
+    /// the protocol's bound first.
     async fn count_prompt(
         &self,
         counter: Counter,
         request: ChatRequest,
+        cancel: &CancellationToken,
     ) -> Result<PromptCount, ServiceError> {
         for message in &request.messages {
             check_name("role", &message.role)?;
         }
-        Bounds::DEFAULT.check(&request)?;
-        if let Counter::Chars(_) = counter {
-            // The estimate only adds up string lengths (a few µs within the
-            // bounds): the hop to a blocking thread would cost more.
-            return Ok(tokens::count_messages(counter, &request)?);
-        }
-        let _slot = self
-            .counting
-            .acquire()
-            .await
-            .map_err(|closed| ServiceError::Internal(closed.to_string()))?;
-        let counted =
-            tokio::task::spawn_blocking(move || tokens::count_messages(counter, &request)).await;
-        match counted {
-            Ok(count) => Ok(count?),
-            Err(failed) => Err(ServiceError::Internal(format!(
-                "counting the prompt failed: {failed}"
-            ))),
-        }
+        self.counting.count(counter, request, cancel).await
     }
 
     /// Records reported output tokens for limits that learn their max output.

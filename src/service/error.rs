@@ -34,6 +34,15 @@ pub enum ServiceError {
     ReportNotSettled { lease: u64, source: StoreError },
     #[error("lease {lease} could not be released, retry the release: {source}")]
     ReleaseNotSettled { lease: u64, source: StoreError },
+    /// Too many prompts of this size are waiting to be counted.
+    #[error(
+        "{waiting} {size} prompts are already waiting to be counted (at most {max}); retry later"
+    )]
+    CountingBusy {
+        size: &'static str,
+        waiting: usize,
+        max: usize,
+    },
     /// A fault of the daemon's own (a counting task that died, …).
     #[error("{0}")]
     Internal(String),
@@ -61,10 +70,12 @@ impl ServiceError {
                 TokenError::TextTooLarge { .. }
                 | TokenError::TooManyMessages { .. }
                 | TokenError::TooManyParts { .. } => ErrorCode::InvalidRequest,
+                TokenError::Cancelled => ErrorCode::Cancelled,
                 TokenError::EncoderUnavailable { .. } | TokenError::InvalidEstimator { .. } => {
                     ErrorCode::Internal
                 }
             },
+            ServiceError::CountingBusy { .. } => ErrorCode::Overloaded,
             ServiceError::Store { source, .. } => match source {
                 StoreError::CostExceedsCapacity { .. } => ErrorCode::CostExceedsCapacity,
                 StoreError::Unavailable(_) => ErrorCode::StoreUnavailable,

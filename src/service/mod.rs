@@ -5,6 +5,7 @@
 //! the rest here as a [`Call`].
 
 mod acquire;
+mod counting;
 mod error;
 mod settle;
 mod status;
@@ -14,7 +15,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -56,9 +56,8 @@ pub struct Service {
     store: Arc<dyn Store>,
     leases: LeaseTable,
     draining: AtomicBool,
-    /// Counting slots, one per CPU: counts run on tokio's blocking pool, and
-    /// this keeps a burst of large prompts from taking every blocking thread.
-    counting: Semaphore,
+    /// Where prompts are counted, off the socket loop.
+    counting: counting::Counting,
     /// Output tokens recently reported, per model, for limits that learn
     /// their default max output.
     learner: Mutex<OutputTokenLearner>,
@@ -83,13 +82,12 @@ impl Service {
             Duration::from_millis(config.leases.expire_after_ms),
             config.leases.max_open as usize,
         );
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Service {
             snapshot: RwLock::new(Arc::new(Snapshot::new(config, &HashMap::new()))),
             store,
             leases,
             draining: AtomicBool::new(false),
-            counting: Semaphore::new(cpus),
+            counting: counting::Counting::new(),
             learner: Mutex::new(OutputTokenLearner::default()),
         }
     }

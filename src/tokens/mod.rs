@@ -65,6 +65,9 @@ pub enum TokenError {
     /// The encoder could not be built; only a broken build can cause it.
     #[error("the {encoding} encoder could not be built: {reason}")]
     EncoderUnavailable { encoding: Encoding, reason: String },
+    /// The count was abandoned: its request was cancelled or its client left.
+    #[error("counting was abandoned: the request was cancelled")]
+    Cancelled,
     /// An estimator or learner parameter out of range.
     #[error("{parameter} = {value} is out of range: expected {expected}")]
     InvalidEstimator {
@@ -195,15 +198,31 @@ pub fn count_messages_within(
     request: &ChatRequest,
     bounds: &Bounds,
 ) -> Result<PromptCount, TokenError> {
+    count_messages_until(counter, request, bounds, &|| false)
+}
+
+/// [`count_messages_within`] that gives up with [`TokenError::Cancelled`]
+/// as soon as `cancelled` says so (it is asked between segments of text,
+/// at most [`openai::SEGMENT_LEN`] bytes apart): the daemon stops counting
+/// for a client that has gone.
+pub fn count_messages_until(
+    counter: Counter,
+    request: &ChatRequest,
+    bounds: &Bounds,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<PromptCount, TokenError> {
     bounds.check(request)?;
     match counter {
         Counter::Tiktoken(encoding) => {
-            let bpe = encoding.encoder()?;
-            let messages = openai::count_messages(bpe, &request.messages);
+            let text = openai::TextCounter::new(encoding.encoder()?, cancelled);
+            let messages = openai::count_messages(&text, &request.messages);
             let tools = request
                 .tools_json
                 .as_deref()
-                .map_or(0, |json| openai::count_tools(bpe, encoding, json));
+                .map_or(0, |json| openai::count_tools(&text, encoding, json));
+            if text.gave_up() {
+                return Err(TokenError::Cancelled);
+            }
             Ok(PromptCount {
                 total: messages + tools,
                 messages,
@@ -222,7 +241,9 @@ pub fn count_text(counter: Counter, text: &str) -> Result<u64, TokenError> {
         return Err(TokenError::TextTooLarge { max });
     }
     match counter {
-        Counter::Tiktoken(encoding) => Ok(openai::count_text(encoding.encoder()?, text)),
+        Counter::Tiktoken(encoding) => {
+            Ok(openai::TextCounter::new(encoding.encoder()?, &|| false).count(text))
+        }
         Counter::Chars(estimator) => Ok(estimator.estimate(text.len() as u64, 0)),
     }
 }

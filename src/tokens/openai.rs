@@ -13,6 +13,8 @@
 //! assistant messages have no published rule. Both are estimates: see
 //! [`TOOL_CALL_OVERHEAD`] and the rules of `count_tools`.
 
+use std::cell::Cell;
+
 use serde_json::{Map, Value};
 use tiktoken_rs::CoreBPE;
 
@@ -66,53 +68,96 @@ impl ToolConstants {
     }
 }
 
-/// Longest run of whitespace handed to the tokenizer in one call, in bytes.
+/// Longest text handed to the tokenizer in one call, in bytes.
 ///
-/// tiktoken's split pattern has a look-ahead (`\s+(?!\S)`) that fancy-regex
-/// backtracks through one step per character; a whitespace run of about a
-/// million characters exceeds its backtrack limit and `encode_ordinary`
-/// panics. Longer runs are therefore cut into segments of this size, counted
-/// one after the other. Text without such a run (every real prompt) is
-/// counted in one call, exactly as tiktoken counts it; each cut may change
-/// the count by a token or two.
-pub const MAX_WHITESPACE_RUN: usize = 4096;
+/// Longer texts are cut into segments and counted one after the other, for
+/// three reasons: a cut text can be abandoned between segments when its
+/// client has gone; BPE grows faster than linearly on one long word (a
+/// 64 KiB word takes 24 ms, a 3.9 MiB one seconds), so a segment bounds that
+/// cost; and tiktoken's split pattern has a look-ahead (`\s+(?!\S)`) that
+/// fancy-regex backtracks through one step per character, so that a
+/// whitespace run of about a million characters makes `encode_ordinary`
+/// panic. A cut falls before a space that follows a non-space character
+/// when the second half of the segment has one: no piece of either
+/// encoding's split pattern spans such a place, so the count is exactly
+/// tiktoken's. Only text without one for [`SEGMENT_LEN`] / 2 bytes (a huge
+/// word, a huge whitespace run) is cut anywhere, which may change its count
+/// by a token or two per cut.
+pub const SEGMENT_LEN: usize = 16 * 1024;
 
-/// Counts one piece of text as the API sees user text: special-token
-/// markers such as `<|endoftext|>` are ordinary characters there.
-pub(crate) fn count_text(bpe: &CoreBPE, text: &str) -> u64 {
-    let encode = |segment: &str| bpe.encode_ordinary(segment).len() as u64;
-    let mut total = 0;
-    let mut segment_start = 0;
-    let mut run_start: Option<usize> = None;
-    for (at, ch) in text.char_indices() {
-        if !ch.is_whitespace() {
-            run_start = None;
-            continue;
-        }
-        let start = *run_start.get_or_insert(at);
-        if at - start >= MAX_WHITESPACE_RUN {
-            total += encode(&text[segment_start..at]);
-            segment_start = at;
-            run_start = Some(at);
+/// Counts texts with one tiktoken encoder, segment by segment, until the
+/// caller says to stop.
+pub(crate) struct TextCounter<'a> {
+    bpe: &'a CoreBPE,
+    cancelled: &'a dyn Fn() -> bool,
+    gave_up: Cell<bool>,
+}
+
+impl<'a> TextCounter<'a> {
+    pub(crate) fn new(bpe: &'a CoreBPE, cancelled: &'a dyn Fn() -> bool) -> Self {
+        TextCounter {
+            bpe,
+            cancelled,
+            gave_up: Cell::new(false),
         }
     }
-    total + encode(&text[segment_start..])
+
+    /// Whether counting stopped because `cancelled` said so; the counts
+    /// returned since are meaningless.
+    pub(crate) fn gave_up(&self) -> bool {
+        self.gave_up.get()
+    }
+
+    /// Counts one piece of text as the API sees user text: special-token
+    /// markers such as `<|endoftext|>` are ordinary characters there.
+    pub(crate) fn count(&self, text: &str) -> u64 {
+        let mut total = 0;
+        let mut rest = text;
+        while !rest.is_empty() {
+            if self.gave_up.get() || (self.cancelled)() {
+                self.gave_up.set(true);
+                return 0;
+            }
+            let cut = segment_end(rest);
+            total += self.bpe.encode_ordinary(&rest[..cut]).len() as u64;
+            rest = &rest[cut..];
+        }
+        total
+    }
+}
+
+/// Where the first segment of `text` ends (see [`SEGMENT_LEN`]).
+fn segment_end(text: &str) -> usize {
+    if text.len() <= SEGMENT_LEN {
+        return text.len();
+    }
+    let bytes = text.as_bytes();
+    let safe = (SEGMENT_LEN / 2..SEGMENT_LEN)
+        .rev()
+        .find(|&at| bytes[at] == b' ' && !bytes[at - 1].is_ascii_whitespace());
+    safe.unwrap_or_else(|| {
+        let mut at = SEGMENT_LEN;
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        at
+    })
 }
 
 /// Tokens of the messages: framing, role, name, every content part counted
 /// on its own, tool calls, and the reply priming.
-pub(crate) fn count_messages(bpe: &CoreBPE, messages: &[ChatMessage]) -> u64 {
+pub(crate) fn count_messages(counter: &TextCounter, messages: &[ChatMessage]) -> u64 {
     let mut total = REPLY_PRIMING;
     for message in messages {
-        total += TOKENS_PER_MESSAGE + count_text(bpe, &message.role);
+        total += TOKENS_PER_MESSAGE + counter.count(&message.role);
         if let Some(name) = &message.name {
-            total += TOKENS_PER_NAME + count_text(bpe, name);
+            total += TOKENS_PER_NAME + counter.count(name);
         }
         for part in &message.content {
-            total += count_text(bpe, part);
+            total += counter.count(part);
         }
         if let Some(calls) = &message.tool_calls_json {
-            total += count_tool_calls(bpe, calls);
+            total += count_tool_calls(counter, calls);
         }
     }
     total
@@ -122,9 +167,9 @@ pub(crate) fn count_messages(bpe: &CoreBPE, messages: &[ChatMessage]) -> u64 {
 /// function name and arguments plus [`TOOL_CALL_OVERHEAD`]. Text that is not
 /// a list of `{"function": {"name", "arguments"}}` objects is counted whole,
 /// as one call.
-pub(crate) fn count_tool_calls(bpe: &CoreBPE, json: &str) -> u64 {
+pub(crate) fn count_tool_calls(counter: &TextCounter, json: &str) -> u64 {
     let Ok(Value::Array(calls)) = serde_json::from_str::<Value>(json) else {
-        return count_text(bpe, json) + TOOL_CALL_OVERHEAD;
+        return counter.count(json) + TOOL_CALL_OVERHEAD;
     };
     calls
         .iter()
@@ -135,8 +180,8 @@ pub(crate) fn count_tool_calls(bpe: &CoreBPE, json: &str) -> u64 {
                 .and_then(|f| f.get("arguments"))
                 .and_then(Value::as_str);
             let content = match (name, arguments) {
-                (Some(name), Some(arguments)) => count_text(bpe, name) + count_text(bpe, arguments),
-                _ => count_text(bpe, &call.to_string()),
+                (Some(name), Some(arguments)) => counter.count(name) + counter.count(arguments),
+                _ => counter.count(&call.to_string()),
             };
             content + TOOL_CALL_OVERHEAD
         })
@@ -154,12 +199,12 @@ pub(crate) fn count_tool_calls(bpe: &CoreBPE, json: &str) -> u64 {
 /// {…}}` object, or text that is not a JSON list, is counted as its JSON
 /// text plus the function constants. An estimate beyond the cookbook's
 /// example.
-pub(crate) fn count_tools(bpe: &CoreBPE, encoding: Encoding, json: &str) -> u64 {
+pub(crate) fn count_tools(counter: &TextCounter, encoding: Encoding, json: &str) -> u64 {
     let k = ToolConstants::for_encoding(encoding);
     let tools = match serde_json::from_str::<Value>(json) {
         Ok(Value::Array(tools)) => tools,
         Ok(Value::Null) => return 0,
-        _ => return count_text(bpe, json) + (k.func_init + k.func_end) as u64,
+        _ => return counter.count(json) + (k.func_init + k.func_end) as u64,
     };
     if tools.is_empty() {
         return 0;
@@ -169,20 +214,20 @@ pub(crate) fn count_tools(bpe: &CoreBPE, encoding: Encoding, json: &str) -> u64 
         total += k.func_init;
         match tool.get("function").and_then(Value::as_object) {
             Some(function) if tool.get("type").and_then(Value::as_str) == Some("function") => {
-                total += count_function(bpe, &k, function);
+                total += count_function(counter, &k, function);
             }
-            _ => total += count_text(bpe, &tool.to_string()) as i64,
+            _ => total += counter.count(&tool.to_string()) as i64,
         }
     }
     total += k.func_end;
     total.max(0) as u64
 }
 
-fn count_function(bpe: &CoreBPE, k: &ToolConstants, function: &Map<String, Value>) -> i64 {
+fn count_function(counter: &TextCounter, k: &ToolConstants, function: &Map<String, Value>) -> i64 {
     let name = function.get("name").map(text_of).unwrap_or_default();
     let description = function.get("description").map(text_of).unwrap_or_default();
     let line = format!("{name}:{}", without_final_period(&description));
-    let mut total = count_text(bpe, &line) as i64;
+    let mut total = counter.count(&line) as i64;
 
     let properties = function
         .get("parameters")
@@ -195,19 +240,19 @@ fn count_function(bpe: &CoreBPE, k: &ToolConstants, function: &Map<String, Value
     for (key, property) in properties {
         total += k.prop_key;
         let Some(property) = property.as_object() else {
-            total += count_text(bpe, &format!("{key}:{property}")) as i64;
+            total += counter.count(&format!("{key}:{property}")) as i64;
             continue;
         };
         if let Some(items) = property.get("enum") {
             total += k.enum_init;
             for item in items.as_array().into_iter().flatten() {
-                total += k.enum_item + count_text(bpe, &text_of(item)) as i64;
+                total += k.enum_item + counter.count(&text_of(item)) as i64;
             }
         }
         let kind = property.get("type").map(text_of).unwrap_or_default();
         let description = property.get("description").map(text_of).unwrap_or_default();
         let line = format!("{key}:{kind}:{}", without_final_period(&description));
-        total += count_text(bpe, &line) as i64;
+        total += counter.count(&line) as i64;
 
         let rest: Map<String, Value> = property
             .iter()
@@ -215,7 +260,7 @@ fn count_function(bpe: &CoreBPE, k: &ToolConstants, function: &Map<String, Value
             .map(|(name, value)| (name.clone(), value.clone()))
             .collect();
         if !rest.is_empty() {
-            total += count_text(bpe, &Value::Object(rest).to_string()) as i64;
+            total += counter.count(&Value::Object(rest).to_string()) as i64;
         }
     }
     total

@@ -40,6 +40,7 @@ SPEC_TABLE = {
     14: (ratekeeper.ShuttingDown, True),
     15: (ratekeeper.InternalError, False),
     16: (ratekeeper.Unsupported, False),
+    17: (ratekeeper.Overloaded, True),
 }
 
 HOLD_CONFIG = """
@@ -125,7 +126,7 @@ def assert_code(error: ratekeeper.RatekeeperError, code: int) -> None:
 def test_the_classes_are_the_spec_table_one_to_one():
     assert {code: cls for code, (cls, _) in SPEC_TABLE.items()} == ERROR_CLASSES
     assert len(set(ERROR_CLASSES.values())) == len(ERROR_CLASSES)
-    assert [int(code) for code in ErrorCode] == list(range(1, 17))
+    assert [int(code) for code in ErrorCode] == list(range(1, 18))
     for code, (cls, retryable) in SPEC_TABLE.items():
         assert cls.code == code
         assert cls.retryable is retryable

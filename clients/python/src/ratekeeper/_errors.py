@@ -31,6 +31,7 @@ class ErrorCode(enum.IntEnum):
     SHUTTING_DOWN = 14
     INTERNAL = 15
     UNSUPPORTED = 16
+    OVERLOADED = 17
 
 
 class RatekeeperError(Exception):
@@ -181,6 +182,13 @@ class Unsupported(RatekeeperError):
     code = ErrorCode.UNSUPPORTED
 
 
+class Overloaded(RatekeeperError):
+    """The daemon is at one of its resource bounds, e.g. its queue of prompts to count (code 17)."""
+
+    code = ErrorCode.OVERLOADED
+    retryable = True
+
+
 class UnknownErrorCode(RatekeeperError):
     """An error code this client does not know (a newer daemon): a non-retryable failure."""
 
@@ -209,6 +217,7 @@ ERROR_CLASSES: dict[int, type[RatekeeperError]] = {
         ShuttingDown,
         InternalError,
         Unsupported,
+        Overloaded,
     )
     if cls.code is not None
 }
