@@ -468,3 +468,44 @@ async fn fail_fast_forgets_what_redis_said_once_redis_fails() {
     }
     assert_eq!(store.local_denials(), 0);
 }
+
+/// A store found through Sentinel follows a failover: the primary dies, a
+/// Sentinel promotes the replica, and acquires go on on the new primary.
+#[tokio::test]
+async fn a_sentinel_store_follows_a_failover() {
+    use ratekeeper::limiter::redis::{PrimaryAuth, RedisNodes, RedisSettings};
+    use support::redis::{RedisSentinels, SENTINEL_MASTER};
+    let mut set = RedisSentinels::start();
+    let settings = RedisSettings {
+        nodes: RedisNodes::Sentinel {
+            sentinels: set.urls(),
+            master: SENTINEL_MASTER.into(),
+            auth: PrimaryAuth::default(),
+        },
+        display: "sentinels".into(),
+        tls_ca_file: None,
+        pool_size: 2,
+        timeout: std::time::Duration::from_millis(250),
+        connect_timeout: std::time::Duration::from_millis(250),
+    };
+    let store = RedisStore::new(&settings).unwrap();
+    let tokens = bucket("rk:{l:s}:s:tokens", 1_000_000, 60);
+    store.acquire(&[draw(&tokens, 10)], 0).await.unwrap();
+    let replica = set.replica.port;
+    set.primary.kill();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut failures = 0;
+    loop {
+        match store.acquire(&[draw(&tokens, 10)], 0).await {
+            Ok(Decision::Granted { .. }) => break,
+            Ok(other) => panic!("{other:?}"),
+            Err(_) => failures += 1,
+        }
+        assert!(std::time::Instant::now() < deadline, "no promotion");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(set.master_port(), Some(replica), "the replica was promoted");
+    assert!(failures > 0, "the primary's death went unnoticed");
+    let key_on_new_primary = set.replica.cli(&["EXISTS", &tokens.key]).unwrap();
+    assert_eq!(key_on_new_primary, "1");
+}

@@ -226,3 +226,113 @@ impl RedisCluster {
             .expect("CLUSTER KEYSLOT")
     }
 }
+
+/// A primary, a replica of it and three Sentinels watching them (quorum
+/// two), all on free ports, for failover tests. Sentinels decide fast: a
+/// primary is down after 500 ms without an answer.
+pub struct RedisSentinels {
+    pub primary: RedisServer,
+    pub replica: RedisServer,
+    sentinels: Vec<Sentinel>,
+}
+
+/// Name under which the Sentinels know the primary.
+pub const SENTINEL_MASTER: &str = "mymaster";
+
+struct Sentinel {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisSentinels {
+    pub fn start() -> RedisSentinels {
+        let primary = RedisServer::start();
+        let replica =
+            RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+        wait_until("the replica to sync", || {
+            replica
+                .cli(&["INFO", "replication"])
+                .is_some_and(|info| info.contains("master_link_status:up"))
+        });
+        let sentinels = (0..3).map(|_| Sentinel::start(primary.port)).collect();
+        let set = RedisSentinels {
+            primary,
+            replica,
+            sentinels,
+        };
+        wait_until("the Sentinels to see the replica", || {
+            set.sentinels.iter().all(|sentinel| {
+                redis_cli(sentinel.port, &["SENTINEL", "REPLICAS", SENTINEL_MASTER])
+                    .is_some_and(|replicas| replicas.contains(&set.replica.port.to_string()))
+            })
+        });
+        set
+    }
+
+    /// The Sentinels' URLs, as `[redis] sentinels` takes them.
+    pub fn urls(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|sentinel| format!("redis://127.0.0.1:{}", sentinel.port))
+            .collect()
+    }
+
+    /// The port of the node the Sentinels currently call the primary.
+    pub fn master_port(&self) -> Option<u16> {
+        let reply = redis_cli(
+            self.sentinels[0].port,
+            &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
+        )?;
+        reply.lines().nth(1)?.trim().parse().ok()
+    }
+}
+
+impl Sentinel {
+    fn start(primary: u16) -> Sentinel {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let port = free_port();
+        let config = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary} 2\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} 500\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} 2000\n",
+                dir.path().display()
+            ),
+        )
+        .expect("write sentinel.conf");
+        let child = Command::new("redis-server")
+            .arg(&config)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel");
+        wait_until("a Sentinel to answer", || {
+            redis_cli(port, &["PING"]).is_some_and(|reply| reply == "PONG")
+        });
+        Sentinel {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

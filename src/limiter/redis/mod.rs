@@ -32,7 +32,7 @@ use batch::{Call, CallReply};
 pub use keys::{BucketOwner, bucket_key, slot_of};
 use lanes::{Lanes, Next, Pending};
 use pool::{Failure, Pool};
-pub use pool::{RedisNodes, RedisSettings, RedisSetupError};
+pub use pool::{PrimaryAuth, RedisNodes, RedisSettings, RedisSetupError};
 use reconcile::Reconciler;
 
 /// Each script is the shared bucket library followed by its own body.

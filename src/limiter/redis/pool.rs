@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ScriptInvocation};
+use redis::{
+    AsyncConnectionConfig, ErrorKind, RedisError, Script, ScriptInvocation, ServerErrorKind,
+};
 use redis::{RedisFuture, Value};
 use tokio::sync::Mutex;
 
@@ -31,13 +33,29 @@ pub struct RedisSettings {
     pub connect_timeout: Duration,
 }
 
-/// One node, or the seed nodes of a cluster.
+/// One node, the seed nodes of a cluster, or the Sentinels of a primary.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RedisNodes {
     /// `redis://`, `rediss://` or `unix://` URL of a single node.
     Single(String),
     /// Seed node URLs of a Redis Cluster.
     Cluster(Vec<String>),
+    /// The primary that Sentinels (their URLs) know by `master`; every new
+    /// connection asks them where it is, so a failover is followed.
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+        /// How to log in to the primary itself.
+        auth: PrimaryAuth,
+    },
+}
+
+/// Credentials and database of a primary found through Sentinel.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PrimaryAuth {
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub db: i64,
 }
 
 /// Why the Redis store could not be built.
@@ -70,6 +88,10 @@ enum Connector {
     Cluster {
         client: redis::cluster::ClusterClient,
     },
+    Sentinel {
+        client: Mutex<redis::sentinel::SentinelClient>,
+        config: AsyncConnectionConfig,
+    },
 }
 
 /// A live connection to a node or to the cluster.
@@ -89,6 +111,12 @@ impl Connector {
             Connector::Cluster { client } => {
                 client.get_async_connection().await.map(Connection::Cluster)
             }
+            Connector::Sentinel { client, config } => client
+                .lock()
+                .await
+                .get_async_connection_with_config(config)
+                .await
+                .map(Connection::Single),
         }
     }
 }
@@ -157,7 +185,14 @@ impl Slot {
     /// Drops the connection after an error that leaves it unusable, so the
     /// next call reconnects.
     async fn discard_if_broken(&self, redis_error: &RedisError) {
-        if redis_error.is_unrecoverable_error()
+        // A node that became a replica (a failover) answers READONLY: the
+        // next connection must ask the Sentinels for the new primary.
+        let demoted = matches!(
+            redis_error.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        );
+        if demoted
+            || redis_error.is_unrecoverable_error()
             || redis_error.is_connection_dropped()
             || redis_error.is_io_error()
         {
@@ -196,9 +231,7 @@ impl Pool {
                     None => redis::Client::open(url.as_str()),
                 }
                 .map_err(invalid)?,
-                config: AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(settings.connect_timeout))
-                    .set_response_timeout(Some(settings.timeout)),
+                config: single_config(settings),
             },
             RedisNodes::Cluster(seeds) => Connector::Cluster {
                 client: certificates
@@ -212,6 +245,33 @@ impl Pool {
                     .build()
                     .map_err(invalid)?,
             },
+            RedisNodes::Sentinel {
+                sentinels,
+                master,
+                auth,
+            } => {
+                let mut primary = redis::RedisConnectionInfo::default().set_db(auth.db);
+                if let Some(username) = &auth.username {
+                    primary = primary.set_username(username);
+                }
+                if let Some(password) = &auth.password {
+                    primary = primary.set_password(password);
+                }
+                let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(primary);
+                Connector::Sentinel {
+                    client: Mutex::new(
+                        redis::sentinel::SentinelClient::build(
+                            sentinels.clone(),
+                            master.clone(),
+                            Some(node),
+                            redis::sentinel::SentinelServerType::Master,
+                        )
+                        .map_err(invalid)?,
+                    ),
+                    config: single_config(settings),
+                }
+            }
         };
         Ok(Pool {
             connector,
@@ -339,6 +399,13 @@ impl Failure {
 
 fn unavailable(redis_error: &RedisError) -> StoreError {
     StoreError::Unavailable(redis_error.to_string())
+}
+
+/// How every connection to one node is set up.
+fn single_config(settings: &RedisSettings) -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(settings.connect_timeout))
+        .set_response_timeout(Some(settings.timeout))
 }
 
 /// `attempt`'s outcome, or `Unavailable` once `deadline` has passed.
