@@ -59,7 +59,7 @@ class Connection:
         self._slots = asyncio.Semaphore(session.max_in_flight)
         self._drain_lock = asyncio.Lock()
         for frame in leftover:
-            self._deliver(frame)
+            self._deliver(frame.request_id, frame.response)
         self._task = self.loop.create_task(self._read_loop())
 
     @classmethod
@@ -107,7 +107,7 @@ class Connection:
         return self.alive and not self.retired
 
     async def submit(
-        self, request: p.Request, deadline: core.Deadline
+        self, request: core.AnyRequest, deadline: core.Deadline
     ) -> tuple[int, asyncio.Future]:
         """Sends `request`; the future completes with its answer or `ConnectionLost`.
 
@@ -135,7 +135,7 @@ class Connection:
             self._fail(ConnectionLost(f"sending failed: {error}"))
         return request_id, future
 
-    def send_and_forget(self, request: p.Request) -> None:
+    def send_and_forget(self, request: core.AnyRequest) -> None:
         """Sends a request whose answer nobody awaits (cancels, late releases)."""
         if self._closed is not None or self.pid != os.getpid():
             return
@@ -160,8 +160,12 @@ class Connection:
                 if not data:
                     reason = ConnectionLost("the daemon closed the connection")
                     break
-                for frame in self.session.receive_data(data):
-                    self._deliver(frame)
+                decoder = self.session.decoder
+                decoder.receive_data(data)
+                answer = decoder.next_answer()
+                while answer is not p.NEED_DATA:
+                    self._deliver(*answer)
+                    answer = decoder.next_answer()
         except ProtocolError as error:
             log.error("closing the connection to the sidecar: %s", error)
             reason = ConnectionLost(f"protocol error: {error}")
@@ -172,16 +176,16 @@ class Connection:
         self._fail(reason)
         self._writer.transport.abort()
 
-    def _deliver(self, frame: p.ServerFrame) -> None:
-        if frame.request_id == 0:
-            core.connection_answer(frame.response)
+    def _deliver(self, request_id: int, response: p.Response) -> None:
+        if request_id == 0:
+            core.connection_answer(response)
             return
-        future = self._pending.pop(frame.request_id, None)
-        if frame.request_id in self._counted:
-            self._counted.discard(frame.request_id)
+        future = self._pending.pop(request_id, None)
+        if request_id in self._counted:
+            self._counted.discard(request_id)
             self._slots.release()
         if future is not None and not future.done():
-            future.set_result(frame.response)
+            future.set_result(response)
 
     def _fail(self, reason: ConnectionLost) -> None:
         if self._closed is not None:
@@ -226,6 +230,13 @@ class Slot:
         #: Whether the last connect gave up on the sidecar (the policy's note).
         self.down = False
         self._connecting: Optional[asyncio.Task] = None
+
+    def ready(self) -> Optional[Connection]:
+        """The connection if it is usable now; otherwise `get` opens another."""
+        conn = self.conn
+        if conn is not None and conn.usable:
+            return conn
+        return None
 
     async def get(
         self, deadline: core.Deadline, connect: Callable[[core.Deadline], Awaitable[Connection]]

@@ -262,7 +262,7 @@ def _check_acquire_declarations() -> None:
 _check_acquire_declarations()
 
 
-def _fixed_answers() -> dict[tuple[int, int], tuple[struct.Struct, type]]:
+def _fixed_answers() -> dict[tuple[int, int], tuple[struct.Struct, int, type]]:
     """The responses made of integers only, by (payload size, low byte of the tag):
     one layout each for the whole payload (request id, tag, fields)."""
     if ServerFrame.WIRE != (("request_id", U64), ("response", RESPONSE)):
@@ -272,7 +272,7 @@ def _fixed_answers() -> dict[tuple[int, int], tuple[struct.Struct, type]]:
         if all(isinstance(wire, _Int) for _, wire in cls.WIRE):
             fields = "".join(wire.fmt.format[1:] for _, wire in cls.WIRE)
             layout = struct.Struct("<QI" + fields)
-            answers[(layout.size, cls.TAG & 0xFF)] = (layout, cls)
+            answers[(layout.size, cls.TAG & 0xFF)] = (layout, cls.TAG, cls)
     return answers
 
 
@@ -411,16 +411,18 @@ class FrameDecoder:
 
     def next_answer(self) -> Any:
         """The next `(request_id, response)` of a `ServerFrame` stream, or `NEED_DATA`."""
+        if self._end - self._start < LENGTH_PREFIX_LEN and self._broken is None:
+            return NEED_DATA
         at = self._next_payload()
         if at is None:
             return NEED_DATA
         buffer = self._buffer
         fixed = _FIXED_ANSWERS.get((self._stop - at, buffer[at + 8]))
         if fixed is not None:  # Granted, Settled, ...: integers only, one `unpack` each
-            layout, cls = fixed
-            request_id, tag, *fields = layout.unpack_from(buffer, at)
-            if tag == cls.TAG:
-                return request_id, cls(*fields)
+            layout, tag, cls = fixed
+            values = layout.unpack_from(buffer, at)
+            if values[1] == tag:
+                return values[0], cls(*values[2:])
         frame = decode_payload(bytes(self._view[at : self._stop]), ServerFrame)
         return frame.request_id, frame.response
 
