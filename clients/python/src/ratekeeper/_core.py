@@ -114,7 +114,12 @@ class Session:
         Then checks the answer (raising when the daemon refused us) and returns
         the frames that arrived after it, for the connection to deliver.
         """
-        frames = list(self.receive_data(data))
+        self.decoder.receive_data(data)
+        return self.hello_answer(hello_id)
+
+    def hello_answer(self, hello_id: int) -> Optional[list[p.ServerFrame]]:
+        """`receive_hello` for bytes already in the decoder (received into its buffer)."""
+        frames = self.decoder.frames()
         if not frames:
             return None
         if frames[0].request_id not in (hello_id, 0):
