@@ -1,19 +1,36 @@
-"""Acquire round trips from Python: through the sidecar, or EVALSHA from every worker.
+"""Acquires from Python: through the sidecar, or the acquire script from every worker.
 
-For 1, 4 and 8 worker processes, each mode runs for a fixed time and reports
-acquires per second and the p50/p99 round trip of one acquire:
+For each shape of workers (processes x threads, or processes x asyncio tasks),
+each mode runs for a fixed time and reports acquires per second, the p50/p99
+round trip, and the CPU time spent per acquire by each party:
 
-- `sidecar sync`: `ratekeeper.Client.acquire`, one thread per process;
-- `sidecar asyncio`: `ratekeeper.AsyncClient.acquire` from 8 tasks per process;
+- client: the worker processes' own CPU (`getrusage` in each process, user +
+  system, over its measured window);
+- daemon: the sidecar's CPU, from /proc/PID/stat (utime + stime) before and
+  after the window;
+- redis: the redis-server's CPU, the same way.
+
+Modes, all measured in the same run:
+
+- `sidecar sync`: `ratekeeper.Client.acquire`, one client per process shared
+  by its threads;
+- `sidecar asyncio`: `ratekeeper.AsyncClient.acquire` from the tasks of one
+  event loop per process;
 - `redis-py sync`: the tutorial's way, every worker calling the acquire script
-  itself (`redis.Redis` + `register_script`), one thread per process;
-- `redis-py asyncio`: the same with `redis.asyncio` from 8 tasks per process.
+  itself (`redis.Redis` + `register_script`, one client per process shared by
+  its threads);
+- `redis-py asyncio`: the same with `redis.asyncio`, one client per process;
+- with `--baseline-client DIR`, `baseline sync` and `baseline asyncio` run the
+  client found in DIR (another checkout's `clients/python/src`) the same way,
+  for a before/after in one sitting.
 
 Both paths run the same script (lua/acquire.lua) on the same two buckets
-(tokens and requests) of the same Redis, sized so that every acquire is a
-grant. Run it with bench/python/run.sh, which starts Redis and the sidecar.
+(tokens and requests) of the same Redis, sized so that every acquire of 10
+tokens is a grant. Run it with bench/python/run.sh, which starts Redis and the
+sidecar and passes their pids.
 
-    python bench/python/bench.py --socket /tmp/rk.sock --redis redis://127.0.0.1:6379/0
+    python bench/python/bench.py --socket /tmp/rk.sock --redis redis://127.0.0.1:6379/0 \\
+        --daemon-pid 1234 --redis-pid 1233 --shapes 1x1 1x8 4x8
 """
 
 from __future__ import annotations
@@ -21,145 +38,251 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
+import resource
 import statistics
+import sys
+import threading
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 LIMIT = "bench"
+TOKENS = 10
 CAPACITY, PER_MINUTE = 10_000_000_000, 1_000_000_000
 LUA = Path(__file__).resolve().parents[2] / "lua"
 #: The sidecar's acquire script, after the shared helpers when they are split out.
 SCRIPT = "".join(
     (LUA / name).read_text() for name in ("bucket.lua", "acquire.lua") if (LUA / name).exists()
 )
-TASKS_PER_PROCESS = 8
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def script_args() -> tuple[list[str], list]:
-    """The keys and arguments of one sidecar acquire of one token on LIMIT."""
+    """The keys and arguments of one sidecar acquire of TOKENS tokens on LIMIT."""
     keys = [f"pybench:{{{LIMIT}}}:tokens", f"pybench:{{{LIMIT}}}:requests"]
-    bucket = [CAPACITY, PER_MINUTE, 1, 0]
+    bucket = [CAPACITY, PER_MINUTE, TOKENS, 0]
     return keys, [0, "", *bucket, *bucket]
 
 
-def sidecar_sync(socket: str, redis_url: str, seconds: float) -> list[float]:
+# ---------------------------------------------------------------------------
+# What one worker process runs: an acquire callable per mode, then a loop
+# ---------------------------------------------------------------------------
+
+
+def _import_client(baseline: Optional[str]):
+    if baseline:
+        sys.path.insert(0, baseline)
     import ratekeeper
 
-    client = ratekeeper.Client(socket)
+    if baseline:
+        assert ratekeeper.__file__.startswith(baseline), ratekeeper.__file__
+    return ratekeeper
+
+
+def sidecar_sync(socket: str, redis_url: str, baseline: Optional[str] = None) -> Callable:
+    client = _import_client(baseline).Client(socket)
     client.ping()
-    return _loop(lambda: client.acquire(LIMIT, 1, max_wait=0), seconds)
+    return lambda: client.acquire(LIMIT, TOKENS, max_wait=0)
 
 
-def redis_sync(socket: str, redis_url: str, seconds: float) -> list[float]:
+def redis_sync(socket: str, redis_url: str, baseline: Optional[str] = None) -> Callable:
     import redis
 
     connection = redis.Redis.from_url(redis_url)
     acquire = connection.register_script(SCRIPT)
     keys, args = script_args()
     acquire(keys=keys, args=args)  # loads the script
-    return _loop(lambda: acquire(keys=keys, args=args), seconds)
+    return lambda: acquire(keys=keys, args=args)
 
 
-def _loop(call, seconds: float) -> list[float]:
-    latencies = []
-    end = time.perf_counter() + seconds
-    while True:
-        started = time.perf_counter()
-        if started >= end:
-            return latencies
-        call()
-        latencies.append(time.perf_counter() - started)
+async def sidecar_async(socket: str, redis_url: str, baseline: Optional[str] = None) -> Callable:
+    client = _import_client(baseline).AsyncClient(socket)
+    await client.ping()
+    return lambda: client.acquire(LIMIT, TOKENS, max_wait=0)
 
 
-def sidecar_async(socket: str, redis_url: str, seconds: float) -> list[float]:
-    import ratekeeper
-
-    async def main() -> list[float]:
-        client = ratekeeper.AsyncClient(socket)
-        await client.ping()
-        return await _tasks(lambda: client.acquire(LIMIT, 1, max_wait=0), seconds)
-
-    return asyncio.run(main())
-
-
-def redis_async(socket: str, redis_url: str, seconds: float) -> list[float]:
+async def redis_async(socket: str, redis_url: str, baseline: Optional[str] = None) -> Callable:
     import redis.asyncio
 
-    async def main() -> list[float]:
-        connection = redis.asyncio.Redis.from_url(redis_url)
-        acquire = connection.register_script(SCRIPT)
-        keys, args = script_args()
-        await acquire(keys=keys, args=args)
-        latencies = await _tasks(lambda: acquire(keys=keys, args=args), seconds)
-        await connection.aclose()
-        return latencies
-
-    return asyncio.run(main())
+    connection = redis.asyncio.Redis.from_url(redis_url)
+    acquire = connection.register_script(SCRIPT)
+    keys, args = script_args()
+    await acquire(keys=keys, args=args)
+    return lambda: acquire(keys=keys, args=args)
 
 
-async def _tasks(call, seconds: float) -> list[float]:
-    latencies: list[float] = []
-    end = time.perf_counter() + seconds
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
-    async def task() -> None:
+
+def run_threads(make: Callable, threads: int, seconds: float, barrier) -> dict:
+    """Every thread calls the acquire in a loop for `seconds` after the barrier."""
+    acquire = make()
+    for _ in range(100):
+        acquire()  # warm up: connected, script loaded, code paths taken
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    start = threading.Barrier(threads + 1)
+
+    def loop(out: list[float]) -> None:
+        start.wait()
+        end = time.perf_counter() + seconds
         while True:
             started = time.perf_counter()
             if started >= end:
                 return
-            await call()
-            latencies.append(time.perf_counter() - started)
+            acquire()
+            out.append(time.perf_counter() - started)
 
-    await asyncio.gather(*(task() for _ in range(TASKS_PER_PROCESS)))
-    return latencies
+    workers = [threading.Thread(target=loop, args=(out,)) for out in latencies]
+    for worker in workers:
+        worker.start()
+    barrier.wait()
+    cpu = _cpu()
+    start.wait()
+    for worker in workers:
+        worker.join()
+    return {"cpu": _cpu() - cpu, "latencies": [x for out in latencies for x in out]}
 
 
+def run_tasks(make: Callable, tasks: int, seconds: float, barrier) -> dict:
+    """Every task awaits the acquire in a loop for `seconds` after the barrier."""
+
+    async def main() -> dict:
+        acquire = await make()
+        for _ in range(100):
+            await acquire()
+        latencies: list[float] = []
+
+        async def loop() -> None:
+            end = time.perf_counter() + seconds
+            while True:
+                started = time.perf_counter()
+                if started >= end:
+                    return
+                await acquire()
+                latencies.append(time.perf_counter() - started)
+
+        barrier.wait()  # blocks the loop, on purpose: nothing runs before the start
+        cpu = _cpu()
+        await asyncio.gather(*(loop() for _ in range(tasks)))
+        return {"cpu": _cpu() - cpu, "latencies": latencies}
+
+    return asyncio.run(main())
+
+
+#: mode -> (how a process makes its acquire, how it runs its workers, client in baseline)
 MODES = {
-    "sidecar sync": sidecar_sync,
-    "redis-py sync": redis_sync,
-    "sidecar asyncio": sidecar_async,
-    "redis-py asyncio": redis_async,
+    "sidecar sync": (sidecar_sync, run_threads, False),
+    "redis-py sync": (redis_sync, run_threads, False),
+    "sidecar asyncio": (sidecar_async, run_tasks, False),
+    "redis-py asyncio": (redis_async, run_tasks, False),
+    "baseline sync": (sidecar_sync, run_threads, True),
+    "baseline asyncio": (sidecar_async, run_tasks, True),
 }
 
 
-def _worker(mode: str, socket: str, redis_url: str, seconds: float, barrier, results) -> None:
-    barrier.wait()
-    results.put(MODES[mode](socket, redis_url, seconds))
+def _worker(mode: str, options: dict, workers: int, barrier, results) -> None:
+    make, runner, baseline = MODES[mode]
+    base = options["baseline_client"] if baseline else None
+
+    def made():
+        return make(options["socket"], options["redis"], base)
+
+    results.put(runner(made, workers, options["seconds"], barrier))
 
 
-def run(mode: str, processes: int, socket: str, redis_url: str, seconds: float) -> dict:
+# ---------------------------------------------------------------------------
+# The parent: starts the processes, samples the daemon's and Redis's CPU
+# ---------------------------------------------------------------------------
+
+
+def process_cpu(pid: Optional[int]) -> float:
+    """utime + stime of a process, in seconds, from /proc/PID/stat (0 without a pid)."""
+    if not pid:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def run(mode: str, processes: int, workers: int, options: dict) -> dict:
     context = multiprocessing.get_context("spawn")
-    barrier, results = context.Barrier(processes), context.Queue()
-    workers = [
-        context.Process(target=_worker, args=(mode, socket, redis_url, seconds, barrier, results))
+    barrier, results = context.Barrier(processes + 1), context.Queue()
+    children = [
+        context.Process(target=_worker, args=(mode, options, workers, barrier, results))
         for _ in range(processes)
     ]
-    for worker in workers:
-        worker.start()
-    latencies = sorted(x for _ in workers for x in results.get(timeout=seconds + 60))
-    for worker in workers:
-        worker.join()
+    for child in children:
+        child.start()
+    barrier.wait(timeout=60)
+    daemon, redis = process_cpu(options["daemon_pid"]), process_cpu(options["redis_pid"])
+    outcomes = [results.get(timeout=options["seconds"] + 60) for _ in children]
+    daemon = process_cpu(options["daemon_pid"]) - daemon
+    redis = process_cpu(options["redis_pid"]) - redis
+    for child in children:
+        child.join()
+    latencies = sorted(x for outcome in outcomes for x in outcome["latencies"])
+    count = len(latencies)
+    quantiles = statistics.quantiles(latencies, n=100)
+    client = sum(outcome["cpu"] for outcome in outcomes)
+    sidecar = mode.startswith(("sidecar", "baseline"))
     return {
-        "per_second": len(latencies) / seconds,
-        "p50_us": statistics.quantiles(latencies, n=100)[49] * 1e6,
-        "p99_us": statistics.quantiles(latencies, n=100)[98] * 1e6,
+        "per_second": count / options["seconds"],
+        "p50_us": quantiles[49] * 1e6,
+        "p99_us": quantiles[98] * 1e6,
+        "client_us": client / count * 1e6,
+        "daemon_us": daemon / count * 1e6 if sidecar else 0.0,
+        "redis_us": redis / count * 1e6,
     }
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    processes, _, workers = text.partition("x")
+    return int(processes), int(workers or 1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--socket", required=True, help="the sidecar's socket")
     parser.add_argument("--redis", required=True, help="the sidecar's Redis, redis://host:port/db")
+    parser.add_argument("--daemon-pid", type=int, help="the sidecar's pid, for its CPU time")
+    parser.add_argument("--redis-pid", type=int, help="redis-server's pid, for its CPU time")
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
-    parser.add_argument("--processes", type=int, nargs="+", default=[1, 4, 8])
-    options = parser.parse_args()
-    print("| processes | mode | acquires/s | p50 µs | p99 µs |")
-    print("| ---: | --- | ---: | ---: | ---: |")
-    for processes in options.processes:
-        for mode in MODES:
-            result = run(mode, processes, options.socket, options.redis, options.seconds)
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        default=["1x1", "1x8", "4x8"],
+        help="processes x threads (sync) or x tasks (asyncio) per process",
+    )
+    parser.add_argument("--baseline-client", help="another client's src dir, run as 'baseline'")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), help="default: all that apply")
+    options = vars(parser.parse_args())
+    modes = options["modes"] or [
+        mode
+        for mode, (_, _, baseline) in MODES.items()
+        if options["baseline_client"] or not baseline
+    ]
+    print(
+        "| workers | mode | acquires/s | p50 µs | p99 µs "
+        "| client CPU µs | daemon CPU µs | Redis CPU µs | total CPU µs | total vs redis-py |"
+    )
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for shape in options["shapes"]:
+        processes, workers = parse_shape(shape)
+        results = {mode: run(mode, processes, workers, options) for mode in modes}
+        for mode, result in results.items():
+            total = result["client_us"] + result["daemon_us"] + result["redis_us"]
+            kind = "sync" if mode.endswith("sync") else "asyncio"
+            reference = results.get(f"redis-py {kind}")
+            ratio = ""
+            if reference:
+                ratio = f"{total / (reference['client_us'] + reference['redis_us']):.2f}×"
             print(
-                f"| {processes} | {mode} | {result['per_second']:,.0f} "
-                f"| {result['p50_us']:,.0f} | {result['p99_us']:,.0f} |",
+                f"| {processes}×{workers} | {mode} | {result['per_second']:,.0f} "
+                f"| {result['p50_us']:,.0f} | {result['p99_us']:,.0f} "
+                f"| {result['client_us']:.0f} | {result['daemon_us']:.0f} "
+                f"| {result['redis_us']:.0f} | {total:.0f} | {ratio} |",
                 flush=True,
             )
 

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Python acquire round trips through the sidecar next to redis-py calling the
-# same Lua script from every worker, in one run; prints a Markdown table.
+# Python acquires through the sidecar next to redis-py calling the same Lua
+# script from every worker, in one run: throughput, latency and the CPU time
+# of the workers, the daemon and Redis per acquire; prints a Markdown table.
 # See bench/python/README.md.
 #
-# Usage: bench/python/run.sh [SECONDS_PER_MEASUREMENT]   (default 3)
+# Usage: bench/python/run.sh [SECONDS_PER_MEASUREMENT] [SHAPE...]   (default 3; 1x1 1x8 4x8)
+#   SHAPE is processes x threads (sync) or x tasks (asyncio) per process.
+#   BASELINE=<git revision> also runs that revision's Python client ("baseline" rows).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECONDS_PER_STEP="${1:-3}"
+shift || true
+SHAPES=("${@:-1x1 1x8 4x8}")
+read -r -a SHAPES <<< "${SHAPES[*]}"
 
 command -v redis-server >/dev/null || { echo "needs redis-server (scripts/test installs it)" >&2; exit 1; }
 if [ -z "${RATEKEEPER_BIN:-}" ]; then
@@ -17,10 +23,20 @@ VENV="$PWD/target/python-bench-venv"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check ./clients/python redis
 
+BASELINE_ARGS=()
+if [ -n "${BASELINE:-}" ]; then
+    BASELINE_DIR="$PWD/target/python-bench-baseline"
+    rm -rf "$BASELINE_DIR" && mkdir -p "$BASELINE_DIR"
+    git archive "$BASELINE" clients/python/src | tar -x -C "$BASELINE_DIR"
+    BASELINE_ARGS=(--baseline-client "$BASELINE_DIR/clients/python/src")
+fi
+
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
 start_redis_and_sidecar "$BIN"
 
 echo "$(nproc) cores; $(redis-server --version | cut -d' ' -f1-3); $("$VENV/bin/python" --version)"
+echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)${BASELINE:+; baseline client: $BASELINE}"
 "$VENV/bin/python" bench/python/bench.py --socket "$SOCKET" \
-    --redis "redis://127.0.0.1:$PORT/0" --seconds "$SECONDS_PER_STEP"
+    --redis "redis://127.0.0.1:$PORT/0" --daemon-pid "$DAEMON_PID" --redis-pid "$REDIS_PID" \
+    --seconds "$SECONDS_PER_STEP" --shapes "${SHAPES[@]}" "${BASELINE_ARGS[@]}"

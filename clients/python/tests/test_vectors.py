@@ -190,3 +190,138 @@ def test_every_variant_and_error_code_has_a_vector():
     for enum in SPEC_VARIANTS:
         assert set(enum.variants) <= seen
     assert set(range(1, 17)) <= codes
+
+
+# ---------------------------------------------------------------------------
+# The precompiled paths give the generic codec's bytes and values
+# ---------------------------------------------------------------------------
+
+CLIENT_VALID = [c for c in VALID if c.values[0] == "ClientFrame"]
+SERVER_VALID = [c for c in VALID if c.values[0] == "ServerFrame"]
+
+
+@pytest.mark.parametrize(("frame_type", "case"), CLIENT_VALID)
+def test_encode_request_gives_the_vector_bytes(frame_type, case):
+    frame = struct_from_serde(p.ClientFrame, case["value"])
+    assert p.encode_request(frame.request_id, frame.request).hex() == case["hex"]
+    request = frame.request
+    if isinstance(request, p.Acquire) and isinstance(request.cost, p.TokenCost):
+        packed = p.encode_token_acquire(
+            frame.request_id,
+            request.limit,
+            request.tenant,
+            request.priority,
+            request.cost.input_tokens,
+            request.cost.output_tokens,
+            request.max_wait_ms,
+        )
+        assert packed.hex() == case["hex"]
+
+
+def test_every_token_acquire_vector_is_held_against_the_packed_layout():
+    acquires = [
+        c
+        for c in CLIENT_VALID
+        if "Tokens" in json.dumps(c.values[1]["value"])
+        and "Acquire" in c.values[1]["value"]["request"]
+    ]
+    assert len(acquires) >= 6
+
+
+@pytest.mark.parametrize(
+    ("limit", "tenant", "priority", "counts", "max_wait_ms"),
+    [
+        ("bench", None, None, (10, 0), 0),
+        ("bench", None, None, (10, 0), None),
+        ("", "", "", (0, 0), 1),
+        ("gpt-4o", "acme", None, (2**64 - 1, 2**64 - 1), 2**64 - 1),
+        ("gpt-4o", None, "batch", (1, 2), 3_600_000),
+        ("claude-ü", "客户", "interactive", (300, 0), None),
+        ("x" * 300, "t" * 300, "p" * 300, (5, 5), 5),  # longer than any cached layout
+    ],
+)
+def test_encode_token_acquire_is_encode_frame(limit, tenant, priority, counts, max_wait_ms):
+    acquire = p.Acquire(limit, p.TokenCost(*counts), tenant, priority, max_wait_ms)
+    for request_id in (1, 77, 2**64 - 1):
+        expected = p.encode_frame(p.ClientFrame(request_id, acquire))
+        for _ in range(2):  # the layout built, then the layout cached
+            packed = p.encode_token_acquire(
+                request_id, limit, tenant, priority, *counts, max_wait_ms
+            )
+            assert packed == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("bench", None, None, -1, 0, None), ValueError),
+        (("bench", None, None, 2**64, 0, None), ValueError),
+        (("bench", None, None, 1, 0, -5), ValueError),
+        (("bench", None, None, 1.5, 0, None), TypeError),
+        ((3, None, None, 1, 0, None), TypeError),
+        (("bench", 7, None, 1, 0, None), TypeError),
+    ],
+)
+def test_encode_token_acquire_refuses_what_the_codec_refuses(args, error):
+    with pytest.raises(error):
+        p.encode_frame(
+            p.ClientFrame(1, p.Acquire(args[0], p.TokenCost(*args[3:5]), *args[1:3], args[5]))
+        )
+    with pytest.raises(error):
+        p.encode_token_acquire(1, *args)
+
+
+def test_encode_token_acquire_checks_the_frame_bound():
+    with pytest.raises(FrameTooLarge):
+        p.encode_token_acquire(1, "x" * 100, None, None, 1, 0, None, max_frame_len=100)
+    assert p.encode_token_acquire(1, "x" * 10, None, None, 1, 0, None, max_frame_len=100)
+
+
+@pytest.mark.parametrize(("frame_type", "case"), SERVER_VALID)
+def test_next_answer_gives_the_decoded_frame(frame_type, case):
+    data = bytes.fromhex(case["hex"])
+    expected = p.decode_frame(data, p.ServerFrame)
+    for split in {1, 3, 4, 5, len(data) // 2, len(data)}:
+        decoder = p.FrameDecoder(p.ServerFrame)
+        answers = []
+        for start in range(0, len(data), split):
+            chunk = data[start : start + split]
+            buffer = decoder.get_buffer()  # as recv_into fills it
+            buffer[: len(chunk)] = chunk
+            decoder.buffer_updated(len(chunk))
+            while (answer := decoder.next_answer()) is not p.NEED_DATA:
+                answers.append(answer)
+        assert answers == [(expected.request_id, expected.response)]
+        assert decoder.buffered == 0
+
+
+def test_a_fixed_size_answer_with_a_foreign_tag_is_decoded_generically():
+    # Settled and Released have the same size; a tag above 255 must not pass for either.
+    settled = bytearray(p.encode_frame(p.ServerFrame(3, p.Settled(-4))))
+    settled[12 + 1] = 1  # tag 3 + 256
+    decoder = p.FrameDecoder()
+    decoder.receive_data(bytes(settled))
+    with pytest.raises(MalformedMessage):
+        decoder.next_answer()
+
+
+def test_the_decoder_buffer_grows_for_a_large_frame_and_shrinks_after():
+    limits = tuple(
+        p.LimitStatus(f"limit-{index}", 0, (p.BucketStatus("tokens", 1, 1, 1),))
+        for index in range(3000)
+    )
+    big = p.encode_frame(p.ServerFrame(9, p.StatusReply("embedded", limits)))
+    small = p.encode_frame(p.ServerFrame(10, p.Pong()))
+    assert len(big) > p.BUFFER_SIZE
+    decoder = p.FrameDecoder()
+    stream, answers = big + small + small, []
+    while stream:
+        buffer = decoder.get_buffer()
+        size = min(len(buffer), len(stream), 5000)
+        buffer[:size], stream = stream[:size], stream[size:]
+        decoder.buffer_updated(size)
+        while (answer := decoder.next_answer()) is not p.NEED_DATA:
+            answers.append(answer)
+    assert [request_id for request_id, _ in answers] == [9, 10, 10]
+    assert answers[0][1].limit("limit-2999").waiters == 0
+    assert len(decoder.get_buffer()) == p.BUFFER_SIZE  # back to its size once empty

@@ -75,17 +75,11 @@ class Session:
         self.client_name = client_name[: p.MAX_NAME_LEN]
         self.decoder = p.FrameDecoder(p.ServerFrame)
         self.hello: Optional[p.HelloReply] = None
+        #: Most unanswered requests the daemon allows (announced in its `Hello`).
+        self.max_in_flight = p.MAX_IN_FLIGHT
+        #: The largest request payload: what the daemon announced, within the spec's bound.
+        self.max_frame_len = p.MAX_FRAME_LEN
         self._last_id = 0
-
-    @property
-    def max_in_flight(self) -> int:
-        return self.hello.max_in_flight if self.hello else p.MAX_IN_FLIGHT
-
-    @property
-    def max_frame_len(self) -> int:
-        """The largest request payload: what the daemon announced, within the spec's bound."""
-        announced = self.hello.max_frame_len if self.hello else p.MAX_FRAME_LEN
-        return min(announced, p.MAX_FRAME_LEN)
 
     def next_id(self) -> int:
         """A fresh request id: a counter from 1 that skips 0 if it ever wraps."""
@@ -110,6 +104,8 @@ class Session:
                 f"this client speaks {p.PROTOCOL_VERSION}"
             )
         self.hello = response
+        self.max_in_flight = response.max_in_flight
+        self.max_frame_len = min(response.max_frame_len, p.MAX_FRAME_LEN)
         return response
 
     def receive_hello(self, hello_id: int, data: bytes) -> Optional[list[p.ServerFrame]]:
@@ -118,7 +114,12 @@ class Session:
         Then checks the answer (raising when the daemon refused us) and returns
         the frames that arrived after it, for the connection to deliver.
         """
-        frames = list(self.receive_data(data))
+        self.decoder.receive_data(data)
+        return self.hello_answer(hello_id)
+
+    def hello_answer(self, hello_id: int) -> Optional[list[p.ServerFrame]]:
+        """`receive_hello` for bytes already in the decoder (received into its buffer)."""
+        frames = self.decoder.frames()
         if not frames:
             return None
         if frames[0].request_id not in (hello_id, 0):
@@ -126,10 +127,12 @@ class Session:
         self.accept_hello(frames[0])
         return frames[1:]
 
-    def request_frame(self, request: p.Request) -> tuple[int, bytes]:
+    def request_frame(self, request: AnyRequest) -> tuple[int, bytes]:
         """Allocates an id for `request` and encodes it within the daemon's bound."""
-        request_id = self.next_id()
-        return request_id, p.encode_frame(p.ClientFrame(request_id, request), self.max_frame_len)
+        self._last_id = request_id = self._last_id % 18446744073709551615 + 1  # next_id
+        if type(request) is AcquireRequest:
+            return request_id, request.frame(request_id, self.max_frame_len)
+        return request_id, p.encode_request(request_id, request, self.max_frame_len)
 
     def receive_data(self, data: bytes) -> Iterator[p.ServerFrame]:
         """Feeds `data`, then yields each frame it completed, in order.
@@ -160,7 +163,7 @@ class ConnectionLost(SidecarUnavailable):
     """The connection broke under a request; the call may retry on a new one."""
 
 
-def counts_in_flight(request: p.Request) -> bool:
+def counts_in_flight(request: AnyRequest) -> bool:
     """`Ping` and `Cancel` are answered at once and never count (PROTOCOL.md §5.2)."""
     return not isinstance(request, (p.Ping, p.Cancel))
 
@@ -171,7 +174,7 @@ class Deadline:
     __slots__ = ("at",)
 
     def __init__(self, seconds: Optional[float]) -> None:
-        self.at = None if seconds is None else time.monotonic() + max(0.0, seconds)
+        self.at = None if seconds is None else time.monotonic() + (seconds if seconds > 0 else 0.0)
 
     def remaining(self) -> Optional[float]:
         if self.at is None:
@@ -287,6 +290,21 @@ def chat_request(
     )
 
 
+def _token_counts(
+    tokens: Optional[int], messages: Optional[Iterable[MessageLike]], max_tokens: Optional[int]
+) -> Optional[tuple[int, int]]:
+    """The checked (input, output) counts of a token cost; None for messages."""
+    if (tokens is None) == (messages is None):
+        raise ValueError("give exactly one of tokens= or messages=")
+    if max_tokens is not None and max_tokens < 0:
+        raise ValueError(f"max_tokens must not be negative, got {max_tokens}")
+    if messages is not None:
+        return None
+    if tokens < 0:  # type: ignore[operator]
+        raise ValueError(f"tokens must not be negative, got {tokens}")
+    return int(tokens), int(max_tokens or 0)  # type: ignore[arg-type]
+
+
 def build_cost(
     tokens: Optional[int],
     messages: Optional[Iterable[MessageLike]],
@@ -294,15 +312,94 @@ def build_cost(
     tools: Any = None,
 ) -> p.Cost:
     """`tokens` (prompt tokens) + `max_tokens` (output to reserve), or messages to count."""
-    if (tokens is None) == (messages is None):
-        raise ValueError("give exactly one of tokens= or messages=")
-    if max_tokens is not None and max_tokens < 0:
-        raise ValueError(f"max_tokens must not be negative, got {max_tokens}")
-    if messages is not None:
-        return chat_request(messages, max_tokens, tools)
-    if tokens < 0:  # type: ignore[operator]
-        raise ValueError(f"tokens must not be negative, got {tokens}")
-    return p.TokenCost(input_tokens=int(tokens), output_tokens=int(max_tokens or 0))  # type: ignore[arg-type]
+    counts = _token_counts(tokens, messages, max_tokens)
+    if counts is None:
+        return chat_request(messages, max_tokens, tools)  # type: ignore[arg-type]
+    return p.TokenCost(*counts)
+
+
+class AcquireRequest:
+    """An acquire as the policy holds it across attempts: its checked arguments.
+
+    Not a message: a token cost (the common case) is packed straight from
+    these fields by `p.encode_token_acquire`, with no dataclass built on the
+    way; a message cost keeps its `p.ChatRequest` and goes through `p.Acquire`.
+    """
+
+    __slots__ = (
+        "chat",
+        "input_tokens",
+        "limit",
+        "max_wait_ms",
+        "output_tokens",
+        "priority",
+        "tenant",
+    )
+
+    def __init__(
+        self,
+        limit: str,
+        input_tokens: int,
+        output_tokens: int,
+        chat: Optional[p.ChatRequest],
+        tenant: Optional[str],
+        priority: Optional[str],
+        max_wait_ms: Optional[int],
+    ) -> None:
+        self.limit = limit
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        #: The messages to count, or None for a token cost.
+        self.chat = chat
+        self.tenant = tenant
+        self.priority = priority
+        self.max_wait_ms = max_wait_ms
+
+    @property
+    def cost(self) -> p.Cost:
+        if self.chat is not None:
+            return self.chat
+        return p.TokenCost(self.input_tokens, self.output_tokens)
+
+    def message(self) -> p.Acquire:
+        """The `Acquire` message this stands for."""
+        return p.Acquire(self.limit, self.cost, self.tenant, self.priority, self.max_wait_ms)
+
+    def frame(self, request_id: int, max_frame_len: int) -> bytes:
+        """The encoded `ClientFrame` of this acquire under `request_id`."""
+        if self.chat is None:
+            return p.encode_token_acquire(
+                request_id,
+                self.limit,
+                self.tenant,
+                self.priority,
+                self.input_tokens,
+                self.output_tokens,
+                self.max_wait_ms,
+                max_frame_len,
+            )
+        return p.encode_frame(p.ClientFrame(request_id, self.message()), max_frame_len)
+
+    def with_max_wait_ms(self, max_wait_ms: Optional[int]) -> AcquireRequest:
+        return AcquireRequest(
+            self.limit,
+            self.input_tokens,
+            self.output_tokens,
+            self.chat,
+            self.tenant,
+            self.priority,
+            max_wait_ms,
+        )
+
+    def reservation(self, granted_tokens: int) -> Reservation:
+        """Splits a grant into input and output tokens (the daemon returns the sum)."""
+        if self.chat is None:
+            return Reservation(self.input_tokens, self.output_tokens)
+        output = min(self.chat.max_output_tokens or 0, granted_tokens)
+        return Reservation(granted_tokens - output, output)
+
+    def __repr__(self) -> str:
+        return f"<AcquireRequest {self.message()!r}>"
 
 
 def build_acquire(
@@ -314,28 +411,33 @@ def build_acquire(
     tenant: Optional[str],
     priority: Optional[str],
     max_wait: Optional[float],
-) -> p.Acquire:
-    return p.Acquire(
-        limit=limit,
-        cost=build_cost(tokens, messages, max_tokens, tools),
-        tenant=tenant,
-        priority=priority,
-        max_wait_ms=wait_ms(max_wait),
-    )
+) -> AcquireRequest:
+    """The acquire of the public API's arguments, checked before anything is sent."""
+    max_wait_ms = None if max_wait is None else wait_ms(max_wait)
+    if type(tokens) is int and tokens > 0 and messages is None and max_tokens is None:
+        return AcquireRequest(limit, tokens, 0, None, tenant, priority, max_wait_ms)  # the usual
+    counts = _token_counts(tokens, messages, max_tokens)
+    if counts is None:
+        chat = chat_request(messages, max_tokens, tools)  # type: ignore[arg-type]
+        return AcquireRequest(limit, 0, 0, chat, tenant, priority, max_wait_ms)
+    return AcquireRequest(limit, counts[0], counts[1], None, tenant, priority, max_wait_ms)
 
 
-def with_remaining_wait(request: p.Acquire, max_wait: Optional[float], started: float) -> p.Acquire:
-    """The acquire to resend after a reconnect: its wait shortened by the time spent."""
-    if max_wait is None:
+#: What a connection sends: a message, or an acquire kept as its arguments.
+AnyRequest = Union[p.Request, AcquireRequest]
+
+
+def with_remaining_wait(
+    request: AcquireRequest, overall: Deadline, timeout: float
+) -> AcquireRequest:
+    """The acquire to resend after a reconnect: its wait shortened by the time spent.
+
+    `overall` is the acquire's deadline: its wait, then `timeout`.
+    """
+    remaining = overall.remaining()
+    if request.max_wait_ms is None or remaining is None:
         return request
-    spent = time.monotonic() - started
-    return p.Acquire(
-        limit=request.limit,
-        cost=request.cost,
-        tenant=request.tenant,
-        priority=request.priority,
-        max_wait_ms=wait_ms(max(0.0, max_wait - spent)),
-    )
+    return request.with_max_wait_ms(wait_ms(max(0.0, remaining - timeout)))
 
 
 # ---------------------------------------------------------------------------
@@ -365,14 +467,6 @@ class Reservation:
 
     input_tokens: int
     output_tokens: int
-
-
-def reservation(cost: p.Cost, granted_tokens: int) -> Reservation:
-    """Splits a grant into input and output tokens (the daemon returns the sum)."""
-    if isinstance(cost, p.TokenCost):
-        return Reservation(cost.input_tokens, cost.output_tokens)
-    output = min(cost.max_output_tokens or 0, granted_tokens)
-    return Reservation(granted_tokens - output, output)
 
 
 def report_counts(

@@ -1,9 +1,11 @@
 """What the asyncio client waits on: its connection, the slot that holds it, sleeping.
 
 Every task sends on one pipelined connection under its own request id and
-awaits a future; a reader task completes the futures as answers arrive, in any
-order. The connection belongs to the event loop and the process that opened
-it; for a different loop or a forked child the slot opens another.
+awaits a waiter; the event loop's reading callback (a `BufferedProtocol`
+receiving into the session's decoder) completes the answers' futures and
+their waiters as answers arrive, in any order, without a reader task. The
+connection belongs to the event loop and the process that opened it; for a
+different loop or a forked child the slot opens another.
 
 `_io_sync` has the same names and signatures without `async`: the policy in
 `_async.py` (and `_sync.py`, generated from it) is written against them once.
@@ -12,6 +14,7 @@ it; for a different loop or a forked child the slot opens another.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -25,6 +28,8 @@ from ._errors import ProtocolError
 
 log = logging.getLogger("ratekeeper")
 
+NEED_DATA = p.NEED_DATA
+
 #: What `Connection.submit` returns to wait on.
 Future = asyncio.Future
 #: What `Connection.wait` raises at its deadline (not the builtin before Python 3.11).
@@ -36,31 +41,95 @@ async def sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
+class _Protocol(asyncio.BufferedProtocol):
+    """Receives into the session's decoder and hands every answer to the connection.
+
+    The event loop's reading callback decodes and completes the callers'
+    waiters itself: no reader task, no stream buffer in between.
+    """
+
+    def __init__(self, session: core.Session, hello_id: int) -> None:
+        self.session = session
+        self.hello_id = hello_id
+        #: The frames after the answer to `Hello`, once it is in (or the error).
+        self.hello: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.conn: Optional[Connection] = None
+        self.transport: Optional[asyncio.Transport] = None
+        #: Set while the transport's write buffer is full: senders await it.
+        self.drained: Optional[asyncio.Future] = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.session.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.session.decoder.buffer_updated(nbytes)
+        if self.conn is not None:
+            self.conn._received()
+            return
+        if self.hello.done():
+            return  # kept in the decoder until the connection takes over
+        try:
+            leftover = self.session.hello_answer(self.hello_id)
+        except Exception as error:
+            if not self.hello.done():
+                self.hello.set_exception(error)
+            self.transport.abort()  # type: ignore[union-attr]
+            return
+        if leftover is not None and not self.hello.done():
+            self.hello.set_result(leftover)
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes; connection_lost follows
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        reason = f"the daemon closed the connection{f': {exc}' if exc else ''}"
+        if self.conn is not None:
+            self.conn._fail(ConnectionLost(reason))
+        elif not self.hello.done():
+            self.hello.set_exception(ConnectionResetError(f"{reason} during Hello"))
+        self.resume_writing()
+
+    def pause_writing(self) -> None:
+        if self.drained is None:
+            self.drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        drained, self.drained = self.drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+
 class Connection:
-    """One asyncio stream to the daemon that has exchanged `Hello`, and its reader task."""
+    """One asyncio transport to the daemon that has exchanged `Hello`."""
 
     def __init__(
         self,
         session: core.Session,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        transport: asyncio.Transport,
+        protocol: _Protocol,
         leftover: list[p.ServerFrame],
     ) -> None:
         self.pid = os.getpid()
         self.loop = asyncio.get_running_loop()
         self.session = session
-        self._reader = reader
-        self._writer = writer
+        self._transport = transport
+        self._protocol = protocol
         self._pending: dict[int, asyncio.Future] = {}
+        self._waiters: dict[asyncio.Future, asyncio.Future] = {}  # the callers' own, by answer
         self._counted: set[int] = set()
         self._closed: Optional[ConnectionLost] = None
         #: Set when the daemon said ShuttingDown: new acquires go elsewhere.
         self.retired = False
-        self._slots = asyncio.Semaphore(session.max_in_flight)
-        self._drain_lock = asyncio.Lock()
+        self._in_flight = 0  # unanswered requests that count against the daemon's bound
+        self._room: collections.deque[asyncio.Future] = collections.deque()  # tasks waiting
         for frame in leftover:
-            self._deliver(frame)
-        self._task = self.loop.create_task(self._read_loop())
+            self._deliver(frame.request_id, frame.response)
+        protocol.conn = self
+        if session.decoder.buffered:
+            self._received()
 
     @classmethod
     async def open(cls, path: str, client_name: str, deadline: core.Deadline) -> Connection:
@@ -75,21 +144,19 @@ class Connection:
 
     @classmethod
     async def _open(cls, path: str, client_name: str) -> Connection:
-        reader, writer = await asyncio.open_unix_connection(path, limit=core.RECV_SIZE)
+        session = core.Session(client_name)
+        hello_id, hello = session.hello_frame()
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.create_unix_connection(
+            lambda: _Protocol(session, hello_id), path
+        )
         try:
-            session = core.Session(client_name)
-            hello_id, hello = session.hello_frame()
-            writer.write(hello)
-            leftover = None
-            while leftover is None:
-                data = await reader.read(core.RECV_SIZE)
-                if not data:
-                    raise ConnectionResetError("the daemon closed the connection during Hello")
-                leftover = session.receive_hello(hello_id, data)
+            transport.write(hello)
+            leftover = await protocol.hello
         except BaseException:
-            writer.transport.abort()
+            transport.abort()
             raise
-        return cls(session, reader, writer, leftover)
+        return cls(session, transport, protocol, leftover)
 
     @property
     def alive(self) -> bool:
@@ -107,109 +174,122 @@ class Connection:
         return self.alive and not self.retired
 
     async def submit(
-        self, request: p.Request, deadline: core.Deadline
+        self, request: core.AnyRequest, deadline: core.Deadline
     ) -> tuple[int, asyncio.Future]:
         """Sends `request`; the future completes with its answer or `ConnectionLost`.
 
         A task waits for one of the daemon's in-flight slots as long as it takes
         (`deadline` is not applied here: the wait for the answer bounds the call).
         """
-        counted = core.counts_in_flight(request)
+        counted = type(request) is core.AcquireRequest or core.counts_in_flight(request)
         if counted:
-            await self._slots.acquire()
+            while self._in_flight >= self.session.max_in_flight and self._closed is None:
+                room = self.loop.create_future()
+                self._room.append(room)
+                try:
+                    await room
+                finally:
+                    with contextlib.suppress(ValueError):
+                        self._room.remove(room)
         if self._closed is not None:
-            if counted:
-                self._slots.release()
             raise self._closed
         request_id, data = self.session.request_frame(request)
         future = self.loop.create_future()
         self._pending[request_id] = future
         if counted:
+            self._in_flight += 1
             self._counted.add(request_id)
-        try:
-            self._writer.write(data)
-            if self._writer.transport.get_write_buffer_size() > core.RECV_SIZE:
-                async with self._drain_lock:
-                    await self._writer.drain()
-        except (OSError, RuntimeError) as error:
-            self._fail(ConnectionLost(f"sending failed: {error}"))
+        self._transport.write(data)
+        drained = self._protocol.drained
+        if drained is not None:  # the write buffer is full: wait until it drains
+            await asyncio.shield(drained)
         return request_id, future
 
-    def send_and_forget(self, request: p.Request) -> None:
+    def send_and_forget(self, request: core.AnyRequest) -> None:
         """Sends a request whose answer nobody awaits (cancels, late releases)."""
         if self._closed is not None or self.pid != os.getpid():
             return
         _, data = self.session.request_frame(request)
-        try:
-            self._writer.write(data)
-        except (OSError, RuntimeError) as error:
-            log.debug("could not send %s: %s", type(request).__name__, error)
+        self._transport.write(data)
 
-    def wait(self, future: asyncio.Future, deadline: core.Deadline) -> Awaitable[p.Response]:
-        """The answer of `future`, to await.
+    async def wait(self, future: asyncio.Future, deadline: core.Deadline) -> p.Response:
+        """The answer of `future`.
 
         Raises `Timeout` at the deadline and `ConnectionLost` when the
-        connection broke; the future itself is never cancelled.
+        connection broke; the future itself is never cancelled (a cancelled
+        caller cancels only its own waiter, which the reader completes along
+        with the future: one wake-up, where `wait_for(shield(...))` takes three).
         """
-        return asyncio.wait_for(asyncio.shield(future), deadline.remaining())
+        if not future.done():
+            waiter = self.loop.create_future()
+            self._waiters[future] = waiter
+            remaining = deadline.remaining()
+            timer = None if remaining is None else self.loop.call_later(remaining, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                del self._waiters[future]
+                if timer is not None:
+                    timer.cancel()
+        return future.result()
 
-    async def _read_loop(self) -> None:
+    def _received(self) -> None:
+        """Called by the protocol with new bytes in the decoder: delivers every whole answer."""
+        decoder = self.session.decoder
         try:
-            while True:
-                data = await self._reader.read(core.RECV_SIZE)
-                if not data:
-                    reason = ConnectionLost("the daemon closed the connection")
-                    break
-                for frame in self.session.receive_data(data):
-                    self._deliver(frame)
+            answer = decoder.next_answer()
+            while answer is not NEED_DATA:
+                self._deliver(answer[0], answer[1])
+                answer = decoder.next_answer()
         except ProtocolError as error:
             log.error("closing the connection to the sidecar: %s", error)
-            reason = ConnectionLost(f"protocol error: {error}")
-        except OSError as error:
-            reason = ConnectionLost(str(error))
-        except asyncio.CancelledError:
-            reason = ConnectionLost("the client was closed")
-        self._fail(reason)
-        self._writer.transport.abort()
+            self._fail(ConnectionLost(f"protocol error: {error}"))
+            self._transport.abort()
 
-    def _deliver(self, frame: p.ServerFrame) -> None:
-        if frame.request_id == 0:
-            core.connection_answer(frame.response)
+    def _deliver(self, request_id: int, response: p.Response) -> None:
+        if request_id == 0:
+            core.connection_answer(response)
             return
-        future = self._pending.pop(frame.request_id, None)
-        if frame.request_id in self._counted:
-            self._counted.discard(frame.request_id)
-            self._slots.release()
+        future = self._pending.pop(request_id, None)
+        if request_id in self._counted:
+            self._counted.discard(request_id)
+            self._in_flight -= 1
+            if self._room:
+                _wake(self._room[0])
         if future is not None and not future.done():
-            future.set_result(frame.response)
+            future.set_result(response)
+            waiter = self._waiters.get(future)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     def _fail(self, reason: ConnectionLost) -> None:
         if self._closed is not None:
             return
         self._closed = reason
         pending, self._pending = self._pending, {}
-        for _ in self._counted:
-            self._slots.release()
         self._counted.clear()
+        self._in_flight = 0
+        for room in self._room:
+            _wake(room)
         for future in pending.values():
             if not future.done():
                 future.set_exception(reason)
                 future.exception()  # retrieved: an abandoned future must not warn
+            waiter = self._waiters.get(future)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     async def close(self) -> None:
         """Closes the connection; waiting calls fail with `SidecarUnavailable`."""
         self._fail(ConnectionLost("the client was closed"))
-        self._task.cancel()
-        self._writer.transport.abort()
-        # The reader ends with the cancellation; a cancellation of our caller still propagates.
-        await asyncio.gather(self._task, return_exceptions=True)
+        self._transport.abort()
 
     def abort(self) -> None:
         """Drops the connection without awaiting (another loop, or a forked child)."""
         self._closed = self._closed or ConnectionLost("abandoned")
         if self.pid == os.getpid():
             with contextlib.suppress(Exception):
-                self._writer.transport.abort()
+                self._transport.abort()
         # In a forked child the transport is left alone: closing it would run
         # the parent's loop machinery; the descriptor goes when the child exits.
 
@@ -226,6 +306,13 @@ class Slot:
         #: Whether the last connect gave up on the sidecar (the policy's note).
         self.down = False
         self._connecting: Optional[asyncio.Task] = None
+
+    def ready(self) -> Optional[Connection]:
+        """The connection if it is usable now; otherwise `get` opens another."""
+        conn = self.conn
+        if conn is not None and conn.usable:
+            return conn
+        return None
 
     async def get(
         self, deadline: core.Deadline, connect: Callable[[core.Deadline], Awaitable[Connection]]
@@ -264,6 +351,18 @@ class Slot:
             await conn.close()
         else:
             conn.abort()
+
+
+def _wake(room: asyncio.Future) -> None:
+    """Lets a task waiting for an in-flight slot look again."""
+    if not room.done():
+        room.set_result(None)
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    """A waiter's deadline passed: its caller raises `Timeout`."""
+    if not waiter.done():
+        waiter.set_exception(Timeout())
 
 
 def _retrieve(task: asyncio.Task) -> None:

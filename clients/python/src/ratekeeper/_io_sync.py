@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import select
 import socket
+import struct
 import threading
 import time
 import weakref
-from concurrent.futures import Future
 from typing import Callable, Optional
 
 from . import _core as core
@@ -39,13 +40,73 @@ from ._errors import ProtocolError, RatekeeperError, TooManyInFlight
 
 log = logging.getLogger("ratekeeper")
 
+NEED_DATA = p.NEED_DATA
+
 #: What `Connection.wait` raises at its deadline.
 Timeout = TimeoutError
+
+#: Longest a reader blocks in `recv_into` before it looks at its deadline again
+#: (the socket's SO_RCVTIMEO); closer to the deadline it polls for the rest.
+RECV_TICK = 0.25
 
 
 def sleep(seconds: float) -> None:
     """Blocks the calling thread (`time.sleep`, looked up at each call)."""
     time.sleep(seconds)
+
+
+class Future:
+    """The answer to one request, as the blocking connection delivers it.
+
+    A few slots rather than `concurrent.futures.Future` (a condition and a
+    lock of its own each): the connection completes it under its lock, and a
+    caller gets an `Event` to sleep on only when another thread is reading.
+    The methods are those of `asyncio.Future` that the policy uses.
+    """
+
+    __slots__ = ("_callbacks", "_done", "_error", "_lock", "_result", "_wake", "counted")
+
+    def __init__(self, lock: threading.Lock, counted: bool) -> None:
+        self._lock = lock  # the connection's
+        #: Whether the request holds one of the daemon's in-flight slots.
+        self.counted = counted
+        self._done = False
+        self._result: Optional[p.Response] = None
+        self._error: Optional[BaseException] = None
+        self._wake: Optional[threading.Event] = None
+        self._callbacks: Optional[list[Callable[[Future], None]]] = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def result(self) -> p.Response:
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error
+
+    def add_done_callback(self, callback: Callable[[Future], None]) -> None:
+        """Calls `callback(self)` once the answer is in (at once if it is)."""
+        with self._lock:
+            if not self._done:
+                self._callbacks = [*(self._callbacks or ()), callback]
+                return
+        callback(self)
+
+    def _completed(self) -> None:
+        """After the connection completed it (its lock released): wakes and calls back."""
+        if self._wake is not None:
+            self._wake.set()
+        for callback in self._callbacks or ():
+            try:
+                callback(self)
+            except Exception:
+                log.exception("a callback of request failed")
 
 
 class Connection:
@@ -54,9 +115,10 @@ class Connection:
     No thread of its own: a caller waiting for an answer becomes the reader
     while nobody else reads, decodes whatever arrives and completes the
     futures of the other callers; when its own answer is in, it hands the
-    reading over to a caller still waiting. One thread alone therefore reads
-    its own answers without a thread switch, and many threads share one
-    socket without mixing up answers.
+    reading over to a caller still waiting. One thread alone therefore sends
+    its request and reads its answer itself, with one `sendall` and one
+    `poll` + `recv_into`, no thread switch and nothing to wake; many threads
+    share one socket without mixing up answers.
     """
 
     def __init__(
@@ -72,12 +134,15 @@ class Connection:
         self._pending: dict[int, Future] = {}
         self._closed: Optional[ConnectionLost] = None
         self._reading = False  # whether a caller is the reader now
-        self._sleepers: dict[threading.Event, Future] = {}  # callers waiting on the reader
+        self._sleepers: dict[Future, None] = {}  # callers waiting on the reader, in order
         #: Set when the daemon said ShuttingDown: new acquires go elsewhere.
         self.retired = False
-        self._slots = threading.BoundedSemaphore(session.max_in_flight)
+        self._in_flight = 0  # unanswered requests that count against the daemon's bound
+        self._room = threading.Condition(self._state)  # notified when one of those is answered
+        self._room_waiters = 0
+        self._tick = _set_receive_timeout(sock, RECV_TICK)
         for frame in leftover:
-            self._deliver(frame)
+            self._deliver(frame.request_id, frame.response)
 
     @classmethod
     def open(cls, path: str, client_name: str, deadline: core.Deadline) -> Connection:
@@ -112,26 +177,23 @@ class Connection:
         """Alive, and not retired: new requests may go on it."""
         return self._closed is None and not self.retired and self.pid == os.getpid()
 
-    def submit(self, request: p.Request, deadline: core.Deadline) -> tuple[int, Future]:
+    def submit(self, request: core.AnyRequest, deadline: core.Deadline) -> tuple[int, Future]:
         """Sends `request`; the future completes with its answer or `ConnectionLost`.
 
         Waits until `deadline` for one of the daemon's in-flight slots, then
         raises `TooManyInFlight`.
         """
-        counted = core.counts_in_flight(request)
-        if counted and not self._slots.acquire(timeout=deadline.remaining()):
-            raise TooManyInFlight(
-                f"{self.session.max_in_flight} requests are already unanswered on this connection"
-            )
-        future: Future = Future()
-        future.counted = counted  # type: ignore[attr-defined]
+        counted = type(request) is core.AcquireRequest or core.counts_in_flight(request)
+        future = Future(self._state, counted)
         with self._state:
             if self._closed is not None:
-                if counted:
-                    self._slots.release()
                 raise self._closed
+            if counted and self._in_flight >= self.session.max_in_flight:
+                self._wait_for_room(deadline)
             request_id, data = self.session.request_frame(request)
             self._pending[request_id] = future
+            if counted:
+                self._in_flight += 1
         try:
             with self._send:
                 self._sock.sendall(data)
@@ -139,7 +201,24 @@ class Connection:
             self._fail(ConnectionLost(f"sending failed: {error}"))
         return request_id, future
 
-    def send_and_forget(self, request: p.Request) -> None:
+    def _wait_for_room(self, deadline: core.Deadline) -> None:
+        """With `_state` held: until fewer than the daemon's bound are unanswered."""
+        self._room_waiters += 1
+        try:
+            while self._in_flight >= self.session.max_in_flight and self._closed is None:
+                remaining = deadline.remaining()
+                if remaining == 0:
+                    raise TooManyInFlight(
+                        f"{self.session.max_in_flight} requests are already unanswered "
+                        "on this connection"
+                    )
+                self._room.wait(remaining)
+        finally:
+            self._room_waiters -= 1
+        if self._closed is not None:
+            raise self._closed
+
+    def send_and_forget(self, request: core.AnyRequest) -> None:
         """Sends a request whose answer nobody waits for (cancels, late releases).
 
         Its answer is read, and dropped, by whichever call reads next.
@@ -155,17 +234,18 @@ class Connection:
         Raises `Timeout` at the deadline and `ConnectionLost` when the
         connection broke.
         """
-        wake = threading.Event()
-        future.add_done_callback(lambda _: wake.set())
-        while not future.done():
-            if deadline.expired:
-                raise Timeout
+        while not future._done:
             with self._state:
-                reader = not self._reading and self._closed is None and not future.done()
+                if future._done:
+                    break
+                reader = not self._reading
                 if reader:
                     self._reading = True
-                elif not future.done():
-                    self._sleepers[wake] = future
+                else:
+                    wake = future._wake
+                    if wake is None:
+                        wake = future._wake = threading.Event()
+                    self._sleepers[future] = None
             if reader:
                 try:
                     self._read_until(future, deadline)
@@ -174,22 +254,40 @@ class Connection:
             else:
                 wake.wait(deadline.remaining())
                 with self._state:
-                    self._sleepers.pop(wake, None)
-                wake.clear()
+                    self._sleepers.pop(future, None)
+                    wake.clear()
+            if not future._done and deadline.expired:
+                raise Timeout
         return future.result()
 
     def _read_until(self, future: Future, deadline: core.Deadline) -> None:
+        """Reads and delivers answers until `future` has its own, or the deadline passed.
+
+        Far from the deadline a read blocks in `recv_into` at most a tick (the
+        socket's receive timeout), so a round trip costs one system call to
+        wait and read; within a tick of the deadline it polls for the rest.
+        """
+        decoder = self.session.decoder
+        sock = self._sock
+        at = deadline.at
         try:
-            while not future.done():
-                remaining = deadline.remaining()
-                if remaining is not None and not self._poll.poll(remaining * 1000):
-                    return  # the deadline passed; the caller's loop raises
-                data = self._sock.recv(core.RECV_SIZE)
-                if not data:
+            while not future._done:
+                if at is not None:
+                    remaining = at - time.monotonic()
+                    if remaining < self._tick and not self._poll.poll(max(0.0, remaining) * 1000):
+                        return  # the deadline passed; the caller's loop raises
+                try:
+                    received = sock.recv_into(decoder.get_buffer())
+                except BlockingIOError:
+                    continue  # a tick without an answer
+                if not received:
                     self._fail(ConnectionLost("the daemon closed the connection"))
                     return
-                for frame in self.session.receive_data(data):
-                    self._deliver(frame)
+                decoder.buffer_updated(received)
+                answer = decoder.next_answer()
+                while answer is not NEED_DATA:
+                    self._deliver(answer[0], answer[1])
+                    answer = decoder.next_answer()
         except ProtocolError as error:
             log.error("closing the connection to the sidecar: %s", error)
             self._fail(ConnectionLost(f"protocol error: {error}"))
@@ -200,23 +298,28 @@ class Connection:
         """Stops reading; wakes one caller still waiting so that it reads on."""
         with self._state:
             self._reading = False
-            successor = next(
-                (wake for wake, waiting in self._sleepers.items() if not waiting.done()), None
-            )
+            if not self._sleepers:
+                return
+            successor = next((waiting for waiting in self._sleepers if not waiting._done), None)
         if successor is not None:
-            successor.set()
+            successor._wake.set()  # type: ignore[union-attr]
 
-    def _deliver(self, frame: p.ServerFrame) -> None:
-        if frame.request_id == 0:
-            core.connection_answer(frame.response)
+    def _deliver(self, request_id: int, response: p.Response) -> None:
+        if request_id == 0:
+            core.connection_answer(response)
             return
         with self._state:
-            future = self._pending.pop(frame.request_id, None)
-        if future is None:
-            return  # the answer to a request sent and forgotten
-        if future.counted:  # type: ignore[attr-defined]
-            self._slots.release()
-        future.set_result(frame.response)
+            future = self._pending.pop(request_id, None)
+            if future is None:
+                return  # not ours (an answer after the connection failed)
+            if future.counted:
+                self._in_flight -= 1
+                if self._room_waiters:
+                    self._room.notify()
+            future._result = response
+            future._done = True
+        if future._wake is not None or future._callbacks is not None:
+            future._completed()
 
     def _fail(self, reason: ConnectionLost) -> None:
         with self._state:
@@ -224,10 +327,13 @@ class Connection:
                 return
             self._closed = reason
             pending, self._pending = self._pending, {}
+            self._in_flight = 0
+            for future in pending.values():
+                future._error = reason
+                future._done = True
+            self._room.notify_all()
         for future in pending.values():
-            if future.counted:  # type: ignore[attr-defined]
-                self._slots.release()
-            future.set_exception(reason)
+            future._completed()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes a reader blocked in recv
         self._sock.close()
@@ -243,6 +349,17 @@ class Connection:
         """
         with contextlib.suppress(OSError):
             self._sock.close()
+
+
+def _set_receive_timeout(sock: socket.socket, seconds: float) -> float:
+    """Sets SO_RCVTIMEO on a blocking socket; returns it, or infinity (poll always) if refused."""
+    whole = int(seconds)
+    try:
+        timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    except (OSError, struct.error):
+        return math.inf
+    return seconds
 
 
 #: Every live slot, for the fork hook.
@@ -265,6 +382,14 @@ class Slot:
         self._lock = threading.Lock()
         weakref.finalize(owner, _close_slot, self, self._pid)
         _slots.add(self)
+
+    def ready(self) -> Optional[Connection]:
+        """The connection if it is usable now; otherwise `get` opens another."""
+        conn = self.conn
+        usable = conn is not None and conn._closed is None and not conn.retired
+        if usable and conn.pid == os.getpid():  # type: ignore[union-attr]  # `conn.usable`
+            return conn
+        return None
 
     def get(
         self, deadline: core.Deadline, connect: Callable[[core.Deadline], Connection]

@@ -53,6 +53,7 @@ from ._messages import (
     TokenCost,
 )
 from ._wire import (
+    _U32,
     BOOL,
     I64,
     STR,
@@ -65,18 +66,21 @@ from ._wire import (
     Struct,
     Vec,
     WireType,
+    _Int,
     decode_fields,
     encode_fields,
 )
 
 __all__ = [
     "BOOL",
+    "BUFFER_SIZE",
     "COST",
     "I64",
     "LENGTH_PREFIX_LEN",
     "MAX_FRAME_LEN",
     "MAX_IN_FLIGHT",
     "MAX_NAME_LEN",
+    "MIN_FREE",
     "NEED_DATA",
     "PROTOCOL_VERSION",
     "REQUEST",
@@ -124,6 +128,8 @@ __all__ = [
     "decode_payload",
     "encode_frame",
     "encode_payload",
+    "encode_request",
+    "encode_token_acquire",
 ]
 
 #: The protocol version this client speaks.
@@ -136,6 +142,11 @@ MAX_IN_FLIGHT = 1024
 MAX_NAME_LEN = 128
 #: Bytes of the length prefix of every frame.
 LENGTH_PREFIX_LEN = 4
+
+#: Bytes the decoder's buffer holds between frames (it grows for a larger one).
+BUFFER_SIZE = 64 * 1024
+#: Free bytes `FrameDecoder.get_buffer` offers at least.
+MIN_FREE = 4 * 1024
 
 _LENGTH = struct.Struct("<I")
 
@@ -161,6 +172,147 @@ NEED_DATA = _NeedData()
 # ---------------------------------------------------------------------------
 # Framing (PROTOCOL.md §2)
 # ---------------------------------------------------------------------------
+
+
+def encode_token_acquire(
+    request_id: int,
+    limit: str,
+    tenant: Optional[str],
+    priority: Optional[str],
+    input_tokens: int,
+    output_tokens: int,
+    max_wait_ms: Optional[int],
+    max_frame_len: int = MAX_FRAME_LEN,
+) -> bytes:
+    """The frame of an `Acquire` of a `TokenCost`, without building either.
+
+    Byte for byte `encode_frame(ClientFrame(request_id, Acquire(limit,
+    TokenCost(input_tokens, output_tokens), tenant, priority, max_wait_ms)))`,
+    in one `pack`: the bytes fixed by the names are encoded once per
+    `(limit, tenant, priority)`, through the declared wire types. Raises as
+    `encode_frame` does.
+    """
+    layout = _acquire_layouts.get((limit, tenant, priority))
+    if layout is None:
+        layout = _acquire_layout(limit, tenant, priority)
+    no_wait, wait, names = layout
+    try:
+        if max_wait_ms is None:
+            size = no_wait.size - LENGTH_PREFIX_LEN
+            frame = no_wait.pack(size, request_id, names, input_tokens, output_tokens, 0)
+        else:
+            size = wait.size - LENGTH_PREFIX_LEN
+            frame = wait.pack(size, request_id, names, input_tokens, output_tokens, 1, max_wait_ms)
+    except struct.error:  # not an int, or out of range: the codec says which
+        acquire = Acquire(
+            limit, TokenCost(input_tokens, output_tokens), tenant, priority, max_wait_ms
+        )
+        return encode_frame(ClientFrame(request_id, acquire), max_frame_len)
+    if size > max_frame_len:
+        raise FrameTooLarge(f"a frame of {size} bytes exceeds the maximum of {max_frame_len}")
+    return frame
+
+
+#: `encode_token_acquire`'s layouts by names, a few hundred bytes each, at most this many.
+_ACQUIRE_LAYOUTS_KEPT = 1024
+_acquire_layouts: dict[tuple[Any, Any, Any], tuple[struct.Struct, struct.Struct, bytes]] = {}
+
+
+def _acquire_layout(
+    limit: str, tenant: Optional[str], priority: Optional[str]
+) -> tuple[struct.Struct, struct.Struct, bytes]:
+    """The layouts (without, with a wait) of the Acquire frames of those names, and the names.
+
+    Length prefix, `ClientFrame.request_id`, then the `Request` tag, the names
+    as their declared wire types encode them and the `Cost` tag (one `s`
+    field), then the two counts and the `max_wait_ms` option: the order of
+    the declarations, which `_check_acquire_declarations` holds them to.
+    """
+    names = bytearray(_U32.pack(Acquire.TAG))
+    for (_, wire), value in zip(Acquire.WIRE[:3], (limit, tenant, priority)):
+        wire.encode(names, value)
+    names += _U32.pack(TokenCost.TAG)
+    head = f"<IQ{len(names)}s"
+    layout = (struct.Struct(head + "QQB"), struct.Struct(head + "QQBQ"), bytes(names))
+    if len(names) <= 4 * MAX_NAME_LEN:
+        if len(_acquire_layouts) >= _ACQUIRE_LAYOUTS_KEPT:
+            _acquire_layouts.clear()
+        _acquire_layouts[(limit, tenant, priority)] = layout
+    return layout
+
+
+def _check_acquire_declarations() -> None:
+    """Fails at import if the declarations moved away from what `_acquire_layout` packs."""
+    expected = (
+        (ClientFrame.WIRE, (("request_id", U64), ("request", REQUEST))),
+        (
+            tuple(name for name, _ in Acquire.WIRE),
+            ("limit", "tenant", "priority", "cost", "max_wait_ms"),
+        ),
+        ((Acquire.WIRE[3][1], repr(Acquire.WIRE[4][1])), (COST, "Option<u64>")),
+        (TokenCost.WIRE, (("input_tokens", U64), ("output_tokens", U64))),
+    )
+    for declared, packed in expected:
+        if declared != packed:
+            raise RuntimeError(
+                f"encode_token_acquire packs {packed}, the messages declare {declared}"
+            )
+
+
+_check_acquire_declarations()
+
+
+def _fixed_answers() -> dict[tuple[int, int], tuple[struct.Struct, int, type]]:
+    """The responses made of integers only, by (payload size, low byte of the tag):
+    one layout each for the whole payload (request id, tag, fields)."""
+    if ServerFrame.WIRE != (("request_id", U64), ("response", RESPONSE)):
+        raise RuntimeError(f"next_answer unpacks a request id and a response: {ServerFrame.WIRE}")
+    answers = {}
+    for cls in RESPONSE.variants:
+        if all(isinstance(wire, _Int) for _, wire in cls.WIRE):
+            fields = "".join(wire.fmt.format[1:] for _, wire in cls.WIRE)
+            layout = struct.Struct("<QI" + fields)
+            answers[(layout.size, cls.TAG & 0xFF)] = (layout, cls.TAG, cls)
+    return answers
+
+
+_FIXED_ANSWERS = _fixed_answers()
+
+
+def _fixed_requests() -> dict[type, tuple[struct.Struct, int, tuple[str, ...]]]:
+    """The requests made of integers only: one layout each for the whole frame
+    (length prefix, request id, tag, fields), their tag and their field names."""
+    requests = {}
+    for cls in REQUEST.variants:
+        if all(isinstance(wire, _Int) for _, wire in cls.WIRE):
+            fields = "".join(wire.fmt.format[1:] for _, wire in cls.WIRE)
+            names = tuple(name for name, _ in cls.WIRE)
+            requests[cls] = (struct.Struct("<IQI" + fields), cls.TAG, names)
+    return requests
+
+
+_FIXED_REQUESTS = _fixed_requests()
+
+
+def encode_request(request_id: int, request: Request, max_frame_len: int = MAX_FRAME_LEN) -> bytes:
+    """`encode_frame(ClientFrame(request_id, request), max_frame_len)`.
+
+    A request made of integers only (`Report`, `Release`, `Cancel`, `Ping`) is
+    packed with one precompiled layout, without building the `ClientFrame`.
+    """
+    fixed = _FIXED_REQUESTS.get(type(request))
+    if fixed is not None:
+        layout, tag, names = fixed
+        try:
+            return layout.pack(
+                layout.size - LENGTH_PREFIX_LEN,
+                request_id,
+                tag,
+                *[getattr(request, name) for name in names],
+            )
+        except struct.error:
+            pass  # not an int, or out of range: the codec below says which
+    return encode_frame(ClientFrame(request_id, request), max_frame_len)
 
 
 def encode_payload(frame: Frame) -> bytes:
@@ -199,50 +351,80 @@ def decode_payload(payload: bytes, frame_type: type = ServerFrame) -> Any:
 class FrameDecoder:
     """Turns a byte stream into frames, without I/O.
 
-    Feed received bytes with `receive_data`; `next_frame` returns the next
-    decoded frame or `NEED_DATA`. A length prefix above `max_frame_len` raises
-    `FrameTooLarge` as soon as its 4 bytes are there, before any of the payload
-    is buffered; the stream is then unusable (the next frame cannot be found).
-    A payload that does not decode raises `MalformedMessage` after the frame was
-    consumed, so decoding can go on with the next frame.
+    Feed received bytes with `receive_data`, or receive straight into the
+    decoder's own buffer: `get_buffer` gives the free space (for
+    `socket.recv_into`), `buffer_updated` says how much was written, as with
+    asyncio's `BufferedProtocol`. `next_frame` returns the next decoded frame
+    or `NEED_DATA`; `next_answer` returns a `ServerFrame`'s request id and
+    response without building the frame, decoding the fixed-size answers
+    (`Granted`, `Settled`, ...) with one precompiled `struct` each.
+
+    A length prefix above `max_frame_len` raises `FrameTooLarge` as soon as its
+    4 bytes are there, before any of the payload is buffered; the stream is
+    then unusable (the next frame cannot be found). A payload that does not
+    decode raises `MalformedMessage` after the frame was consumed, so decoding
+    can go on with the next frame. The buffer grows to hold one whole frame (at
+    most `max_frame_len`) and shrinks back once it is empty.
     """
 
     def __init__(self, frame_type: type = ServerFrame, max_frame_len: int = MAX_FRAME_LEN) -> None:
         self.frame_type = frame_type
         self.max_frame_len = max_frame_len
-        self._buffer = bytearray()
+        self._buffer = bytearray(BUFFER_SIZE)
+        self._view = memoryview(self._buffer)
+        self._start = 0  # the first byte not yet returned in a frame
+        self._end = 0  # the end of the bytes received
+        self._stop = 0  # the end of the payload `_next_payload` found last
         self._broken: Optional[FrameTooLarge] = None
 
     def receive_data(self, data: bytes) -> None:
         """Appends received bytes."""
         if self._broken is None:
-            self._buffer += data
+            size = len(data)
+            self._reserve(size)
+            self._buffer[self._end : self._end + size] = data
+            self._end += size
+
+    def get_buffer(self) -> memoryview:
+        """The free end of the buffer, to receive into; then call `buffer_updated`."""
+        free = len(self._buffer) - self._end
+        if free < MIN_FREE or (self._end == 0 and free > BUFFER_SIZE):
+            self._reserve(MIN_FREE)
+        return self._view[self._end :]
+
+    def buffer_updated(self, size: int) -> None:
+        """`size` bytes were written at the start of the last `get_buffer`."""
+        if self._broken is None:
+            self._end += size
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
-        return len(self._buffer)
+        return self._end - self._start
 
     def next_frame(self) -> Any:
         """The next complete frame, or `NEED_DATA`."""
-        if self._broken is not None:
-            raise self._broken
+        at = self._next_payload()
+        if at is None:
+            return NEED_DATA
+        return decode_payload(bytes(self._view[at : self._stop]), self.frame_type)
+
+    def next_answer(self) -> Any:
+        """The next `(request_id, response)` of a `ServerFrame` stream, or `NEED_DATA`."""
+        if self._end - self._start < LENGTH_PREFIX_LEN and self._broken is None:
+            return NEED_DATA
+        at = self._next_payload()
+        if at is None:
+            return NEED_DATA
         buffer = self._buffer
-        if len(buffer) < LENGTH_PREFIX_LEN:
-            return NEED_DATA
-        (size,) = _LENGTH.unpack_from(buffer, 0)
-        if size > self.max_frame_len:
-            self._broken = FrameTooLarge(
-                f"the peer announced a frame of {size} bytes; the maximum is {self.max_frame_len}"
-            )
-            self._buffer = bytearray()
-            raise self._broken
-        end = LENGTH_PREFIX_LEN + size
-        if len(buffer) < end:
-            return NEED_DATA
-        payload = bytes(buffer[LENGTH_PREFIX_LEN:end])
-        del buffer[:end]
-        return decode_payload(payload, self.frame_type)
+        fixed = _FIXED_ANSWERS.get((self._stop - at, buffer[at + 8]))
+        if fixed is not None:  # Granted, Settled, ...: integers only, one `unpack` each
+            layout, tag, cls = fixed
+            values = layout.unpack_from(buffer, at)
+            if values[1] == tag:
+                return values[0], cls(*values[2:])
+        frame = decode_payload(bytes(self._view[at : self._stop]), ServerFrame)
+        return frame.request_id, frame.response
 
     def frames(self) -> list[Any]:
         """Every complete frame buffered now (stops at the first error, raising it)."""
@@ -252,6 +434,51 @@ class FrameDecoder:
             if frame is NEED_DATA:
                 return out
             out.append(frame)
+
+    def _next_payload(self) -> Optional[int]:
+        """Consumes the next whole frame and returns where its payload starts
+        (it ends at `_stop`; the bytes stay until the next receive), or None
+        while the frame is incomplete."""
+        if self._broken is not None:
+            raise self._broken
+        start = self._start
+        available = self._end - start
+        if available < LENGTH_PREFIX_LEN:
+            return None
+        (size,) = _LENGTH.unpack_from(self._buffer, start)
+        if size > self.max_frame_len:
+            self._broken = FrameTooLarge(
+                f"the peer announced a frame of {size} bytes; the maximum is {self.max_frame_len}"
+            )
+            self._start = self._end = 0
+            raise self._broken
+        stop = start + LENGTH_PREFIX_LEN + size
+        if stop > self._end:
+            if stop > len(self._buffer):
+                self._reserve(stop - self._end)  # room for the whole frame
+            return None
+        self._stop = stop
+        if stop == self._end:
+            self._start = self._end = 0  # all consumed: the next bytes go to the front
+        else:
+            self._start = stop
+        return start + LENGTH_PREFIX_LEN
+
+    def _reserve(self, extra: int) -> None:
+        """Makes room for `extra` more bytes after the buffered ones: moves them
+        to the front, grows the buffer for a large frame, shrinks it once empty."""
+        start, end = self._start, self._end
+        buffered = end - start
+        oversized = buffered == 0 and len(self._buffer) > BUFFER_SIZE
+        if len(self._buffer) - end >= extra and not oversized:
+            return
+        kept = bytes(self._view[start:end])
+        size = max(BUFFER_SIZE, buffered + extra)
+        if oversized or size > len(self._buffer):  # a view given out keeps the old one
+            self._buffer = bytearray(size)
+            self._view = memoryview(self._buffer)
+        self._buffer[:buffered] = kept
+        self._start, self._end = 0, buffered
 
 
 def decode_frame(data: bytes, frame_type: type = ServerFrame) -> Any:

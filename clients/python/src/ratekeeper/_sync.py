@@ -53,24 +53,34 @@ class Lease:
         conn: Optional[Connection],
         limit: str,
         granted: Optional[p.Granted],
-        reserved: core.Reservation,
+        request: core.AcquireRequest,
     ) -> None:
         self._client = client
         self._conn = conn
+        self._request = request
         #: The limit the tokens were reserved in.
         self.limit = limit
-        #: The daemon's lease id; None for an unlimited lease (sidecar unavailable, "allow").
-        self.lease_id = granted.lease if granted else None
-        #: Tokens reserved (input + output).
-        self.tokens = granted.tokens if granted else reserved.input_tokens + reserved.output_tokens
-        #: Seconds the daemon held the grant back until the reservation was due.
-        self.waited = granted.waited_ms / 1000.0 if granted else 0.0
-        #: What was reserved on each side, used to settle a lease as fully used.
-        self.reserved = reserved
+        if granted is None:
+            #: The daemon's lease id; None for an unlimited lease (sidecar unavailable, "allow").
+            self.lease_id: Optional[int] = None
+            reserved = request.reservation(0)
+            #: Tokens reserved (input + output).
+            self.tokens: int = reserved.input_tokens + reserved.output_tokens
+            #: Seconds the daemon held the grant back until the reservation was due.
+            self.waited = 0.0
+        else:
+            self.lease_id = granted.lease
+            self.tokens = granted.tokens
+            self.waited = granted.waited_ms / 1000.0
         #: Whether the lease was reported, released, or lost with its connection.
         self.settled = granted is None
         #: The daemon's answer to the settlement: tokens given back (negative: debited).
         self.tokens_returned: Optional[int] = None
+
+    @property
+    def reserved(self) -> core.Reservation:
+        """What was reserved on each side, used to settle a lease as fully used."""
+        return self._request.reservation(0 if self.lease_id is None else self.tokens)
 
     @property
     def unlimited(self) -> bool:
@@ -214,7 +224,7 @@ class Client:
         conn: Connection,
         request_id: int,
         future: Future,
-        request: p.Request,
+        request: core.AnyRequest,
         deadline: core.Deadline,
     ) -> p.Response:
         """The answer to a sent request; an acquire nobody waits for any more is abandoned."""
@@ -232,9 +242,11 @@ class Client:
             raise
 
     @staticmethod
-    def _abandon(conn: Connection, request_id: int, future: Future, request: p.Request) -> None:
+    def _abandon(
+        conn: Connection, request_id: int, future: Future, request: core.AnyRequest
+    ) -> None:
         """Cancels an acquire nobody waits for any more; releases it if granted anyway."""
-        if not isinstance(request, p.Acquire):
+        if not isinstance(request, core.AcquireRequest):
             return
         conn.send_and_forget(p.Cancel(request_id))
 
@@ -289,16 +301,17 @@ class Client:
         request = core.build_acquire(
             limit, tokens, messages, max_tokens, tools, tenant, priority, max_wait
         )
-        started = time.monotonic()
         overall = core.Deadline(None if max_wait is None else max_wait + self.timeout)
         retry_until: Optional[core.Deadline] = None  # set when a connection first breaks
+        attempt = request
         while True:
-            deadline = retry_until or overall.earlier(self.timeout)
-            try:
-                conn = self._slot.get(deadline, self._connect)
-            except SidecarUnavailable as error:
-                return self._unavailable(limit, request, error)
-            attempt = core.with_remaining_wait(request, max_wait, started)
+            conn = self._slot.ready()
+            if conn is None:
+                try:
+                    deadline = retry_until or overall.earlier(self.timeout)
+                    conn = self._slot.get(deadline, self._connect)
+                except SidecarUnavailable as error:
+                    return self._unavailable(limit, request, error)
             try:
                 request_id, future = conn.submit(attempt, overall)
                 response = self._wait(conn, request_id, future, attempt, overall)
@@ -306,19 +319,24 @@ class Client:
                 retry_until = retry_until or overall.earlier(self.timeout)
                 if retry_until.expired:
                     return self._unavailable(limit, request, error)
+                attempt = core.with_remaining_wait(request, overall, self.timeout)
                 continue
             except SidecarUnavailable as error:  # alive but silent past the deadline
                 return self._unavailable(limit, request, error)
+            if type(response) is p.Granted:
+                return Lease(self, conn, limit, response, request)
             if isinstance(response, p.ErrorReply) and response.code == ErrorCode.SHUTTING_DOWN:
                 # This daemon is draining: ask its successor, within the deadline.
                 conn.retired = True
                 retry_until = retry_until or overall.earlier(self.timeout)
+                attempt = core.with_remaining_wait(request, overall, self.timeout)
                 continue
             granted = core.granted_or_raise(response, limit)
-            reserved = core.reservation(request.cost, granted.tokens)
-            return Lease(self, conn, limit, granted, reserved)
+            return Lease(self, conn, limit, granted, request)
 
-    def _unavailable(self, limit: str, request: p.Acquire, error: SidecarUnavailable) -> Lease:
+    def _unavailable(
+        self, limit: str, request: core.AcquireRequest, error: SidecarUnavailable
+    ) -> Lease:
         if self.on_unavailable == "raise":
             raise error
         warnings.warn(
@@ -326,7 +344,7 @@ class Client:
             SidecarUnavailableWarning,
             stacklevel=3,
         )
-        return Lease(self, None, limit, None, core.reservation(request.cost, 0))
+        return Lease(self, None, limit, None, request)
 
     @contextlib.contextmanager
     def reserve(
