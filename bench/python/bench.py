@@ -16,17 +16,21 @@ Modes, all measured in the same run:
   by its threads;
 - `sidecar asyncio`: `ratekeeper.AsyncClient.acquire` from the tasks of one
   event loop per process;
-- `redis-py sync`: the tutorial's way, every worker calling the acquire script
-  itself (`redis.Redis` + `register_script`, one client per process shared by
-  its threads);
+- `redis-py sync`: every worker calling the sidecar's own script itself
+  (`redis.Redis` + `register_script` of lua/batch.lua with one acquire, one
+  client per process shared by its threads);
 - `redis-py asyncio`: the same with `redis.asyncio`, one client per process;
+- `tutorial sync`, `tutorial asyncio`: the tutorial's approach, every worker
+  calling a plain one-bucket token-bucket script (the client's clock, a
+  float wait, tokens only) with redis-py;
 - with `--baseline-client DIR`, `baseline sync` and `baseline asyncio` run the
   client found in DIR (another checkout's `clients/python/src`) the same way,
   for a before/after in one sitting.
 
-Both paths run the same script (lua/acquire.lua) on the same two buckets
-(tokens and requests) of the same Redis, sized so that every acquire of 10
-tokens is a grant. Run it with bench/python/run.sh, which starts Redis and the
+The sidecar and `redis-py` run the same script (lua/batch.lua) on the same two
+buckets (tokens and requests) of the same Redis, sized so that every acquire
+of 10 tokens is a grant; each direct call carries a fresh call id, as the
+sidecar's calls do. Run it with bench/python/run.sh, which starts Redis and the
 sidecar and passes their pids.
 
     python bench/python/bench.py --socket /tmp/rk.sock --redis redis://127.0.0.1:6379/0 \\
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import multiprocessing
 import os
 import resource
@@ -51,18 +56,43 @@ LIMIT = "bench"
 TOKENS = 10
 CAPACITY, PER_MINUTE = 10_000_000_000, 1_000_000_000
 LUA = Path(__file__).resolve().parents[2] / "lua"
-#: The sidecar's acquire script, after the shared helpers when they are split out.
-SCRIPT = "".join(
-    (LUA / name).read_text() for name in ("bucket.lua", "acquire.lua") if (LUA / name).exists()
-)
+#: The sidecar's script: the bucket library, then the batch.
+SCRIPT = (LUA / "bucket.lua").read_text() + (LUA / "batch.lua").read_text()
+#: The tutorial's token bucket: one key, the caller's clock, a float wait.
+TUTORIAL = """
+local capacity, rate, now, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(state[1]) or capacity
+local ts = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + (now - ts) * rate)
+local allowed = tokens >= cost
+if allowed then tokens = tokens - cost end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
+redis.call('EXPIRE', KEYS[1], math.ceil(capacity / rate) + 1)
+if allowed then return {1, 0} end
+return {0, tostring((cost - tokens) / rate)}
+"""
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def script_args() -> tuple[list[str], list]:
-    """The keys and arguments of one sidecar acquire of TOKENS tokens on LIMIT."""
-    keys = [f"pybench:{{{LIMIT}}}:tokens", f"pybench:{{{LIMIT}}}:requests"]
+def script_args() -> Callable[[], tuple[list[str], list]]:
+    """The keys and arguments of successive sidecar acquires of TOKENS tokens on
+    LIMIT, each a call of its own with a fresh call id."""
+    prefix = f"pybench:{{{LIMIT}}}"
     bucket = [CAPACITY, PER_MINUTE, TOKENS, 0]
-    return keys, [0, "", *bucket, *bucket]
+    args = ["", 10_000, 1, "a", 0, 2, 2, *bucket, 3, *bucket]
+    calls = itertools.count()
+    pid = os.getpid()
+
+    def next_call() -> tuple[list[str], list]:
+        record = f"{prefix}:call:{pid}-{next(calls)}"
+        return [record, f"{prefix}:tokens", f"{prefix}:requests"], args
+
+    return next_call
+
+
+def tutorial_args() -> tuple[list[str], list]:
+    return [f"tutorial:{LIMIT}"], [CAPACITY, PER_MINUTE / 60, time.time(), TOKENS]
 
 
 # ---------------------------------------------------------------------------
@@ -89,11 +119,26 @@ def sidecar_sync(socket: str, redis_url: str, baseline: Optional[str] = None) ->
 def redis_sync(socket: str, redis_url: str, baseline: Optional[str] = None) -> Callable:
     import redis
 
-    connection = redis.Redis.from_url(redis_url)
-    acquire = connection.register_script(SCRIPT)
-    keys, args = script_args()
-    acquire(keys=keys, args=args)  # loads the script
-    return lambda: acquire(keys=keys, args=args)
+    script = redis.Redis.from_url(redis_url).register_script(SCRIPT)
+    next_call = script_args()
+
+    def acquire():
+        keys, args = next_call()
+        return script(keys=keys, args=args)
+
+    return acquire
+
+
+def tutorial_sync(socket: str, redis_url: str, baseline: Optional[str] = None) -> Callable:
+    import redis
+
+    script = redis.Redis.from_url(redis_url).register_script(TUTORIAL)
+
+    def acquire():
+        keys, args = tutorial_args()
+        return script(keys=keys, args=args)
+
+    return acquire
 
 
 async def sidecar_async(socket: str, redis_url: str, baseline: Optional[str] = None) -> Callable:
@@ -105,11 +150,26 @@ async def sidecar_async(socket: str, redis_url: str, baseline: Optional[str] = N
 async def redis_async(socket: str, redis_url: str, baseline: Optional[str] = None) -> Callable:
     import redis.asyncio
 
-    connection = redis.asyncio.Redis.from_url(redis_url)
-    acquire = connection.register_script(SCRIPT)
-    keys, args = script_args()
-    await acquire(keys=keys, args=args)
-    return lambda: acquire(keys=keys, args=args)
+    script = redis.asyncio.Redis.from_url(redis_url).register_script(SCRIPT)
+    next_call = script_args()
+
+    def acquire():
+        keys, args = next_call()
+        return script(keys=keys, args=args)
+
+    return acquire
+
+
+async def tutorial_async(socket: str, redis_url: str, baseline: Optional[str] = None) -> Callable:
+    import redis.asyncio
+
+    script = redis.asyncio.Redis.from_url(redis_url).register_script(TUTORIAL)
+
+    def acquire():
+        keys, args = tutorial_args()
+        return script(keys=keys, args=args)
+
+    return acquire
 
 
 def _cpu() -> float:
@@ -178,6 +238,8 @@ MODES = {
     "redis-py sync": (redis_sync, run_threads, False),
     "sidecar asyncio": (sidecar_async, run_tasks, False),
     "redis-py asyncio": (redis_async, run_tasks, False),
+    "tutorial sync": (tutorial_sync, run_threads, False),
+    "tutorial asyncio": (tutorial_async, run_tasks, False),
     "baseline sync": (sidecar_sync, run_threads, True),
     "baseline asyncio": (sidecar_async, run_tasks, True),
 }
@@ -265,9 +327,10 @@ def main() -> None:
     ]
     print(
         "| workers | mode | acquires/s | p50 µs | p99 µs "
-        "| client CPU µs | daemon CPU µs | Redis CPU µs | total CPU µs | total vs redis-py |"
+        "| client CPU µs | daemon CPU µs | Redis CPU µs | total CPU µs | total vs redis-py "
+        "| acquires/s vs tutorial |"
     )
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for shape in options["shapes"]:
         processes, workers = parse_shape(shape)
         results = {mode: run(mode, processes, workers, options) for mode in modes}
@@ -278,11 +341,15 @@ def main() -> None:
             ratio = ""
             if reference:
                 ratio = f"{total / (reference['client_us'] + reference['redis_us']):.2f}×"
+            tutorial = results.get(f"tutorial {kind}")
+            speed = ""
+            if tutorial:
+                speed = f"{result['per_second'] / tutorial['per_second']:.2f}×"
             print(
                 f"| {processes}×{workers} | {mode} | {result['per_second']:,.0f} "
                 f"| {result['p50_us']:,.0f} | {result['p99_us']:,.0f} "
                 f"| {result['client_us']:.0f} | {result['daemon_us']:.0f} "
-                f"| {result['redis_us']:.0f} | {total:.0f} | {ratio} |",
+                f"| {result['redis_us']:.0f} | {total:.0f} | {ratio} | {speed} |",
                 flush=True,
             )
 
