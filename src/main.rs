@@ -4,6 +4,9 @@
 
 mod commands;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -3,9 +3,7 @@
 //! and the reading of its reply. The cancel of a call (`lua/cancel.lua`)
 //! is built from the same parts.
 
-use std::collections::HashMap;
-
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, Script};
 
 use super::keys::call_record_key;
 use crate::limiter::bucket::{BucketSpec, Draw, Plan};
@@ -65,16 +63,17 @@ impl Call {
         let slot_key = ops.iter().find_map(BatchOp::slot_key).unwrap_or("");
         let mut keys = vec![call_record_key(slot_key, id)];
         let mut shapes = Vec::new();
-        let mut seen: HashMap<String, usize> = HashMap::new();
+        // Batches touch a handful of buckets: a scan beats a map.
         let mut index_of = |bucket: &BucketSpec, keys: &mut Vec<String>| -> usize {
             // Lua counts from 1, and KEYS[1] is the record.
-            if let Some(&index) = seen.get(&bucket.key) {
-                return index;
+            match keys[1..].iter().position(|key| *key == bucket.key) {
+                Some(at) => at + 2,
+                None => {
+                    keys.push(bucket.key.clone());
+                    shapes.push((bucket.capacity, bucket.per_minute));
+                    keys.len()
+                }
             }
-            keys.push(bucket.key.clone());
-            shapes.push((bucket.capacity, bucket.per_minute));
-            seen.insert(bucket.key.clone(), keys.len());
-            keys.len()
         };
         let indices = ops
             .iter()
@@ -97,25 +96,17 @@ impl Call {
         }
     }
 
-    /// The `EVALSHA` of `lua/batch.lua` for this call.
-    pub(super) fn invocation<'a>(
-        &'a self,
-        script: &'a Script,
-        clock: &str,
-        record_ttl_ms: u64,
-    ) -> ScriptInvocation<'a> {
-        let mut invocation = script.prepare_invoke();
-        for key in &self.keys {
-            invocation.key(key);
-        }
-        invocation.arg(clock).arg(record_ttl_ms).arg(self.ops.len());
+    /// The `EVALSHA` of `lua/batch.lua` for this call. Arguments go straight
+    /// into the command's one buffer: nothing is allocated per argument.
+    pub(super) fn command(&self, script: &Script, clock: &str, record_ttl_ms: u64) -> Cmd {
+        let mut cmd = evalsha(script, &self.keys);
+        cmd.arg(clock).arg(record_ttl_ms).arg(self.ops.len());
         for (op, indices) in self.ops.iter().zip(&self.indices) {
             match op {
                 BatchOp::Acquire { draws, max_wait_ms } => {
-                    invocation.arg("a").arg(*max_wait_ms).arg(draws.len());
+                    cmd.arg("a").arg(*max_wait_ms).arg(draws.len());
                     for (draw, index) in draws.iter().zip(indices) {
-                        invocation
-                            .arg(*index)
+                        cmd.arg(*index)
                             .arg(draw.bucket.capacity)
                             .arg(draw.bucket.per_minute)
                             .arg(draw.cost)
@@ -123,10 +114,9 @@ impl Call {
                     }
                 }
                 BatchOp::Settle(adjustments) => {
-                    invocation.arg("s").arg(adjustments.len());
+                    cmd.arg("s").arg(adjustments.len());
                     for (adjustment, index) in adjustments.iter().zip(indices) {
-                        invocation
-                            .arg(*index)
+                        cmd.arg(*index)
                             .arg(adjustment.bucket.capacity)
                             .arg(adjustment.bucket.per_minute)
                             .arg(adjustment.tokens);
@@ -134,26 +124,23 @@ impl Call {
                 }
             }
         }
-        invocation
+        cmd
     }
 
     /// The `EVALSHA` of `lua/cancel.lua` that undoes this call or keeps it
     /// from running.
-    pub(super) fn cancel_invocation<'a>(
-        &'a self,
-        script: &'a Script,
+    pub(super) fn cancel_command(
+        &self,
+        script: &Script,
         clock: &str,
         tombstone_ttl_ms: u64,
-    ) -> ScriptInvocation<'a> {
-        let mut invocation = script.prepare_invoke();
-        for key in &self.keys {
-            invocation.key(key);
-        }
-        invocation.arg(clock).arg(tombstone_ttl_ms);
+    ) -> Cmd {
+        let mut cmd = evalsha(script, &self.keys);
+        cmd.arg(clock).arg(tombstone_ttl_ms);
         for (capacity, per_minute) in &self.shapes {
-            invocation.arg(*capacity).arg(*per_minute);
+            cmd.arg(*capacity).arg(*per_minute);
         }
-        invocation
+        cmd
     }
 
     /// Reads the script's reply: one list of integers per element.
@@ -179,6 +166,16 @@ impl Call {
         }
         Ok(CallReply::Ran(results))
     }
+}
+
+/// `EVALSHA` of `script` with `keys`; the arguments follow.
+pub(super) fn evalsha<K: redis::ToRedisArgs>(script: &Script, keys: &[K]) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len());
+    for key in keys {
+        cmd.arg(key);
+    }
+    cmd
 }
 
 fn acquire_plan(reply: &[i64], draws: usize) -> Result<Plan, StoreError> {

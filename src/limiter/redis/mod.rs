@@ -137,18 +137,16 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         let clock = now_ms.map_or_else(|| REDIS_CLOCK.to_string(), |now| now.to_string());
-        let mut invocation = self.inner.levels.prepare_invoke();
-        invocation.arg(clock);
+        let keys: Vec<&str> = buckets.iter().map(|bucket| bucket.key.as_str()).collect();
+        let mut cmd = batch::evalsha(&self.inner.levels, &keys);
+        cmd.arg(clock);
         for bucket in buckets {
-            invocation
-                .key(&bucket.key)
-                .arg(bucket.capacity)
-                .arg(bucket.per_minute);
+            cmd.arg(bucket.capacity).arg(bucket.per_minute);
         }
         let levels: Vec<i64> = self
             .inner
             .pool
-            .run(&invocation, false)
+            .run(&cmd, &self.inner.levels, false)
             .await
             .map_err(Failure::into_error)?;
         if levels.len() != buckets.len() {
@@ -230,15 +228,15 @@ impl Inner {
         call: &Call,
         clock: &str,
     ) -> Result<Vec<OpResult>, StoreError> {
-        let invocation = call.invocation(&self.batch, clock, RECORD_TTL_MS);
-        let reply: Vec<Vec<i64>> = match self.pool.run(&invocation, false).await {
+        let cmd = call.command(&self.batch, clock, RECORD_TTL_MS);
+        let reply: Vec<Vec<i64>> = match self.pool.run(&cmd, &self.batch, false).await {
             Ok(reply) => reply,
             // Redis refused it, or is too slow: another attempt now would
             // meet the same.
             Err(first @ (Failure::Refused(_) | Failure::TimedOut(_))) => {
                 return Err(self.fail(call, clock, first));
             }
-            Err(first) => match self.pool.run(&invocation, true).await {
+            Err(first) => match self.pool.run(&cmd, &self.batch, true).await {
                 Ok(reply) => reply,
                 Err(second) if first.may_have_run() => {
                     drop(second);
@@ -270,8 +268,8 @@ impl Inner {
         let (mut pause, longest) = CANCEL_RETRY;
         let (mut undone, mut prevented) = (0u64, 0u64);
         while let Some(call) = self.reconciler.pop() {
-            let invocation = call.cancel_invocation(&self.cancel, REDIS_CLOCK, TOMBSTONE_TTL_MS);
-            match self.pool.run::<i64>(&invocation, false).await {
+            let cmd = call.cancel_command(&self.cancel, REDIS_CLOCK, TOMBSTONE_TTL_MS);
+            match self.pool.run::<i64>(&cmd, &self.cancel, false).await {
                 Ok(outcome) => {
                     self.reconciler.answered(outcome == 1);
                     match outcome {

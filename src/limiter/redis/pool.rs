@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{
-    AsyncConnectionConfig, ErrorKind, RedisError, Script, ScriptInvocation, ServerErrorKind,
-};
+use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
 use redis::{RedisFuture, Value};
 use tokio::sync::Mutex;
 
@@ -316,12 +314,16 @@ impl Pool {
         within(self.timeout, attempt).await
     }
 
-    /// Runs one script on the next pooled connection within the deadline;
-    /// `fresh` replaces that connection first (a retry after it broke). A
-    /// connection that failed is dropped so the next call reconnects.
+    /// Runs one script call (`cmd`, an `EVALSHA` of `script`) on the next
+    /// pooled connection within the deadline; `fresh` replaces that
+    /// connection first (a retry after it broke). A script Redis does not
+    /// have (a flush, a restart, a failover) is loaded and the call sent
+    /// again. A connection that failed is dropped so the next call
+    /// reconnects.
     pub(super) async fn run<T: redis::FromRedisValue>(
         &self,
-        invocation: &ScriptInvocation<'_>,
+        cmd: &Cmd,
+        script: &Script,
         fresh: bool,
     ) -> Result<T, Failure> {
         let index = self.next.fetch_add(1, Ordering::Relaxed);
@@ -336,7 +338,15 @@ impl Pool {
                 .await
                 .map_err(|redis_error| Failure::NotSent(unavailable(&redis_error)))?;
             sent.store(true, Ordering::Relaxed);
-            let result = invocation.invoke_async(&mut connection).await;
+            let mut result = cmd.query_async(&mut connection).await;
+            if let Err(redis_error) = &result
+                && redis_error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+            {
+                result = match script.load_async(&mut connection).await {
+                    Ok(_) => cmd.query_async(&mut connection).await,
+                    Err(load_error) => Err(load_error),
+                };
+            }
             if let Err(redis_error) = &result {
                 slot.discard_if_broken(redis_error).await;
             }
