@@ -396,7 +396,7 @@ mod tests {
             let got: Vec<(&str, i64)> = settlement
                 .adjustments
                 .iter()
-                .map(|a| (a.bucket.key.as_str(), a.tokens))
+                .map(|a| (&*a.bucket.key, a.tokens))
                 .collect();
             assert_eq!(got, adjustments, "{what}");
             assert_eq!(settlement.tokens_returned, returned, "{what}");
@@ -415,7 +415,7 @@ mod tests {
         ];
         let refunds: Vec<(String, i64)> = refund_fraction(&buckets, 0.5)
             .into_iter()
-            .map(|a| (a.bucket.key, a.tokens))
+            .map(|a| (a.bucket.key.to_string(), a.tokens))
             .collect();
         assert_eq!(
             refunds,

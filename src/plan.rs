@@ -301,7 +301,7 @@ impl Planner {
             tenant,
         };
         Some(BucketSpec {
-            key: bucket_key(&self.prefix, owner, BucketRole::Tenant),
+            key: bucket_key(&self.prefix, owner, BucketRole::Tenant).into(),
             capacity: scaled(total.burst),
             per_minute: scaled(total.per_minute),
         })
@@ -316,7 +316,7 @@ impl LimitBuckets {
             group,
         };
         let bucket = |owner: BucketOwner, role: BucketRole, per_minute: u64, burst: u64| {
-            let key = bucket_key(prefix, owner, role);
+            let key = bucket_key(prefix, owner, role).into();
             let spec = BucketSpec {
                 key,
                 capacity: burst,

@@ -111,7 +111,7 @@ async fn keys_expire_when_the_bucket_would_be_full_again() {
         let ttl: i64 = server.cli(&["PTTL", key]).unwrap().parse().unwrap();
         assert!(ttl > 0, "{key} never expires");
         assert!(
-            key == tokens.key || key.starts_with("rk:{l:b}:call:"),
+            key == &*tokens.key || key.starts_with("rk:{l:b}:call:"),
             "{key}"
         );
     }

@@ -5,17 +5,18 @@
 //! fraction is ever rounded away. `lua/` does the same arithmetic on Redis;
 //! property tests hold the two to the same answers.
 
-use serde::Serialize;
+use std::sync::Arc;
 
 /// Units per token: 60 000 makes a rate of `R` per minute exactly `R` units
 /// per millisecond.
 pub const UNITS_PER_TOKEN: i64 = 60_000;
 
 /// A bucket's identity and shape.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BucketSpec {
     /// Store key; buckets acquired together share a hash tag (see `keys`).
-    pub key: String,
+    /// Shared, so that the many copies a request makes cost no allocation.
+    pub key: Arc<str>,
     /// Most tokens the bucket holds (the burst).
     pub capacity: u64,
     /// Refill rate in tokens per minute.

@@ -42,7 +42,7 @@ pub struct EmbeddedStore {
 }
 
 struct Buckets {
-    states: HashMap<String, Entry>,
+    states: HashMap<Arc<str>, Entry>,
     /// Size at which the next sweep runs; doubling keeps sweeps amortised O(1).
     sweep_at: usize,
 }

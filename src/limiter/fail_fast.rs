@@ -11,8 +11,8 @@
 //! client's retry reaches Redis. Nothing is ever granted locally.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -26,7 +26,7 @@ const PRUNE_AT: usize = 1024;
 /// A store that remembers recent denials and repeats them locally.
 pub struct FailFastStore {
     inner: Box<dyn Store>,
-    blocked: Mutex<HashMap<String, Blocked>>,
+    blocked: Mutex<HashMap<Arc<str>, Blocked>>,
     local_denials: AtomicU64,
 }
 
@@ -73,7 +73,7 @@ impl FailFastStore {
             })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Blocked>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Blocked>> {
         // Entries are only inserted or removed whole.
         self.blocked
             .lock()

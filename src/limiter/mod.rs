@@ -169,7 +169,7 @@ pub(crate) fn decision_from_plan(draws: &[Draw], plan: Plan) -> Result<Decision,
         Plan::Impossible { bucket } => {
             let draw = &draws[bucket];
             Err(StoreError::CostExceedsCapacity {
-                key: draw.bucket.key.clone(),
+                key: draw.bucket.key.to_string(),
                 cost: draw.cost.saturating_add(draw.floor),
                 capacity: draw.bucket.capacity,
             })

@@ -3,6 +3,8 @@
 //! and the reading of its reply. The cancel of a call (`lua/cancel.lua`)
 //! is built from the same parts.
 
+use std::sync::Arc;
+
 use redis::{Cmd, Script};
 
 use super::keys::call_record_key;
@@ -25,8 +27,8 @@ impl BatchOp {
     /// The key whose hash tag decides the slot (and so the batch) of the op.
     pub fn slot_key(&self) -> Option<&str> {
         match self {
-            BatchOp::Acquire { draws, .. } => draws.first().map(|draw| draw.bucket.key.as_str()),
-            BatchOp::Settle(adjustments) => adjustments.first().map(|a| a.bucket.key.as_str()),
+            BatchOp::Acquire { draws, .. } => draws.first().map(|draw| &*draw.bucket.key),
+            BatchOp::Settle(adjustments) => adjustments.first().map(|a| &*a.bucket.key),
         }
     }
 
@@ -49,7 +51,7 @@ pub(super) enum CallReply {
 #[derive(Debug, Clone)]
 pub(super) struct Call {
     /// `KEYS[1]`, the record; then each bucket once, in order of first use.
-    keys: Vec<String>,
+    keys: Vec<Arc<str>>,
     /// Capacity and rate of each bucket of `keys[1..]`, for the cancel.
     shapes: Vec<(u64, u64)>,
     ops: Vec<BatchOp>,
@@ -61,10 +63,10 @@ impl Call {
     /// A call of `ops` (at least one, all of one slot) under a fresh id.
     pub(super) fn new(ops: Vec<BatchOp>, id: u64) -> Call {
         let slot_key = ops.iter().find_map(BatchOp::slot_key).unwrap_or("");
-        let mut keys = vec![call_record_key(slot_key, id)];
+        let mut keys: Vec<Arc<str>> = vec![call_record_key(slot_key, id).into()];
         let mut shapes = Vec::new();
         // Batches touch a handful of buckets: a scan beats a map.
-        let mut index_of = |bucket: &BucketSpec, keys: &mut Vec<String>| -> usize {
+        let mut index_of = |bucket: &BucketSpec, keys: &mut Vec<Arc<str>>| -> usize {
             // Lua counts from 1, and KEYS[1] is the record.
             match keys[1..].iter().position(|key| *key == bucket.key) {
                 Some(at) => at + 2,
@@ -169,11 +171,11 @@ impl Call {
 }
 
 /// `EVALSHA` of `script` with `keys`; the arguments follow.
-pub(super) fn evalsha<K: redis::ToRedisArgs>(script: &Script, keys: &[K]) -> Cmd {
+pub(super) fn evalsha<K: AsRef<str>>(script: &Script, keys: &[K]) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(keys.len());
     for key in keys {
-        cmd.arg(key);
+        cmd.arg(key.as_ref());
     }
     cmd
 }
@@ -247,8 +249,9 @@ mod tests {
             acquire(&["rk:{l:a}:a:requests", "rk:{l:a}:a:tokens"], 1),
         ];
         let call = Call::new(ops, 0xab);
+        let keys: Vec<&str> = call.keys.iter().map(|key| &**key).collect();
         assert_eq!(
-            call.keys,
+            keys,
             [
                 "rk:{l:a}:call:00000000000000ab",
                 "rk:{l:a}:a:tokens",

@@ -137,7 +137,7 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         let clock = now_ms.map_or_else(|| REDIS_CLOCK.to_string(), |now| now.to_string());
-        let keys: Vec<&str> = buckets.iter().map(|bucket| bucket.key.as_str()).collect();
+        let keys: Vec<&str> = buckets.iter().map(|bucket| &*bucket.key).collect();
         let mut cmd = batch::evalsha(&self.inner.levels, &keys);
         cmd.arg(clock);
         for bucket in buckets {
