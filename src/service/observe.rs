@@ -1,0 +1,363 @@
+//! What a call leaves behind besides its answer: its metrics, the tenants
+//! recently seen per limit (for `Inspect`), and at DEBUG one decision line
+//! per acquire, report and release, with structured fields so that JSON
+//! logs are queryable. Client-supplied strings are logged as values (quoted
+//! and escaped), never with `Display`, so a newline cannot forge a line.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use super::{Call, Service, ServiceError, Snapshot};
+use crate::leases::LeaseTag;
+use crate::limiter::BucketRole;
+use crate::metrics::Name;
+use crate::metrics::registry::{AcquireLabels, LimitLabel, SettleLabels, TenantLabels};
+use crate::proto::{Cost, MAX_NAME_LEN, Response};
+
+/// Tenants remembered per limit, most recent first.
+pub const RECENT_TENANTS: usize = 32;
+
+/// What the service remembers of a call to record its answer.
+pub(super) enum Observed {
+    Acquire {
+        limit: Name,
+        tenant: Name,
+        /// The request's own fields, kept only while DEBUG is on.
+        log: Option<AcquireLog>,
+    },
+    Settle {
+        release: bool,
+        lease: u64,
+        tag: Option<LeaseTag>,
+        input_tokens: u64,
+        output_tokens: u64,
+    },
+    Other,
+}
+
+/// An acquire as the decision log shows it.
+pub(super) struct AcquireLog {
+    limit: String,
+    tenant: Option<String>,
+    priority: Option<String>,
+    input_tokens: u64,
+    output_tokens: u64,
+    /// Messages to count, for a messages cost.
+    messages: usize,
+}
+
+/// The tenants recently seen on each limit with tenant shares, bounded.
+#[derive(Default)]
+pub(super) struct RecentTenants {
+    by_limit: Mutex<HashMap<Name, VecDeque<String>>>,
+}
+
+impl RecentTenants {
+    fn note(&self, limit: &Name, tenant: &str) {
+        let mut by_limit = self
+            .by_limit
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let recent = by_limit.entry(limit.clone()).or_default();
+        if recent.front().is_some_and(|first| first == tenant) {
+            return;
+        }
+        match recent.iter().position(|seen| seen == tenant) {
+            Some(at) => {
+                if let Some(seen) = recent.remove(at) {
+                    recent.push_front(seen);
+                }
+            }
+            None => {
+                recent.truncate(RECENT_TENANTS - 1);
+                recent.push_front(tenant.to_string());
+            }
+        }
+    }
+
+    /// The tenants seen on `limit`, most recent first.
+    pub(super) fn of(&self, limit: &str) -> Vec<String> {
+        let by_limit = self
+            .by_limit
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        by_limit
+            .get(limit)
+            .map(|recent| recent.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Service {
+    /// Takes note of `call` before it is answered.
+    pub(super) fn observe(&self, snapshot: &Snapshot, call: &Call) -> Observed {
+        match call {
+            Call::Acquire(acquire) => {
+                let limit = snapshot.labels.limit(&acquire.limit);
+                let tenant = acquire.tenant.as_deref();
+                if let Some(tenant) = tenant.filter(|t| t.len() <= MAX_NAME_LEN) {
+                    let config = snapshot.planner.config();
+                    let shared = config
+                        .limit(&acquire.limit)
+                        .is_some_and(|l| l.tenant_share.is_some());
+                    if shared {
+                        self.recent.note(&limit, tenant);
+                    }
+                }
+                let log = tracing::enabled!(tracing::Level::DEBUG).then(|| {
+                    let (input_tokens, output_tokens, messages) = match &acquire.cost {
+                        Cost::Tokens {
+                            input_tokens,
+                            output_tokens,
+                        } => (*input_tokens, *output_tokens, 0),
+                        Cost::Messages(request) => (
+                            0,
+                            request.max_output_tokens.unwrap_or(0),
+                            request.messages.len(),
+                        ),
+                    };
+                    AcquireLog {
+                        limit: acquire.limit.clone(),
+                        tenant: acquire.tenant.clone(),
+                        priority: acquire.priority.clone(),
+                        input_tokens,
+                        output_tokens,
+                        messages,
+                    }
+                });
+                Observed::Acquire {
+                    limit,
+                    tenant: snapshot.labels.tenant(tenant),
+                    log,
+                }
+            }
+            Call::Report {
+                lease,
+                input_tokens,
+                output_tokens,
+            } => Observed::Settle {
+                release: false,
+                lease: *lease,
+                tag: self.leases.tag_of(*lease),
+                input_tokens: *input_tokens,
+                output_tokens: *output_tokens,
+            },
+            Call::Release { lease } => Observed::Settle {
+                release: true,
+                lease: *lease,
+                tag: self.leases.tag_of(*lease),
+                input_tokens: 0,
+                output_tokens: 0,
+            },
+            _ => Observed::Other,
+        }
+    }
+
+    /// Counts and logs the answer to an observed call.
+    pub(super) fn record(
+        &self,
+        snapshot: &Snapshot,
+        observed: Observed,
+        answer: &Result<Response, ServiceError>,
+    ) {
+        match observed {
+            Observed::Acquire { limit, tenant, log } => {
+                self.record_acquire(limit, tenant, log, answer)
+            }
+            Observed::Settle {
+                release,
+                lease,
+                tag,
+                input_tokens,
+                output_tokens,
+            } => {
+                let limit = tag
+                    .as_ref()
+                    .map_or_else(|| snapshot.labels.limit(""), |tag| tag.limit.clone());
+                let outcome = match answer {
+                    Ok(_) => "settled",
+                    Err(failure) => failure.code().label(),
+                };
+                let labels = SettleLabels {
+                    limit: limit.clone(),
+                    outcome,
+                };
+                let family = if release {
+                    &self.metrics.releases
+                } else {
+                    &self.metrics.reports
+                };
+                family.get_or_create(&labels).inc();
+                let returned = match answer {
+                    Ok(Response::Settled { tokens_returned }) => *tokens_returned,
+                    Ok(Response::Released { tokens_returned }) => *tokens_returned as i64,
+                    _ => 0,
+                };
+                if answer.is_ok() {
+                    self.leases.untag(lease);
+                    let limit_label = LimitLabel {
+                        limit: limit.clone(),
+                    };
+                    if returned > 0 {
+                        let refunded = self.metrics.refunded_tokens.get_or_create(&limit_label);
+                        refunded.inc_by(returned as u64);
+                    }
+                    if let (Some(tag), false) = (&tag, release) {
+                        let used = input_tokens.saturating_add(output_tokens);
+                        let error = tag.tokens as f64 - used as f64;
+                        self.metrics
+                            .estimation_error
+                            .get_or_create(&limit_label)
+                            .observe(error);
+                    }
+                }
+                let request = if release { "release" } else { "report" };
+                let (limit, code) = (&*limit, answer.as_ref().err().map(|f| f.code().label()));
+                tracing::debug!(
+                    request,
+                    lease,
+                    limit,
+                    input_tokens,
+                    output_tokens,
+                    outcome,
+                    tokens_returned = returned,
+                    code,
+                    "decision"
+                );
+            }
+            Observed::Other => {}
+        }
+    }
+
+    fn record_acquire(
+        &self,
+        limit: Name,
+        tenant: Name,
+        log: Option<AcquireLog>,
+        answer: &Result<Response, ServiceError>,
+    ) {
+        let (outcome, reason) = match answer {
+            Ok(Response::Granted {
+                lease,
+                tokens,
+                waited_ms,
+            }) => {
+                let tokens_labels = TenantLabels {
+                    limit: limit.clone(),
+                    tenant: tenant.clone(),
+                };
+                self.metrics
+                    .acquired_tokens
+                    .get_or_create(&tokens_labels)
+                    .inc_by(*tokens);
+                let limit_label = LimitLabel {
+                    limit: limit.clone(),
+                };
+                self.metrics
+                    .waits
+                    .get_or_create(&limit_label)
+                    .observe(*waited_ms as f64 / 1000.0);
+                let tag = LeaseTag {
+                    limit: limit.clone(),
+                    tokens: *tokens,
+                };
+                self.leases.tag(*lease, tag);
+                ("granted", "")
+            }
+            Ok(Response::Denied { bucket, .. }) => ("denied", bucket_label(bucket)),
+            Ok(_) => ("granted", ""),
+            Err(failure) => ("error", failure.code().label()),
+        };
+        let labels = AcquireLabels {
+            limit,
+            tenant,
+            outcome,
+            reason,
+        };
+        self.metrics.acquires.get_or_create(&labels).inc();
+        if let Some(log) = log {
+            log_acquire(&log, answer);
+        }
+    }
+}
+
+/// The `reason` label of a denial: the bucket's role name.
+fn bucket_label(bucket: &str) -> &'static str {
+    const ROLES: [BucketRole; 7] = [
+        BucketRole::Tokens,
+        BucketRole::InputTokens,
+        BucketRole::OutputTokens,
+        BucketRole::Requests,
+        BucketRole::Tenant,
+        BucketRole::GroupTokens,
+        BucketRole::GroupRequests,
+    ];
+    ROLES
+        .iter()
+        .map(|role| role.name())
+        .find(|name| *name == bucket)
+        .unwrap_or("other")
+}
+
+/// The decision line of one acquire.
+fn log_acquire(log: &AcquireLog, answer: &Result<Response, ServiceError>) {
+    let AcquireLog {
+        limit,
+        tenant,
+        priority,
+        input_tokens,
+        output_tokens,
+        messages,
+    } = log;
+    let (limit, tenant, priority) = (limit.as_str(), tenant.as_deref(), priority.as_deref());
+    match answer {
+        Ok(Response::Granted {
+            lease,
+            tokens,
+            waited_ms,
+        }) => tracing::debug!(
+            request = "acquire",
+            limit,
+            tenant,
+            priority,
+            input_tokens,
+            output_tokens,
+            messages,
+            outcome = "granted",
+            lease,
+            tokens,
+            waited_ms,
+            "decision"
+        ),
+        Ok(Response::Denied {
+            retry_after_ms,
+            bucket,
+        }) => tracing::debug!(
+            request = "acquire",
+            limit,
+            tenant,
+            priority,
+            input_tokens,
+            output_tokens,
+            messages,
+            outcome = "denied",
+            bucket = bucket.as_str(),
+            retry_after_ms,
+            "decision"
+        ),
+        Ok(_) => {}
+        Err(failure) => tracing::debug!(
+            request = "acquire",
+            limit,
+            tenant,
+            priority,
+            input_tokens,
+            output_tokens,
+            messages,
+            outcome = "error",
+            code = failure.code().label(),
+            reason = failure.to_string().as_str(),
+            "decision"
+        ),
+    }
+}
