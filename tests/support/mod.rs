@@ -164,6 +164,56 @@ impl Daemon {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// The address of the metrics listener (`[metrics] listen`), as the
+    /// daemon logged it once it listens.
+    pub async fn metrics_address(&self) -> String {
+        self.wait_for_log("serving /metrics").await;
+        let log = self.log();
+        let line = log
+            .lines()
+            .find(|line| line.contains("serving /metrics"))
+            .expect("the line just seen");
+        let start = line.find("address=Some(").expect("an address") + "address=Some(".len();
+        let end = start + line[start..].find(')').expect("a closing parenthesis");
+        line[start..end].to_string()
+    }
+}
+
+/// `GET path` from an HTTP server at `address`: the status code and the body.
+pub fn http_get(address: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream =
+        std::net::TcpStream::connect(address).expect("connect to the metrics listener");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read the answer");
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of one series in a Prometheus text exposition, e.g.
+/// `ratekeeper_store_up` or `ratekeeper_acquires_total{limit="gpt",...}`.
+pub fn metric(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.trim().parse().ok()
+    })
 }
 
 impl Drop for Daemon {
