@@ -270,8 +270,11 @@ impl App {
         });
         let stop_exporter = CancellationToken::new();
         if let Some(listener) = self.metrics_listener.take() {
-            let address = listener.local_addr().ok();
-            tracing::info!(address = ?address, "serving /metrics, /healthz and /readyz");
+            let address = listener
+                .local_addr()
+                .map_or_else(|_| String::new(), |a| a.to_string());
+            let address = address.as_str();
+            tracing::info!(address, "serving /metrics, /healthz and /readyz");
             let exporter = Arc::new(Exporter::new(
                 self.service.clone(),
                 self.stores.clone(),

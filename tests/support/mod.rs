@@ -174,17 +174,29 @@ impl Daemon {
             .lines()
             .find(|line| line.contains("serving /metrics"))
             .expect("the line just seen");
-        let start = line.find("address=Some(").expect("an address") + "address=Some(".len();
-        let end = start + line[start..].find(')').expect("a closing parenthesis");
-        line[start..end].to_string()
+        listen_address(line)
     }
+}
+
+/// The `127.0.0.1:PORT` a log line names (tests listen on loopback).
+pub fn listen_address(line: &str) -> String {
+    let start = line.find("127.0.0.1:").expect("a loopback address");
+    let port: String = line[start + "127.0.0.1:".len()..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    format!("127.0.0.1:{port}")
 }
 
 /// `GET path` from an HTTP server at `address`: the status code and the body.
 pub fn http_get(address: &str, path: &str) -> (u16, String) {
+    try_http_get(address, path).expect("connect to the metrics listener")
+}
+
+/// As [`http_get`]; `None` when nothing listens at `address`.
+pub fn try_http_get(address: &str, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
-    let mut stream =
-        std::net::TcpStream::connect(address).expect("connect to the metrics listener");
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
@@ -204,7 +216,7 @@ pub fn http_get(address: &str, path: &str) -> (u16, String) {
         .split_once("\r\n\r\n")
         .map(|(_, body)| body.to_string())
         .unwrap_or_default();
-    (status, body)
+    Some((status, body))
 }
 
 /// The value of one series in a Prometheus text exposition, e.g.
