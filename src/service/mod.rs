@@ -73,6 +73,9 @@ pub struct Service {
     /// their default max output.
     learner: Mutex<OutputTokenLearner>,
     metrics: Arc<Metrics>,
+    /// Whether calls are counted into `metrics`: only when `[metrics]
+    /// listen` serves them, so that a daemon without it pays nothing.
+    metered: bool,
     /// Where the store's state (up, down since, policy) is read.
     store_health: StoreHealth,
     /// Tenants recently seen per limit, which `Inspect` shows.
@@ -109,6 +112,7 @@ impl Service {
         );
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Service {
+            metered: config.metrics.listen.is_some(),
             snapshot: RwLock::new(Arc::new(Snapshot::new(config, &HashMap::new()))),
             store,
             leases,

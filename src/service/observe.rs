@@ -1,5 +1,6 @@
-//! What a call leaves behind besides its answer: its metrics, the tenants
-//! recently seen per limit (for `Inspect`), and at DEBUG one decision line
+//! What a call leaves behind besides its answer: its metrics (when
+//! `[metrics] listen` serves them), the tenants recently seen per limit (for
+//! `Inspect`, always), and at DEBUG one decision line
 //! per acquire, report and release, with structured fields so that JSON
 //! logs are queryable. Client-supplied strings are logged as values (quoted
 //! and escaped), never with `Display`, so a newline cannot forge a line.
@@ -104,7 +105,11 @@ impl Service {
                         self.recent.note(&limit, tenant);
                     }
                 }
-                let log = tracing::enabled!(tracing::Level::DEBUG).then(|| {
+                let debug = tracing::enabled!(tracing::Level::DEBUG);
+                if !self.metered && !debug {
+                    return Observed::Other;
+                }
+                let log = debug.then(|| {
                     let (input_tokens, output_tokens, messages) = match &acquire.cost {
                         Cost::Tokens {
                             input_tokens,
@@ -130,6 +135,11 @@ impl Service {
                     tenant: snapshot.labels.tenant(tenant),
                     log,
                 }
+            }
+            Call::Report { .. } | Call::Release { .. }
+                if !self.metered && !tracing::enabled!(tracing::Level::DEBUG) =>
+            {
+                Observed::Other
             }
             Call::Report {
                 lease,
@@ -178,22 +188,24 @@ impl Service {
                     Ok(_) => "settled",
                     Err(failure) => failure.code().label(),
                 };
-                let labels = SettleLabels {
-                    limit: limit.clone(),
-                    outcome,
-                };
-                let family = if release {
-                    &self.metrics.releases
-                } else {
-                    &self.metrics.reports
-                };
-                family.get_or_create(&labels).inc();
                 let returned = match answer {
                     Ok(Response::Settled { tokens_returned }) => *tokens_returned,
                     Ok(Response::Released { tokens_returned }) => *tokens_returned as i64,
                     _ => 0,
                 };
-                if answer.is_ok() {
+                if self.metered {
+                    let labels = SettleLabels {
+                        limit: limit.clone(),
+                        outcome,
+                    };
+                    let family = if release {
+                        &self.metrics.releases
+                    } else {
+                        &self.metrics.reports
+                    };
+                    family.get_or_create(&labels).inc();
+                }
+                if self.metered && answer.is_ok() {
                     self.leases.untag(lease);
                     let limit_label = LimitLabel {
                         limit: limit.clone(),
@@ -236,6 +248,12 @@ impl Service {
         log: Option<AcquireLog>,
         answer: &Result<Response, ServiceError>,
     ) {
+        if let Some(log) = &log {
+            log_acquire(log, answer);
+        }
+        if !self.metered {
+            return;
+        }
         let (outcome, reason) = match answer {
             Ok(Response::Granted {
                 lease,
@@ -275,9 +293,6 @@ impl Service {
             reason,
         };
         self.metrics.acquires.get_or_create(&labels).inc();
-        if let Some(log) = log {
-            log_acquire(&log, answer);
-        }
     }
 }
 
