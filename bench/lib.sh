@@ -15,6 +15,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Checks for redis-server, builds the release binaries (in CARGO_TARGET_DIR
+# if set) and sets BIN (RATEKEEPER_BIN if set: another daemon build) and
+# LOADGEN.
+build_release() {
+    command -v redis-server >/dev/null || { echo "needs redis-server (scripts/test installs it)" >&2; exit 1; }
+    cargo build --release --quiet
+    local target="${CARGO_TARGET_DIR:-$PWD/target}"
+    BIN="${RATEKEEPER_BIN:-$target/release/ratekeeper}"
+    LOADGEN="$target/release/ratekeeper-loadgen"
+}
+
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }

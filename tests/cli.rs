@@ -321,10 +321,12 @@ async fn status_answers_through_a_redis_outage() {
     assert_eq!(up["levels_from"], "store");
     let buckets = &up["limits"][0]["buckets"];
     assert_eq!(buckets[0]["name"], "tokens");
-    assert_eq!(buckets[0]["level"], 5900);
+    // 100 taken, refilling at 100 a second since.
+    let level = |bucket: &serde_json::Value| bucket["level"].as_i64().expect("a level");
+    assert!((5900..=6000).contains(&level(&buckets[0])), "{buckets}");
     assert_eq!(buckets[1]["name"], "tenant");
     assert_eq!(buckets[1]["tenant"], "acme");
-    assert_eq!(buckets[1]["level"], 2900);
+    assert!((2900..=3000).contains(&level(&buckets[1])), "{buckets}");
 
     redis.kill();
     let started = Instant::now();

@@ -324,3 +324,75 @@ async fn systemd_hears_ready_once_the_socket_listens() {
     let len = listener.recv(&mut datagram).expect("a notification");
     assert_eq!(&datagram[..len], b"STOPPING=1\n");
 }
+
+/// Every `ratekeeper_` series name in `text`, histogram suffixes removed.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("ratekeeper_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(&name);
+        names.insert(base.to_string());
+    }
+    names
+}
+
+/// The README lists every metric the daemon exports, and the dashboard
+/// uses only metrics the README lists.
+#[tokio::test]
+async fn every_metric_is_documented_and_the_dashboard_uses_only_those() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    let table: String = readme
+        .lines()
+        .filter(|line| line.starts_with("| `ratekeeper_"))
+        .map(|line| line.split(" | ").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let documented = metric_names(&table);
+
+    let redis = RedisServer::start();
+    let daemon = Daemon::start(&config(Some((&redis, ""))));
+    let address = daemon.metrics_address().await;
+    let client = daemon.client().await;
+    let (lease, _, _) = granted(&client.call(tenant_acquire("acme", 10)).await.unwrap());
+    client.call(report(lease, 5)).await.unwrap();
+    let (lease, _, _) = granted(&client.call(acquire("gpt", 10, 0)).await.unwrap());
+    client.call(Request::Release { lease }).await.unwrap();
+    client.call(acquire("gpt", 100_000, 0)).await.unwrap();
+    daemon.send_signal("HUP");
+    daemon.wait_for_log("configuration reloaded").await;
+    let exported: std::collections::BTreeSet<String> = scrape(&address)
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .flat_map(metric_names)
+        .collect();
+    let undocumented: Vec<&String> = exported.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "not in the README: {undocumented:?}"
+    );
+    assert!(exported.len() >= 25, "{exported:?}");
+
+    let dashboard = std::fs::read_to_string(repo.join("k8s/grafana-dashboard.json")).unwrap();
+    let parsed: serde_json::Value =
+        serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    assert!(
+        parsed["panels"]
+            .as_array()
+            .is_some_and(|panels| panels.len() >= 8)
+    );
+    let used = metric_names(&dashboard);
+    let unknown: Vec<&String> = used.difference(&documented).collect();
+    assert!(
+        unknown.is_empty(),
+        "the dashboard uses unknown metrics: {unknown:?}"
+    );
+}

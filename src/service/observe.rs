@@ -316,63 +316,46 @@ fn bucket_label(bucket: &str) -> &'static str {
 
 /// The decision line of one acquire.
 fn log_acquire(log: &AcquireLog, answer: &Result<Response, ServiceError>) {
-    let AcquireLog {
-        limit,
-        tenant,
-        priority,
-        input_tokens,
-        output_tokens,
-        messages,
-    } = log;
-    let (limit, tenant, priority) = (limit.as_str(), tenant.as_deref(), priority.as_deref());
-    match answer {
+    let (mut lease, mut tokens, mut waited_ms, mut retry_after_ms) = (None, None, None, None);
+    let (mut bucket, mut code, mut reason) = (None, None, None);
+    let outcome = match answer {
         Ok(Response::Granted {
-            lease,
-            tokens,
-            waited_ms,
-        }) => tracing::debug!(
-            request = "acquire",
-            limit,
-            tenant,
-            priority,
-            input_tokens,
-            output_tokens,
-            messages,
-            outcome = "granted",
-            lease,
-            tokens,
-            waited_ms,
-            "decision"
-        ),
+            lease: id,
+            tokens: granted,
+            waited_ms: waited,
+        }) => {
+            (lease, tokens, waited_ms) = (Some(*id), Some(*granted), Some(*waited));
+            "granted"
+        }
         Ok(Response::Denied {
-            retry_after_ms,
-            bucket,
-        }) => tracing::debug!(
-            request = "acquire",
-            limit,
-            tenant,
-            priority,
-            input_tokens,
-            output_tokens,
-            messages,
-            outcome = "denied",
-            bucket = bucket.as_str(),
-            retry_after_ms,
-            "decision"
-        ),
-        Ok(_) => {}
-        Err(failure) => tracing::debug!(
-            request = "acquire",
-            limit,
-            tenant,
-            priority,
-            input_tokens,
-            output_tokens,
-            messages,
-            outcome = "error",
-            code = failure.code().label(),
-            reason = failure.to_string().as_str(),
-            "decision"
-        ),
-    }
+            retry_after_ms: retry,
+            bucket: denying,
+        }) => {
+            (retry_after_ms, bucket) = (Some(*retry), Some(denying.as_str()));
+            "denied"
+        }
+        Ok(_) => "answered",
+        Err(failure) => {
+            (code, reason) = (Some(failure.code().label()), Some(failure.to_string()));
+            "error"
+        }
+    };
+    tracing::debug!(
+        request = "acquire",
+        limit = log.limit.as_str(),
+        tenant = log.tenant.as_deref(),
+        priority = log.priority.as_deref(),
+        input_tokens = log.input_tokens,
+        output_tokens = log.output_tokens,
+        messages = log.messages,
+        outcome,
+        lease,
+        tokens,
+        waited_ms,
+        bucket,
+        retry_after_ms,
+        code,
+        reason = reason.as_deref(),
+        "decision"
+    );
 }
