@@ -282,9 +282,9 @@ impl LeaseTable {
         self.lock().tags.get(&id).cloned()
     }
 
-    /// Forgets the tag of a settled lease.
-    pub fn untag(&self, id: u64) {
-        self.lock().tags.remove(&id);
+    /// Takes the tag of a settled lease out.
+    pub fn untag(&self, id: u64) -> Option<LeaseTag> {
+        self.lock().tags.remove(&id)
     }
 
     /// Forgets leases granted before `now - expire_after`, and the tags of

@@ -266,10 +266,12 @@ async fn the_listener_serves_probes_and_nothing_else() {
 }
 
 /// One line per acquire, report and release, with fields a JSON log can be
-/// queried by; a tenant's newline stays inside its value.
+/// queried by; a tenant's newline stays inside its value. Metrics off: the
+/// log does not need them.
 #[tokio::test]
 async fn decisions_are_logged_at_debug_as_fields() {
-    let daemon = Daemon::start_with_env(&config(None), &[("RATEKEEPER_LOG_FORMAT", "json")]);
+    let unmetered = "[[limits]]\nname = \"gpt\"\ntokens_per_minute = 600\ntenant_share = 0.5\n";
+    let daemon = Daemon::start_with_env(unmetered, &[("RATEKEEPER_LOG_FORMAT", "json")]);
     let client = daemon.client().await;
     let (lease, _, _) = granted(
         &client
@@ -295,6 +297,7 @@ async fn decisions_are_logged_at_debug_as_fields() {
     assert_eq!(fields[0]["waited_ms"], 0);
     assert_eq!(fields[0]["input_tokens"], 100);
     assert_eq!(fields[1]["request"], "report");
+    assert_eq!(fields[1]["limit"], "gpt");
     assert_eq!(fields[1]["tokens_returned"], 70);
     assert_eq!(fields[2]["outcome"], "error");
     assert_eq!(fields[2]["code"], "cost_exceeds_capacity");

@@ -113,7 +113,7 @@ impl Service {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Service {
             metered: config.metrics.listen.is_some(),
-            snapshot: RwLock::new(Arc::new(Snapshot::new(config, &HashMap::new()))),
+            snapshot: RwLock::new(Arc::new(Snapshot::new(config, &HashMap::new(), &metrics))),
             store,
             leases,
             draining: AtomicBool::new(false),
@@ -148,7 +148,7 @@ impl Service {
         if config.metrics.listen != old.metrics.listen {
             return Err(ReloadError("[metrics] listen"));
         }
-        let next = Snapshot::new(Arc::new(config), &current.waiters);
+        let next = Snapshot::new(Arc::new(config), &current.waiters, &self.metrics);
         *self
             .snapshot
             .write()
@@ -220,7 +220,11 @@ impl Service {
 }
 
 impl Snapshot {
-    fn new(config: Arc<Config>, previous_waiters: &HashMap<String, Arc<AtomicU64>>) -> Self {
+    fn new(
+        config: Arc<Config>,
+        previous_waiters: &HashMap<String, Arc<AtomicU64>>,
+        metrics: &Metrics,
+    ) -> Self {
         let waiters = config
             .limits
             .iter()
@@ -233,7 +237,7 @@ impl Snapshot {
             })
             .collect();
         Snapshot {
-            labels: Labels::new(&config),
+            labels: Labels::new(&config, metrics),
             planner: Planner::new(config),
             waiters,
         }

@@ -11,17 +11,19 @@ use std::sync::Mutex;
 use super::{Call, Service, ServiceError, Snapshot};
 use crate::leases::LeaseTag;
 use crate::limiter::BucketRole;
-use crate::metrics::Name;
-use crate::metrics::registry::{AcquireLabels, LimitLabel, SettleLabels, TenantLabels};
+use crate::metrics::registry::{AcquireLabels, SettleLabels, TenantLabels};
+use crate::metrics::{LimitMeters, Name};
 use crate::proto::{Cost, MAX_NAME_LEN, Response};
 
 /// Tenants remembered per limit, most recent first.
 pub const RECENT_TENANTS: usize = 32;
 
 /// What the service remembers of a call to record its answer.
-pub(super) enum Observed {
+pub(super) enum Observed<'a> {
     Acquire {
         limit: Name,
+        /// The limit's own series, when it is configured.
+        meters: Option<&'a LimitMeters>,
         tenant: Name,
         /// The request's own fields, kept only while DEBUG is on.
         log: Option<AcquireLog>,
@@ -29,7 +31,6 @@ pub(super) enum Observed {
     Settle {
         release: bool,
         lease: u64,
-        tag: Option<LeaseTag>,
         input_tokens: u64,
         output_tokens: u64,
     },
@@ -91,10 +92,10 @@ impl RecentTenants {
 
 impl Service {
     /// Takes note of `call` before it is answered.
-    pub(super) fn observe(&self, snapshot: &Snapshot, call: &Call) -> Observed {
+    pub(super) fn observe<'a>(&self, snapshot: &'a Snapshot, call: &Call) -> Observed<'a> {
         match call {
             Call::Acquire(acquire) => {
-                let limit = snapshot.labels.limit(&acquire.limit);
+                let (limit, meters) = snapshot.labels.limit(&acquire.limit);
                 let tenant = acquire.tenant.as_deref();
                 if let Some(tenant) = tenant.filter(|t| t.len() <= MAX_NAME_LEN) {
                     let config = snapshot.planner.config();
@@ -132,6 +133,7 @@ impl Service {
                 });
                 Observed::Acquire {
                     limit,
+                    meters,
                     tenant: snapshot.labels.tenant(tenant),
                     log,
                 }
@@ -148,14 +150,12 @@ impl Service {
             } => Observed::Settle {
                 release: false,
                 lease: *lease,
-                tag: self.leases.tag_of(*lease),
                 input_tokens: *input_tokens,
                 output_tokens: *output_tokens,
             },
             Call::Release { lease } => Observed::Settle {
                 release: true,
                 lease: *lease,
-                tag: self.leases.tag_of(*lease),
                 input_tokens: 0,
                 output_tokens: 0,
             },
@@ -167,61 +167,70 @@ impl Service {
     pub(super) fn record(
         &self,
         snapshot: &Snapshot,
-        observed: Observed,
+        observed: Observed<'_>,
         answer: &Result<Response, ServiceError>,
     ) {
         match observed {
-            Observed::Acquire { limit, tenant, log } => {
-                self.record_acquire(limit, tenant, log, answer)
-            }
+            Observed::Acquire {
+                limit,
+                meters,
+                tenant,
+                log,
+            } => self.record_acquire(limit, meters, tenant, log, answer),
             Observed::Settle {
                 release,
                 lease,
-                tag,
                 input_tokens,
                 output_tokens,
             } => {
-                let limit = tag
-                    .as_ref()
-                    .map_or_else(|| snapshot.labels.limit(""), |tag| tag.limit.clone());
-                let outcome = match answer {
-                    Ok(_) => "settled",
-                    Err(failure) => failure.code().label(),
+                // A settled lease's tag goes; a failed settlement keeps it
+                // for the retry.
+                let tag = match answer {
+                    Ok(_) => self.leases.untag(lease),
+                    Err(_) => self.leases.tag_of(lease),
                 };
+                let name = tag.as_ref().map_or("", |tag| &*tag.limit);
+                let (limit, meters) = snapshot.labels.limit(name);
                 let returned = match answer {
                     Ok(Response::Settled { tokens_returned }) => *tokens_returned,
                     Ok(Response::Released { tokens_returned }) => *tokens_returned as i64,
                     _ => 0,
                 };
-                if self.metered {
-                    let labels = SettleLabels {
-                        limit: limit.clone(),
-                        outcome,
-                    };
-                    let family = if release {
-                        &self.metrics.releases
-                    } else {
-                        &self.metrics.reports
-                    };
-                    family.get_or_create(&labels).inc();
-                }
-                if self.metered && answer.is_ok() {
-                    self.leases.untag(lease);
-                    let limit_label = LimitLabel {
-                        limit: limit.clone(),
-                    };
-                    if returned > 0 {
-                        let refunded = self.metrics.refunded_tokens.get_or_create(&limit_label);
-                        refunded.inc_by(returned as u64);
+                let outcome = match answer {
+                    Ok(_) => "settled",
+                    Err(failure) => failure.code().label(),
+                };
+                match meters.filter(|_| self.metered) {
+                    Some(meters) if answer.is_ok() => {
+                        let settled = if release {
+                            &meters.releases_settled
+                        } else {
+                            &meters.reports_settled
+                        };
+                        settled.inc();
+                        if returned > 0 {
+                            meters.refunded_tokens.inc_by(returned as u64);
+                        }
+                        if let (Some(tag), false) = (&tag, release) {
+                            let used = input_tokens.saturating_add(output_tokens);
+                            meters
+                                .estimation_error
+                                .observe(tag.tokens as f64 - used as f64);
+                        }
                     }
-                    if let (Some(tag), false) = (&tag, release) {
-                        let used = input_tokens.saturating_add(output_tokens);
-                        let error = tag.tokens as f64 - used as f64;
-                        self.metrics
-                            .estimation_error
-                            .get_or_create(&limit_label)
-                            .observe(error);
+                    _ if self.metered => {
+                        let labels = SettleLabels {
+                            limit: limit.clone(),
+                            outcome,
+                        };
+                        let family = if release {
+                            &self.metrics.releases
+                        } else {
+                            &self.metrics.reports
+                        };
+                        family.get_or_create(&labels).inc();
                     }
+                    _ => {}
                 }
                 let request = if release { "release" } else { "report" };
                 let (limit, code) = (&*limit, answer.as_ref().err().map(|f| f.code().label()));
@@ -244,10 +253,19 @@ impl Service {
     fn record_acquire(
         &self,
         limit: Name,
+        meters: Option<&LimitMeters>,
         tenant: Name,
         log: Option<AcquireLog>,
         answer: &Result<Response, ServiceError>,
     ) {
+        if let Ok(Response::Granted { lease, tokens, .. }) = answer {
+            // So that its report is counted and logged under its limit.
+            let tag = LeaseTag {
+                limit: limit.clone(),
+                tokens: *tokens,
+            };
+            self.leases.tag(*lease, tag);
+        }
         if let Some(log) = &log {
             log_acquire(log, answer);
         }
@@ -256,9 +274,7 @@ impl Service {
         }
         let (outcome, reason) = match answer {
             Ok(Response::Granted {
-                lease,
-                tokens,
-                waited_ms,
+                tokens, waited_ms, ..
             }) => {
                 let tokens_labels = TenantLabels {
                     limit: limit.clone(),
@@ -268,18 +284,9 @@ impl Service {
                     .acquired_tokens
                     .get_or_create(&tokens_labels)
                     .inc_by(*tokens);
-                let limit_label = LimitLabel {
-                    limit: limit.clone(),
-                };
-                self.metrics
-                    .waits
-                    .get_or_create(&limit_label)
-                    .observe(*waited_ms as f64 / 1000.0);
-                let tag = LeaseTag {
-                    limit: limit.clone(),
-                    tokens: *tokens,
-                };
-                self.leases.tag(*lease, tag);
+                if let Some(meters) = meters {
+                    meters.waits.observe(*waited_ms as f64 / 1000.0);
+                }
                 ("granted", "")
             }
             Ok(Response::Denied { bucket, .. }) => ("denied", bucket_label(bucket)),
