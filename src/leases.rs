@@ -172,8 +172,8 @@ struct Leases {
     by_age: BTreeSet<(Instant, u64)>,
     /// Ids of each connection's leases.
     by_owner: HashMap<ConnectionId, HashSet<u64>>,
-    /// Tags of open leases; kept while a settlement is retried, pruned with
-    /// the leases that expire or are forgotten.
+    /// Tags of open leases; kept while a settlement may be retried, dropped
+    /// with the leases that expire, are evicted or lose their connection.
     tags: HashMap<u64, LeaseTag>,
 }
 
@@ -196,12 +196,18 @@ impl Leases {
         Some(lease)
     }
 
-    /// Removes the oldest lease granted before `cutoff` (any, without one);
+    /// Removes a lease for good, its tag too.
+    fn forget(&mut self, id: u64) -> Option<Lease> {
+        self.tags.remove(&id);
+        self.remove(id)
+    }
+
+    /// Forgets the oldest lease granted before `cutoff` (any, without one);
     /// false when there is none.
     fn remove_oldest(&mut self, cutoff: Option<Instant>) -> bool {
         match self.by_age.first() {
             Some(&(granted_at, id)) if cutoff.is_none_or(|cutoff| granted_at < cutoff) => {
-                self.remove(id).is_some()
+                self.forget(id).is_some()
             }
             _ => false,
         }
@@ -265,7 +271,7 @@ impl LeaseTable {
             return Vec::new();
         };
         ids.into_iter()
-            .filter_map(|id| leases.remove(id).map(|lease| (id, lease)))
+            .filter_map(|id| leases.forget(id).map(|lease| (id, lease)))
             .collect()
     }
 

@@ -217,9 +217,20 @@ fn tags_outlive_a_retried_settlement_and_not_the_lease() {
     // A failed settlement puts the lease back: the tag is still there.
     let taken = table.take(id).unwrap();
     table.restore(id, taken);
-    assert_eq!(table.tag_of(id), Some(tag));
-    // Forgotten with its connection: the next sweep drops the tag.
+    assert_eq!(table.tag_of(id), Some(tag.clone()));
+    // Forgotten with its connection: so is the tag.
     assert_eq!(table.take_owned_by(1).len(), 1);
-    table.expire(Instant::now());
     assert_eq!(table.tag_of(id), None);
+    // Evicted for room: the tag goes with the lease.
+    let small = LeaseTable::new(Duration::from_secs(60), 1);
+    let first = small.insert(lease(1, Instant::now()));
+    small.tag(first, tag.clone());
+    small.insert(lease(1, Instant::now()));
+    assert_eq!(small.tag_of(first), None);
+    // Settled elsewhere (taken, never restored): the next sweep drops it.
+    let second = table.insert(lease(2, Instant::now()));
+    table.tag(second, tag);
+    table.take(second);
+    table.expire(Instant::now());
+    assert_eq!(table.tag_of(second), None);
 }
