@@ -11,7 +11,7 @@ pub mod health;
 mod labels;
 pub mod registry;
 
-pub use labels::{Labels, LimitMeters};
+pub use labels::{Labels, LimitMeters, TenantLabel};
 pub use registry::{Metrics, Name, OpenGuard, StoreCalls};
 
 use std::sync::atomic::Ordering;

@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use super::{Call, Service, ServiceError, Snapshot};
 use crate::leases::LeaseTag;
 use crate::limiter::BucketRole;
-use crate::metrics::registry::{AcquireLabels, SettleLabels, TenantLabels};
-use crate::metrics::{LimitMeters, Name};
+use crate::metrics::registry::{AcquireLabels, SettleLabels};
+use crate::metrics::{LimitMeters, Name, TenantLabel};
 use crate::proto::{Cost, MAX_NAME_LEN, Response};
 
 /// Tenants remembered per limit, most recent first.
@@ -24,7 +24,7 @@ pub(super) enum Observed<'a> {
         limit: Name,
         /// The limit's own series, when it is configured.
         meters: Option<&'a LimitMeters>,
-        tenant: Name,
+        tenant: TenantLabel,
         /// The request's own fields, kept only while DEBUG is on.
         log: Option<AcquireLog>,
     },
@@ -254,7 +254,7 @@ impl Service {
         &self,
         limit: Name,
         meters: Option<&LimitMeters>,
-        tenant: Name,
+        tenant: TenantLabel,
         log: Option<AcquireLog>,
         answer: &Result<Response, ServiceError>,
     ) {
@@ -275,27 +275,24 @@ impl Service {
         let (outcome, reason) = match answer {
             Ok(Response::Granted {
                 tokens, waited_ms, ..
-            }) => {
-                let tokens_labels = TenantLabels {
-                    limit: limit.clone(),
-                    tenant: tenant.clone(),
-                };
-                self.metrics
-                    .acquired_tokens
-                    .get_or_create(&tokens_labels)
-                    .inc_by(*tokens);
-                if let Some(meters) = meters {
+            }) => match meters {
+                Some(meters) => {
+                    let (acquires, acquired) = meters.granted(&self.metrics, &limit, &tenant);
+                    acquires.inc();
+                    acquired.inc_by(*tokens);
                     meters.waits.observe(*waited_ms as f64 / 1000.0);
+                    return;
                 }
-                ("granted", "")
-            }
+                // Only a configured limit grants.
+                None => ("granted", ""),
+            },
             Ok(Response::Denied { bucket, .. }) => ("denied", bucket_label(bucket)),
             Ok(_) => ("granted", ""),
             Err(failure) => ("error", failure.code().label()),
         };
         let labels = AcquireLabels {
             limit,
-            tenant,
+            tenant: tenant.name,
             outcome,
             reason,
         };
