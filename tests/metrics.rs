@@ -156,7 +156,7 @@ async fn counters_move_with_grants_denials_reports_and_an_outage() {
     // Redis dies: within a second /readyz says so, without any traffic.
     redis.kill();
     let (took, body) = await_readyz(&address, 503, Duration::from_secs(3));
-    assert!(took < Duration::from_millis(1500), "took {took:?}");
+    assert!(took < Duration::from_secs(1), "took {took:?}");
     eprintln!("/readyz went 503 {took:?} after Redis died");
     assert!(body.contains("fail_closed"), "{body}");
     let health = run(&["health"], &daemon.socket);

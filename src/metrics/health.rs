@@ -12,8 +12,9 @@ use super::StoreCalls;
 
 /// How often the watch looks at the store.
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(250);
-/// A store that answered a call this recently needs no ping.
-pub const FRESH_FOR: Duration = Duration::from_millis(500);
+/// A store that answered a call this recently needs no ping: an idle
+/// sidecar pings about four times a second, a busy one never.
+pub const FRESH_FOR: Duration = WATCH_INTERVAL;
 
 /// Where the store's state is read: the failure policy store when the
 /// daemon shares its buckets through Redis.
