@@ -1,33 +1,55 @@
-# Shared by the benchmarks: a private redis-server on a free port and one
-# sidecar on it, with a bucket ("bench") far larger than any run can drain,
+# Shared by the benchmarks: a private redis-server on a free port and
+# sidecars on it, with a bucket ("bench") far larger than any run can drain,
 # so that every acquire is a grant and takes the script's full path (refill,
-# reserve, write, expire). Source it, then call start_redis_and_sidecar BIN.
-# Sets WORK, PORT and SOCKET; everything is stopped and removed on exit.
+# reserve, write, expire). Source it, then call start_redis_and_sidecar BIN
+# (sets PORT and SOCKET), or start_redis and then start_sidecar NAME BIN
+# [EXTRA_TOML] once per sidecar (sets SOCKET to the new one's). WORK is the
+# scratch directory; everything is stopped and removed on exit.
 
 WORK="$(mktemp -d)"
+PIDS=()
 cleanup() {
-    [ -n "${DAEMON_PID:-}" ] && kill "$DAEMON_PID" 2>/dev/null || true
-    [ -n "${REDIS_PID:-}" ] && kill "$REDIS_PID" 2>/dev/null || true
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
     rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-start_redis_and_sidecar() {
-    local bin="$1"
-    PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+# Checks for redis-server, builds the release binaries (in CARGO_TARGET_DIR
+# if set) and sets BIN (RATEKEEPER_BIN if set: another daemon build) and
+# LOADGEN.
+build_release() {
+    command -v redis-server >/dev/null || { echo "needs redis-server (scripts/test installs it)" >&2; exit 1; }
+    cargo build --release --quiet
+    local target="${CARGO_TARGET_DIR:-$PWD/target}"
+    BIN="${RATEKEEPER_BIN:-$target/release/ratekeeper}"
+    LOADGEN="$target/release/ratekeeper-loadgen"
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+start_redis() {
+    PORT="$(free_port)"
     redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
         --logfile "$WORK/redis.log" &
-    REDIS_PID=$!
+    PIDS+=($!)
     until redis-cli -p "$PORT" PING >/dev/null 2>&1; do sleep 0.05; done
+}
 
-    SOCKET="$WORK/rk.sock"
-    cat > "$WORK/bench.toml" <<TOML
+start_sidecar() {
+    local name="$1" bin="$2" extra="${3:-}"
+    SOCKET="$WORK/$name.sock"
+    cat > "$WORK/$name.toml" <<TOML
 [server]
 socket = "$SOCKET"
 
 [redis]
 url = "redis://127.0.0.1:$PORT/0"
+key_prefix = "$name"
+
+$extra
 
 [[limits]]
 name = "bench"
@@ -36,7 +58,12 @@ burst_tokens = 10000000000
 requests_per_minute = 1000000000
 burst_requests = 10000000000
 TOML
-    "$bin" serve --config "$WORK/bench.toml" --log-level warn 2>"$WORK/daemon.log" &
-    DAEMON_PID=$!
+    "$bin" serve --config "$WORK/$name.toml" --log-level warn 2>"$WORK/$name.log" &
+    PIDS+=($!)
     until [ -S "$SOCKET" ]; do sleep 0.05; done
+}
+
+start_redis_and_sidecar() {
+    start_redis
+    start_sidecar rk "$1"
 }

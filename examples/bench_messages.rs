@@ -73,7 +73,7 @@ fn serve(socket: &Path) {
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let app = App::new(config, None).expect("assemble the daemon");
+        let mut app = App::new(config, None).expect("assemble the daemon");
         let listener = app.bind().expect("bind");
         let stdin_closed = async {
             let _ = tokio::task::spawn_blocking(|| {

@@ -4,19 +4,27 @@
 //! shutdown future and reload requests; tests can start a daemon in-process.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, Config, ConfigError, RedisConfig};
 use crate::limiter::redis::{RedisNodes, RedisSettings, RedisSetupError};
-use crate::limiter::{EmbeddedStore, FailFastStore, FallbackStore, RedisStore, Store};
-use crate::metrics;
+use crate::limiter::{
+    EmbeddedStore, FailFastStore, FallbackStore, InstrumentedStore, RedisStore, Store,
+};
+use crate::metrics::exporter::{self, Exporter};
+use crate::metrics::health::{self, StoreHealth};
+use crate::metrics::{self, Metrics};
 use crate::server::{self, BindError, ServerSettings};
 use crate::service::{ReloadError, Service};
+use crate::systemd;
 use crate::tokens::{self, TokenError};
 
 /// Why the daemon could not start, or a reload was refused.
@@ -34,10 +42,16 @@ pub enum AppError {
     Reload(#[from] ReloadError),
     #[error("building the tokenizers failed: {0}")]
     TokenizerTask(String),
+    #[error("cannot listen for metrics on {address}: {source}")]
+    MetricsBind {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// The stores one daemon answers from, each kept by its own type so that
 /// its counters stay readable.
+#[derive(Clone)]
 pub struct Stores {
     /// What the service calls: the whole stack.
     pub store: Arc<dyn Store>,
@@ -51,6 +65,11 @@ pub struct Stores {
 pub struct App {
     service: Arc<Service>,
     stores: Stores,
+    metrics: Arc<Metrics>,
+    /// Set once the socket listens: part of readiness.
+    socket_bound: Arc<AtomicBool>,
+    /// The `[metrics] listen` listener, once bound.
+    metrics_listener: Option<tokio::net::TcpListener>,
     /// Read again on every reload; `None` serves the built-in defaults.
     config_path: Option<PathBuf>,
     /// Retries a warm-up that failed at start, until it succeeds.
@@ -73,20 +92,25 @@ pub fn redis_settings(redis: &RedisConfig) -> RedisSettings {
 }
 
 /// Builds the store stack `config` asks for: the embedded store, or Redis
-/// under local fail-fast under the failure policy.
-pub fn build_stores(config: &Config) -> Result<Stores, AppError> {
+/// under local fail-fast under the failure policy; the store itself timed
+/// and counted into `metrics`.
+pub fn build_stores(config: &Config, metrics: &Metrics) -> Result<Stores, AppError> {
+    let calls = metrics.store.clone();
     let Some(redis) = &config.redis else {
         tracing::warn!(
             "no [redis] configured: using the embedded store, so limits hold for this \
              process only; configure redis.url to share them across sidecars"
         );
+        let embedded = Box::new(EmbeddedStore::new());
         return Ok(Stores {
-            store: Arc::new(EmbeddedStore::new()),
+            store: Arc::new(InstrumentedStore::new(embedded, calls, Duration::MAX)),
             fallback: None,
             fail_fast: None,
         });
     };
-    let shared = RedisStore::new(&redis_settings(redis))?;
+    let timeout = Duration::from_millis(redis.timeout_ms);
+    let shared = Box::new(RedisStore::new(&redis_settings(redis))?);
+    let shared = InstrumentedStore::new(shared, calls, timeout);
     tracing::info!(
         nodes = %redis.masked_nodes(),
         cluster = redis.url.is_none(),
@@ -136,11 +160,21 @@ impl App {
     /// Assembles a daemon for `config`, which was loaded from `config_path`.
     pub fn new(config: Config, config_path: Option<PathBuf>) -> Result<App, AppError> {
         preload_tokenizers(&config)?;
-        let stores = build_stores(&config)?;
-        let service = Arc::new(Service::new(Arc::new(config), stores.store.clone()));
+        let metrics = Arc::new(Metrics::new());
+        let stores = build_stores(&config, &metrics)?;
+        let store_health = StoreHealth::new(stores.store.as_ref(), stores.fallback.clone());
+        let service = Arc::new(Service::new(
+            Arc::new(config),
+            stores.store.clone(),
+            store_health,
+            metrics.clone(),
+        ));
         Ok(App {
             service,
             stores,
+            metrics,
+            socket_bound: Arc::default(),
+            metrics_listener: None,
             config_path,
             warming: None,
         })
@@ -188,13 +222,30 @@ impl App {
         &self.service
     }
 
-    /// Binds the configured socket with its file mode.
-    pub fn bind(&self) -> Result<UnixListener, AppError> {
+    /// Binds the configured socket with its file mode, and the metrics
+    /// listener when `[metrics] listen` asks for one.
+    pub fn bind(&mut self) -> Result<UnixListener, AppError> {
         let config = self.service.config();
+        if let Some(address) = config.metrics.listen {
+            let bound = std::net::TcpListener::bind(address)
+                .and_then(|listener| {
+                    listener.set_nonblocking(true)?;
+                    tokio::net::TcpListener::from_std(listener)
+                })
+                .map_err(|source| AppError::MetricsBind { address, source })?;
+            self.metrics_listener = Some(bound);
+        }
         Ok(server::bind(
             &config.server.socket,
             config.server.socket_mode,
         )?)
+    }
+
+    /// Where the metrics listener listens, once bound (port 0 resolved).
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|listener| listener.local_addr().ok())
     }
 
     /// Loads the config file again and applies it; on any failure the
@@ -206,12 +257,31 @@ impl App {
     /// Serves `listener` until `shutdown` completes, reloading the config on
     /// every message of `reloads`, then drains and logs what it counted.
     pub async fn serve(
-        self,
+        mut self,
         listener: UnixListener,
         shutdown: impl Future<Output = ()>,
         mut reloads: mpsc::UnboundedReceiver<()>,
     ) {
         let config = self.service.config();
+        self.socket_bound.store(true, Ordering::SeqCst);
+        let watch = self.stores.fallback.as_ref().map(|_| {
+            let calls = self.metrics.store.clone();
+            tokio::spawn(health::watch_store(self.stores.store.clone(), calls))
+        });
+        let stop_exporter = CancellationToken::new();
+        if let Some(listener) = self.metrics_listener.take() {
+            let address = listener
+                .local_addr()
+                .map_or_else(|_| String::new(), |a| a.to_string());
+            let address = address.as_str();
+            tracing::info!(address, "serving /metrics, /healthz and /readyz");
+            let exporter = Arc::new(Exporter::new(
+                self.service.clone(),
+                self.stores.clone(),
+                self.socket_bound.clone(),
+            ));
+            tokio::spawn(exporter::serve(listener, exporter, stop_exporter.clone()));
+        }
         let settings = ServerSettings {
             socket_path: config.server.socket.clone(),
             allowed_uids: config.server.allowed_uids.clone(),
@@ -229,7 +299,9 @@ impl App {
             let (service, path) = (self.service.clone(), self.config_path.clone());
             tokio::spawn(async move {
                 while reloads.recv().await.is_some() {
-                    match reload(&service, path.as_deref()).await {
+                    let outcome = reload(&service, path.as_deref()).await;
+                    service.metrics().reloaded(outcome.is_ok());
+                    match outcome {
                         Ok(limits) => tracing::info!(limits, "configuration reloaded"),
                         Err(failure) => tracing::error!(
                             "configuration not reloaded, the previous one stays in force: {failure}"
@@ -238,7 +310,18 @@ impl App {
                 }
             })
         };
+        if let Err(notify_error) = systemd::notify_ready() {
+            tracing::warn!(%notify_error, "could not tell systemd the daemon is ready");
+        }
+        let shutdown = async {
+            shutdown.await;
+            let _ = systemd::notify_stopping();
+        };
         server::run(listener, self.service.clone(), settings, shutdown).await;
+        stop_exporter.cancel();
+        if let Some(watch) = watch {
+            watch.abort();
+        }
         reloader.abort();
         if let Some(warming) = &self.warming {
             warming.abort();

@@ -130,6 +130,16 @@ pub fn refund_fraction(reserved: &[Reserved], fraction: f64) -> Vec<Adjustment> 
         .collect()
 }
 
+/// What metrics and the decision log say about a lease: the label of its
+/// limit and what it reserved, recorded when it is granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseTag {
+    /// The `limit` label (a configured name).
+    pub limit: Arc<str>,
+    /// `Granted.tokens`.
+    pub tokens: u64,
+}
+
 /// Counts of leases that ended without a report.
 #[derive(Debug, Default)]
 pub struct LeaseCounters {
@@ -162,6 +172,9 @@ struct Leases {
     by_age: BTreeSet<(Instant, u64)>,
     /// Ids of each connection's leases.
     by_owner: HashMap<ConnectionId, HashSet<u64>>,
+    /// Tags of open leases; kept while a settlement may be retried, dropped
+    /// with the leases that expire, are evicted or lose their connection.
+    tags: HashMap<u64, LeaseTag>,
 }
 
 impl Leases {
@@ -183,12 +196,18 @@ impl Leases {
         Some(lease)
     }
 
-    /// Removes the oldest lease granted before `cutoff` (any, without one);
+    /// Removes a lease for good, its tag too.
+    fn forget(&mut self, id: u64) -> Option<Lease> {
+        self.tags.remove(&id);
+        self.remove(id)
+    }
+
+    /// Forgets the oldest lease granted before `cutoff` (any, without one);
     /// false when there is none.
     fn remove_oldest(&mut self, cutoff: Option<Instant>) -> bool {
         match self.by_age.first() {
             Some(&(granted_at, id)) if cutoff.is_none_or(|cutoff| granted_at < cutoff) => {
-                self.remove(id).is_some()
+                self.forget(id).is_some()
             }
             _ => false,
         }
@@ -252,16 +271,39 @@ impl LeaseTable {
             return Vec::new();
         };
         ids.into_iter()
-            .filter_map(|id| leases.remove(id).map(|lease| (id, lease)))
+            .filter_map(|id| leases.forget(id).map(|lease| (id, lease)))
             .collect()
     }
 
-    /// Forgets leases granted before `now - expire_after`; returns how many.
+    /// Tags the open lease `id`; nothing if it is already settled.
+    pub fn tag(&self, id: u64, tag: LeaseTag) {
+        let mut leases = self.lock();
+        if leases.by_id.contains_key(&id) {
+            leases.tags.insert(id, tag);
+        }
+    }
+
+    /// The tag of lease `id`, if it was tagged and is not yet untagged.
+    pub fn tag_of(&self, id: u64) -> Option<LeaseTag> {
+        self.lock().tags.get(&id).cloned()
+    }
+
+    /// Takes the tag of a settled lease out.
+    pub fn untag(&self, id: u64) -> Option<LeaseTag> {
+        self.lock().tags.remove(&id)
+    }
+
+    /// Forgets leases granted before `now - expire_after`, and the tags of
+    /// leases no longer open; returns how many leases expired.
     pub fn expire(&self, now: Instant) -> usize {
+        let mut leases = self.lock();
+        if leases.tags.len() > leases.by_id.len() {
+            let Leases { by_id, tags, .. } = &mut *leases;
+            tags.retain(|id, _| by_id.contains_key(id));
+        }
         let Some(cutoff) = now.checked_sub(self.expire_after) else {
             return 0;
         };
-        let mut leases = self.lock();
         let mut expired = 0;
         while leases.remove_oldest(Some(cutoff)) {
             expired += 1;
@@ -287,207 +329,4 @@ impl LeaseTable {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::limiter::BucketSpec;
-
-    fn reserved(role: BucketRole, cost: u64, settle: Settle) -> Reserved {
-        Reserved {
-            role,
-            draw: Draw {
-                bucket: BucketSpec {
-                    key: role.name().into(),
-                    capacity: 10_000,
-                    per_minute: 60,
-                },
-                cost,
-                floor: 0,
-            },
-            settle,
-        }
-    }
-
-    fn lease(owner: ConnectionId, granted_at: Instant) -> Lease {
-        Lease {
-            owner,
-            origin: Origin::Store,
-            tokens: 10,
-            reserved: vec![reserved(BucketRole::Tokens, 10, Settle::Total)],
-            granted_at,
-            learn_as: None,
-        }
-    }
-
-    /// (buckets as role, cost, settle; report input, output) → (adjustment
-    /// per bucket key, tokens_returned)
-    #[test]
-    fn reports_settle_each_bucket_from_its_figure() {
-        use BucketRole::*;
-        use Settle::*;
-        type Buckets = &'static [(BucketRole, u64, Settle)];
-        type Adjusted = &'static [(&'static str, i64)];
-        type Case = (&'static str, Buckets, (u64, u64), Adjusted, i64);
-        let cases: [Case; 6] = [
-            (
-                "combined, refunded; the request stays spent",
-                &[
-                    (Tokens, 1_500, Total),
-                    (Requests, 1, Never),
-                    (Tenant, 1_500, Total),
-                ],
-                (300, 200),
-                &[("tokens", 1_000), ("tenant", 1_000)],
-                1_000,
-            ),
-            (
-                "combined, overrun debited",
-                &[(Tokens, 1_500, Total)],
-                (1_200, 800),
-                &[("tokens", -500)],
-                -500,
-            ),
-            (
-                "exact usage changes nothing",
-                &[(Tokens, 1_500, Total)],
-                (1_000, 500),
-                &[],
-                0,
-            ),
-            (
-                "charge kept (openai); the tenant still settles",
-                &[
-                    (Tokens, 1_000, Never),
-                    (Tenant, 1_000, Total),
-                    (GroupTokens, 1_000, Never),
-                ],
-                (500, 100),
-                &[("tenant", 400)],
-                0,
-            ),
-            (
-                "separate buckets: input overrun debited, output refunded",
-                &[
-                    (InputTokens, 500, Input),
-                    (OutputTokens, 1_000, Output),
-                    (Tenant, 1_500, Total),
-                ],
-                (700, 300),
-                &[
-                    ("input_tokens", -200),
-                    ("output_tokens", 700),
-                    ("tenant", 500),
-                ],
-                500,
-            ),
-            (
-                "an overrun beyond one full bucket takes one full bucket",
-                &[(Tokens, 10, Total)],
-                (u64::MAX, u64::MAX),
-                &[("tokens", -10_000)],
-                -10_000,
-            ),
-        ];
-        for (what, buckets, (input, output), adjustments, returned) in cases {
-            let buckets: Vec<Reserved> = buckets
-                .iter()
-                .map(|&(role, cost, settle)| reserved(role, cost, settle))
-                .collect();
-            let settlement = settle_usage(&buckets, input, output);
-            let got: Vec<(&str, i64)> = settlement
-                .adjustments
-                .iter()
-                .map(|a| (&*a.bucket.key, a.tokens))
-                .collect();
-            assert_eq!(got, adjustments, "{what}");
-            assert_eq!(settlement.tokens_returned, returned, "{what}");
-        }
-    }
-
-    #[test]
-    fn a_disconnect_refund_is_a_fraction_of_each_settling_bucket() {
-        use BucketRole::*;
-        use Settle::*;
-        let buckets = vec![
-            reserved(InputTokens, 501, Input),
-            reserved(OutputTokens, 1_000, Output),
-            reserved(Requests, 1, Never),
-            reserved(GroupTokens, 1_501, Never),
-        ];
-        let refunds: Vec<(String, i64)> = refund_fraction(&buckets, 0.5)
-            .into_iter()
-            .map(|a| (a.bucket.key.to_string(), a.tokens))
-            .collect();
-        assert_eq!(
-            refunds,
-            [
-                ("input_tokens".to_string(), 250),
-                ("output_tokens".to_string(), 500)
-            ]
-        );
-        let all: Vec<i64> = refund_all(&buckets).iter().map(|a| a.tokens).collect();
-        assert_eq!(all, [501, 1_000, 1, 1_501]);
-    }
-
-    #[test]
-    fn old_leases_expire_and_a_full_table_drops_the_oldest() {
-        let start = Instant::now();
-        let table = LeaseTable::new(Duration::from_secs(60), 3);
-        let first = table.insert(lease(1, start));
-        let second = table.insert(lease(1, start + Duration::from_secs(30)));
-        assert_eq!(table.expire(start + Duration::from_secs(61)), 1);
-        assert!(table.take(first).is_none());
-        table.insert(lease(2, start + Duration::from_secs(40)));
-        table.insert(lease(2, start + Duration::from_secs(50)));
-        table.insert(lease(2, start + Duration::from_secs(55)));
-        assert_eq!(table.len(), 3);
-        assert!(table.take(second).is_none(), "the oldest made room");
-        assert_eq!(table.counters.expired.load(Ordering::Relaxed), 2);
-    }
-
-    #[test]
-    fn lease_ids_cannot_be_guessed_from_earlier_ones() {
-        let now = Instant::now();
-        let table = LeaseTable::new(Duration::from_secs(60), 10_000);
-        let ids: Vec<u64> = (0..1000).map(|_| table.insert(lease(1, now))).collect();
-        assert!(ids.iter().all(|&id| id != 0));
-        let distinct: HashSet<u64> = ids.iter().copied().collect();
-        assert_eq!(distinct.len(), ids.len());
-        let next_is_previous_plus_small = ids
-            .windows(2)
-            .filter(|pair| pair[1].wrapping_sub(pair[0]) < 1 << 20)
-            .count();
-        assert_eq!(next_is_previous_plus_small, 0, "ids follow each other");
-    }
-
-    #[test]
-    fn a_restored_lease_keeps_its_age() {
-        let start = Instant::now();
-        let after = |seconds| start + Duration::from_secs(seconds);
-        let table = LeaseTable::new(Duration::from_secs(60), 100);
-        let (old, young) = (
-            table.insert(lease(1, start)),
-            table.insert(lease(1, after(30))),
-        );
-        let taken = table.take(old).unwrap();
-        table.restore(old, taken);
-        assert_eq!(table.expire(after(61)), 1);
-        assert!(table.take(old).is_none(), "the old lease expired first");
-        assert!(table.take(young).is_some());
-    }
-
-    #[test]
-    fn a_closed_connection_takes_only_its_own_leases() {
-        let now = Instant::now();
-        let table = LeaseTable::new(Duration::from_secs(60), 100);
-        let mine = table.insert(lease(7, now));
-        let theirs = table.insert(lease(8, now));
-        let settled = table.insert(lease(7, now));
-        assert!(table.take(settled).is_some());
-        let taken = table.take_owned_by(7);
-        assert_eq!(taken.len(), 1);
-        assert_eq!(taken[0].0, mine);
-        assert!(table.take_owned_by(7).is_empty());
-        assert!(table.take(theirs).is_some());
-        assert!(table.is_empty());
-    }
-}
+mod tests;

@@ -13,7 +13,8 @@
 //! | [`leases`] | granted reservations awaiting their report, and settlement arithmetic |
 //! | [`limiter`] | the `Store` trait: Redis (the only module touching redis types), embedded, fail-fast, failure policy |
 //! | [`tokens`] | token counting: tiktoken encoders, character estimates, provider presets |
-//! | [`metrics`] | the daemon's counters, read in one place |
+//! | [`metrics`] | Prometheus metrics, the `/metrics` `/healthz` `/readyz` listener, readiness |
+//! | [`systemd`] | the `Type=notify` readiness datagram |
 //! | [`logging`] | logs on stderr that a closed stderr cannot turn into a failure |
 //! | [`client`] | a small async client of the socket, for the CLI, `ratekeeper-loadgen` and tests |
 //!
@@ -26,7 +27,8 @@
 //! for one draw per bucket, reserves them all in one store call (`limiter`:
 //! one Lua script on Redis), sleeps the wait the store returned, records a
 //! lease (`leases`) and answers `Granted`. A later `Report` settles the
-//! lease: unused tokens go back to the buckets.
+//! lease: unused tokens go back to the buckets. `Service::handle` observes
+//! every call on its way: metrics, and a DEBUG decision line.
 
 pub mod app;
 pub mod client;
@@ -39,4 +41,5 @@ pub mod plan;
 pub mod proto;
 pub mod server;
 pub mod service;
+pub mod systemd;
 pub mod tokens;

@@ -10,6 +10,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -66,14 +67,35 @@ Exit codes: 0 valid, 1 invalid or unreadable."
         /// The TOML config file to check.
         file: PathBuf,
     },
-    /// Show every limit's buckets: level, capacity, rate and waiters.
-    #[command(after_help = EXIT_CODES)]
+    /// Show the store's state and every limit's buckets: level, capacity,
+    /// rate, percent full, tenants, waiters.
+    #[command(
+        after_help = "Answers while the store is down: with on_failure = \"local\" it shows \
+the local buckets acquires are granted from, otherwise the levels are unknown.\n\n\
+Exit codes: 0 answered, 1 failure (daemon unreachable, error answer), 2 usage error."
+    )]
     Status {
         #[command(flatten)]
         socket: SocketArgs,
         /// Show only this limit.
         #[arg(long)]
         limit: Option<String>,
+        /// Print JSON (one object; one line per redraw with --watch).
+        #[arg(long)]
+        json: bool,
+        /// Redraw every SECS seconds (default 2) until interrupted.
+        #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2")]
+        watch: Option<f64>,
+    },
+    /// Check that the daemon can serve acquires (readiness), for exec probes.
+    #[command(
+        after_help = "Ready means the socket answers and the store answers, or the \
+configured failure policy (fail_open, local) grants in its place; the reason is printed.\n\n\
+Exit codes: 0 ready, 1 not ready or unreachable, 2 usage error."
+    )]
+    Health {
+        #[command(flatten)]
+        socket: SocketArgs,
     },
     /// Check that the daemon answers.
     #[command(after_help = EXIT_CODES)]
@@ -214,7 +236,23 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             say(&format!("{}: valid", file.display()));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { socket, limit } => commands::status(&socket.socket, limit).await,
+        Command::Status {
+            socket,
+            limit,
+            json,
+            watch,
+        } => {
+            let watch = match watch {
+                Some(secs) if !(secs.is_finite() && secs > 0.0) => {
+                    say("ratekeeper: --watch takes a number of seconds above zero");
+                    return Ok(ExitCode::from(2));
+                }
+                watch => watch.map(Duration::from_secs_f64),
+            };
+            let options = commands::StatusOptions { limit, json, watch };
+            commands::status(&socket.socket, options).await
+        }
+        Command::Health { socket } => commands::health(&socket.socket).await,
         Command::CountTokens {
             model,
             provider,

@@ -1,12 +1,15 @@
 //! The command line as a user meets it: exit codes and messages of
-//! `check-config`, `acquire`, `status`, `ping` (against a real daemon) and
-//! `count-tokens`.
+//! `check-config`, `acquire`, `status`, `health`, `ping` (against a real
+//! daemon, and through a Redis outage) and `count-tokens`.
 
 mod support;
 
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use support::Daemon;
+use support::redis::RedisServer;
 
 fn ratekeeper(args: &[&str], socket: Option<&std::path::Path>) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
@@ -97,11 +100,12 @@ async fn acquire_exit_codes_say_granted_or_denied() {
     let status = run(&["status"]);
     assert_eq!(status.status.code(), Some(0));
     let table = text(&status.stdout);
-    assert!(table.contains("store: embedded"), "{table}");
+    assert!(table.contains("store: embedded up"), "{table}");
+    assert!(table.contains("\ngpt  waiters: 0\n"), "{table}");
     assert!(
         table
             .lines()
-            .any(|line| line.starts_with("gpt") && line.contains("tokens")),
+            .any(|line| line.starts_with("  tokens") && line.ends_with('%')),
         "{table}"
     );
 
@@ -250,7 +254,9 @@ async fn probes_leave_no_info_line() {
     );
     for command in [
         &["ping"][..],
+        &["health"],
         &["status"],
+        &["status", "--json"],
         &["acquire", "gpt", "--tokens", "5", "--release"],
     ] {
         let output = ratekeeper(command, Some(&daemon.socket));
@@ -274,4 +280,128 @@ async fn probes_leave_no_info_line() {
         .collect();
     assert_eq!(connection_lines.len(), 1, "{log}");
     assert!(!log.contains("client said hello"), "{log}");
+}
+
+/// A limit with tenant shares, on Redis under `policy`.
+fn redis_config(redis: &RedisServer, policy: &str) -> String {
+    format!(
+        "[redis]\nurl = \"{}\"\ntimeout_ms = 300\n{policy}\n\n\
+         [[limits]]\nname = \"gpt\"\ntokens_per_minute = 6000\ntenant_share = 0.5\n",
+        redis.url()
+    )
+}
+
+fn json(output: &Output) -> serde_json::Value {
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    serde_json::from_slice(&output.stdout).expect("status --json prints JSON")
+}
+
+/// Issue: status failed outright (StoreUnavailable, exit 1) during a Redis
+/// outage, even while the local policy granted; tenant buckets never showed.
+#[tokio::test]
+async fn status_answers_through_a_redis_outage() {
+    let mut redis = RedisServer::start();
+    let daemon = Daemon::start(&redis_config(
+        &redis,
+        "on_failure = \"local\"\nlocal_share = 0.5",
+    ));
+    let socket = Some(daemon.socket.as_path());
+    let run = |args: &[&str]| ratekeeper(args, socket);
+    let acquired = run(&["acquire", "gpt", "--tokens", "100", "--tenant", "acme"]);
+    assert_eq!(
+        acquired.status.code(),
+        Some(0),
+        "{}",
+        text(&acquired.stderr)
+    );
+
+    let up = json(&run(&["status", "--json"]));
+    assert_eq!(up["health"]["store_up"], true);
+    assert_eq!(up["health"]["policy"], "local");
+    assert_eq!(up["levels_from"], "store");
+    let buckets = &up["limits"][0]["buckets"];
+    assert_eq!(buckets[0]["name"], "tokens");
+    // 100 taken, refilling at 100 a second since.
+    let level = |bucket: &serde_json::Value| bucket["level"].as_i64().expect("a level");
+    assert!((5900..=6000).contains(&level(&buckets[0])), "{buckets}");
+    assert_eq!(buckets[1]["name"], "tenant");
+    assert_eq!(buckets[1]["tenant"], "acme");
+    assert!((2900..=3000).contains(&level(&buckets[1])), "{buckets}");
+
+    redis.kill();
+    let started = Instant::now();
+    let down = loop {
+        let down = json(&run(&["status", "--json"]));
+        if down["health"]["store_up"] == false {
+            break down;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{down}");
+    };
+    assert_eq!(down["health"]["ready"], true, "the local policy serves");
+    assert_eq!(down["levels_from"], "local");
+    // The local buckets: half of each, full (nothing granted locally yet).
+    let buckets = &down["limits"][0]["buckets"];
+    assert_eq!(buckets[0]["capacity"], 3000);
+    assert_eq!(buckets[0]["level"], 3000);
+    let table = text(&run(&["status"]).stdout);
+    assert!(table.contains("store: redis DOWN for"), "{table}");
+    assert!(
+        table.contains("levels: this sidecar's local buckets"),
+        "{table}"
+    );
+    assert!(table.contains("acme"), "{table}");
+}
+
+#[tokio::test]
+async fn status_json_answers_during_an_outage_under_fail_closed() {
+    let mut redis = RedisServer::start();
+    let daemon = Daemon::start(&redis_config(&redis, "on_failure = \"fail_closed\""));
+    redis.kill();
+    let socket = Some(daemon.socket.as_path());
+    let started = Instant::now();
+    let down = loop {
+        let down = json(&ratekeeper(&["status", "--json"], socket));
+        if down["health"]["store_up"] == false {
+            break down;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{down}");
+    };
+    assert_eq!(down["health"]["ready"], false);
+    assert_eq!(down["levels_from"], "none");
+    assert_eq!(
+        down["limits"][0]["buckets"][0]["level"],
+        serde_json::Value::Null
+    );
+    let health = ratekeeper(&["health"], socket);
+    assert_eq!(health.status.code(), Some(1));
+    assert!(
+        text(&health.stdout).contains("fail_closed"),
+        "{}",
+        text(&health.stdout)
+    );
+}
+
+#[tokio::test]
+async fn status_watch_prints_again_and_again() {
+    let daemon = Daemon::start("[[limits]]\nname = \"gpt\"\ntokens_per_minute = 60\n");
+    let mut watching = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args(["status", "--json", "--watch", "0.05"])
+        .env("RATEKEEPER_SOCKET", &daemon.socket)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run status --watch");
+    let mut lines = BufReader::new(watching.stdout.take().unwrap()).lines();
+    for _ in 0..3 {
+        let line = lines.next().expect("another frame").unwrap();
+        let frame: serde_json::Value = serde_json::from_str(&line).expect("one JSON object a line");
+        assert_eq!(frame["limits"][0]["name"], "gpt");
+    }
+    watching.kill().unwrap();
+    watching.wait().unwrap();
+
+    let bad = ratekeeper(&["status", "--watch", "0"], Some(&daemon.socket));
+    assert_eq!(bad.status.code(), Some(2));
+    let health = ratekeeper(&["health"], Some(&daemon.socket));
+    assert_eq!(health.status.code(), Some(0));
+    assert_eq!(text(&health.stdout), "ready: the embedded store answers\n");
 }

@@ -183,6 +183,8 @@ fn localize(argv: &[String], replacements: &[(&str, &Path)]) -> Command {
         .env_remove("RATEKEEPER_CONFIG")
         .env_remove("RATEKEEPER_SOCKET")
         .env_remove("RATEKEEPER_REDIS_URL")
+        .env_remove("RATEKEEPER_METRICS_LISTEN")
+        .env_remove("NOTIFY_SOCKET")
         .env_remove("RATEKEEPER_LOG_FORMAT");
     command
 }
@@ -216,6 +218,8 @@ impl Served {
         let child = command
             .env(config::ENV_SOCKET, &socket)
             .env(config::ENV_REDIS_URL, redis_url)
+            // Any free port: tests run side by side.
+            .env(config::ENV_METRICS_LISTEN, "127.0.0.1:0")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
@@ -254,6 +258,14 @@ impl Served {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The metrics listener's address, as the daemon logged it.
+    fn metrics_address(&self) -> String {
+        self.wait_for_log("serving /metrics");
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let line = log.lines().find(|line| line.contains("serving /metrics"));
+        support::listen_address(line.expect("the line just seen"))
     }
 
     /// SIGTERM, as systemd's KillSignal and the kubelet send it; the exit
@@ -407,7 +419,7 @@ fn unit_agrees_with_its_config() {
 fn unit_is_hardened_and_signals_as_the_daemon_expects() {
     let unit = read(UNIT);
     let expected = [
-        ("Type", "simple"), // the daemon does not call sd_notify
+        ("Type", "notify"), // READY=1 once the socket listens
         ("KillSignal", "SIGTERM"),
         ("Restart", "on-failure"),
         ("EnvironmentFile", "-/etc/default/ratekeeper"),
@@ -483,11 +495,21 @@ fn unit_command_lines_work_with_this_binary() {
     // ExecStart=, socket moved to a temporary directory, against real Redis.
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("temporary directory");
-    let start = localize(
+    let mut start = localize(
         &unit_argv(&unit, "ExecStart"),
         &[(installed_config, config_path.as_path())],
     );
+    // Type=notify: systemd's socket hears READY=1 once the socket listens.
+    let notify = dir.path().join("notify.sock");
+    let systemd = std::os::unix::net::UnixDatagram::bind(&notify).expect("notify socket");
+    systemd.set_read_timeout(Some(START_TIMEOUT)).unwrap();
+    start.env("NOTIFY_SOCKET", &notify);
     let mut served = Served::start(start, dir.path(), &redis.url());
+    let mut datagram = [0u8; 64];
+    let len = systemd
+        .recv(&mut datagram)
+        .expect("READY=1 for Type=notify");
+    assert!(datagram[..len].starts_with(b"READY=1\n"), "{datagram:?}");
     let mode = std::fs::metadata(&served.socket)
         .unwrap()
         .permissions()
@@ -513,6 +535,32 @@ fn unit_command_lines_work_with_this_binary() {
     assert!(!served.socket.exists(), "the socket outlived the daemon");
 }
 
+/// `systemd-analyze verify` finds nothing wrong with the unit (the binary's
+/// path replaced by the one under test); skipped where systemd is missing.
+#[test]
+fn unit_passes_systemd_analyze_verify() {
+    let Ok(version) = Command::new("systemd-analyze").arg("--version").output() else {
+        eprintln!("systemd-analyze is not installed: not verifying {UNIT}");
+        return;
+    };
+    assert!(version.status.success());
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let unit = read(UNIT).replace(
+        "/usr/local/bin/ratekeeper",
+        env!("CARGO_BIN_EXE_ratekeeper"),
+    );
+    let path = dir.path().join("ratekeeper.service");
+    std::fs::write(&path, unit).unwrap();
+    let output = run({
+        let mut command = Command::new("systemd-analyze");
+        command.arg("verify").arg(&path);
+        command
+    });
+    assert_success(&output, "systemd-analyze verify");
+    let complaints = String::from_utf8_lossy(&output.stderr);
+    assert!(complaints.trim().is_empty(), "{complaints}");
+}
+
 // ---- the Kubernetes manifests -------------------------------------------------
 
 /// The sidecar's `command` + `args`, as the kubelet runs them.
@@ -536,7 +584,11 @@ fn probe_argv(deployment: &str, probe: &str) -> Vec<String> {
     )
 }
 
-const PROBES: [&str; 3] = ["startupProbe", "readinessProbe", "livenessProbe"];
+/// The probe that runs a command; the others ask the metrics listener.
+const EXEC_PROBE: &str = "startupProbe";
+/// The HTTP probes and the path each asks for.
+const HTTP_PROBES: [(&str, &str); 2] =
+    [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")];
 
 /// The lines of the sidecar's definition: from `initContainers:` to `containers:`.
 fn sidecar_block(deployment: &str) -> String {
@@ -586,15 +638,52 @@ fn k8s_manifests_agree_with_their_config() {
         "{DEPLOYMENT}: the app's RATEKEEPER_SOCKET"
     );
 
-    // Every probe pings the config's socket.
-    for probe in PROBES {
-        let argv = probe_argv(&deployment, probe);
+    // The startup probe pings the config's socket; the others ask the
+    // metrics listener, whose port the container and the scrape annotations name.
+    assert_eq!(
+        probe_argv(&deployment, EXEC_PROBE)[1..],
+        ["ping", "--socket", SOCKET],
+        "{DEPLOYMENT}: {EXEC_PROBE} must ping {K8S_CONFIG}'s socket"
+    );
+    let listen = config
+        .metrics
+        .listen
+        .unwrap_or_else(|| panic!("{K8S_CONFIG}: [metrics] listen is needed by the HTTP probes"));
+    assert!(
+        listen.ip().is_unspecified(),
+        "{K8S_CONFIG}: the kubelet probes the pod's IP"
+    );
+    let port = listen.port().to_string();
+    for (probe, path) in HTTP_PROBES {
+        let anchor = format!("{probe}:");
         assert_eq!(
-            argv[1..],
-            ["ping", "--socket", SOCKET],
-            "{DEPLOYMENT}: {probe} must ping {K8S_CONFIG}'s socket"
+            yaml_value_after(DEPLOYMENT, &deployment, &anchor, "path"),
+            path,
+            "{probe}"
+        );
+        assert_eq!(
+            yaml_value_after(DEPLOYMENT, &deployment, &anchor, "port"),
+            "metrics",
+            "{probe}"
         );
     }
+    assert_eq!(
+        yaml_value_after(DEPLOYMENT, &deployment, "- name: metrics", "containerPort"),
+        port,
+        "{DEPLOYMENT}: the metrics containerPort"
+    );
+    assert_eq!(
+        yaml_value(DEPLOYMENT, &deployment, "prometheus.io/port"),
+        port
+    );
+    assert_eq!(
+        yaml_value(DEPLOYMENT, &deployment, "prometheus.io/scrape"),
+        "true"
+    );
+    assert_eq!(
+        yaml_value(DEPLOYMENT, &deployment, "prometheus.io/path"),
+        "/metrics"
+    );
 
     // The sidecar serves the ConfigMap generated from k8s/ratekeeper.toml.
     let argv = sidecar_argv(&deployment);
@@ -719,13 +808,11 @@ fn k8s_sidecar_is_native_and_hardened() {
         .unwrap_or_else(|| panic!("{DOCKERFILE}: no ENTRYPOINT"));
     let binary = &sidecar_argv(&deployment)[0];
     assert_eq!(flow_list(DOCKERFILE, entrypoint), [binary.as_str()]);
-    for probe in PROBES {
-        assert_eq!(
-            &probe_argv(&deployment, probe)[0],
-            binary,
-            "{DEPLOYMENT}: {probe}"
-        );
-    }
+    assert_eq!(
+        &probe_argv(&deployment, EXEC_PROBE)[0],
+        binary,
+        "{DEPLOYMENT}: {EXEC_PROBE}"
+    );
     let user = content_lines(&dockerfile)
         .filter_map(|line| line.strip_prefix("USER "))
         .last()
@@ -773,12 +860,19 @@ fn k8s_sidecar_command_and_probes_work_with_this_binary() {
     );
     let mut served = Served::start(serve, dir.path(), &redis.url());
 
-    for probe in PROBES {
-        let output = run(localize(
-            &probe_argv(&deployment, probe),
-            &[(SOCKET, served.socket.as_path())],
-        ));
-        assert_success(&output, probe);
+    let output = run(localize(
+        &probe_argv(&deployment, EXEC_PROBE),
+        &[(SOCKET, served.socket.as_path())],
+    ));
+    assert_success(&output, EXEC_PROBE);
+    let address = served.metrics_address();
+    for (probe, path) in HTTP_PROBES {
+        let answer = support::try_http_get(&address, path);
+        assert_eq!(
+            answer.as_ref().map(|(status, _)| *status),
+            Some(200),
+            "{probe}: {answer:?}"
+        );
     }
     assert_shares_buckets_through(&served, &redis);
 
@@ -786,13 +880,19 @@ fn k8s_sidecar_command_and_probes_work_with_this_binary() {
     let status = served.terminate(Duration::from_secs(grace.parse().unwrap()));
     assert!(status.success(), "serve exited with {status} after SIGTERM");
 
-    // The daemon removed its socket: the probes fail from then on.
+    // The daemon removed its socket and closed its listener: the probes
+    // fail from then on.
     let output = run(localize(
-        &probe_argv(&deployment, "readinessProbe"),
+        &probe_argv(&deployment, EXEC_PROBE),
         &[(SOCKET, served.socket.as_path())],
     ));
     assert!(
         !output.status.success(),
+        "{EXEC_PROBE} passes after SIGTERM"
+    );
+    assert_eq!(
+        support::try_http_get(&address, "/readyz"),
+        None,
         "readinessProbe passes after SIGTERM"
     );
 }

@@ -40,6 +40,31 @@ async fn a_client_name_cannot_forge_a_text_log_line() {
     assert!(log.contains(r"worker\n2099-01-01"), "escaped name:\n{log}");
 }
 
+/// The decision log (DEBUG) shows the names an acquire carries: a limit,
+/// tenant or priority cannot forge a line either.
+#[tokio::test]
+async fn an_acquire_cannot_forge_a_decision_line() {
+    let daemon = Daemon::start(CONFIG);
+    let client = daemon.client().await;
+    let mut forged = match acquire(FORGED, 10, 0) {
+        Request::Acquire(fields) => fields,
+        _ => unreachable!(),
+    };
+    forged.tenant = Some(FORGED.into());
+    forged.priority = Some(FORGED.into());
+    client.call(Request::Acquire(forged)).await.unwrap();
+    daemon.wait_for_log("outcome=\"error\"").await;
+    let log = daemon.log();
+    assert!(
+        !log.lines().any(|line| line.starts_with("2099-")),
+        "a forged line:\n{log}"
+    );
+    assert!(
+        log.contains(r#"limit="worker\n2099-01-01"#),
+        "escaped limit:\n{log}"
+    );
+}
+
 #[tokio::test]
 async fn a_client_name_cannot_forge_a_json_log_line() {
     let daemon = Daemon::start_with_env(CONFIG, &[("RATEKEEPER_LOG_FORMAT", "json")]);

@@ -18,9 +18,10 @@ use std::sync::OnceLock;
 use bincode::error::DecodeError;
 use bincode::{Decode, Encode};
 use ratekeeper::proto::{
-    Acquire, BucketStatus, ChatMessage, ChatRequest, ClientFrame, Cost, ErrorCode, FrameError,
-    LimitStatus, MAX_FRAME_LEN, MAX_IN_FLIGHT, PROTOCOL_VERSION, Request, Response, ServerFrame,
-    decode_payload, encode_frame, split_frame,
+    Acquire, BucketInspection, BucketStatus, ChatMessage, ChatRequest, ClientFrame, Cost,
+    ErrorCode, FrameError, HealthStatus, Inspection, LimitInspection, LimitStatus, MAX_FRAME_LEN,
+    MAX_IN_FLIGHT, PROTOCOL_VERSION, Request, Response, ServerFrame, decode_payload, encode_frame,
+    split_frame,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -174,6 +175,32 @@ fn bucket(name: &str, capacity: u64, level: i64, per_minute: u64) -> BucketStatu
 }
 
 /// A frame built from raw parts: length prefix computed from the payload.
+fn health_ok() -> HealthStatus {
+    HealthStatus {
+        ready: true,
+        store: s("redis"),
+        store_up: true,
+        store_down_ms: 0,
+        policy: s("fail_closed"),
+        reason: s("the redis store answers"),
+    }
+}
+
+fn inspected(
+    name: &str,
+    tenant: Option<&str>,
+    capacity: u64,
+    level: Option<i64>,
+) -> BucketInspection {
+    BucketInspection {
+        name: s(name),
+        tenant: tenant.map(s),
+        capacity,
+        per_minute: capacity,
+        level,
+    }
+}
+
 fn raw_frame(parts: &[&[u8]]) -> Vec<u8> {
     let payload: Vec<u8> = parts.concat();
     let mut frame = u32::try_from(payload.len())
@@ -503,6 +530,40 @@ fn catalogue() -> Vec<FileSpec> {
                     "max_request_id",
                     "Request id u64::MAX.",
                     client(u64::MAX, Request::Ping),
+                ),
+            ],
+        },
+        FileSpec {
+            file: "request_health.json",
+            frame_type: CLIENT_FRAME,
+            message: "Request::Health",
+            description: "Readiness (revision 2): a unit variant, just the tag.",
+            cases: vec![case(
+                "typical",
+                "Request id 15.",
+                client(15, Request::Health),
+            )],
+        },
+        FileSpec {
+            file: "request_inspect.json",
+            frame_type: CLIENT_FRAME,
+            message: "Request::Inspect",
+            description: "The store's state and the buckets of one limit or all (revision 2).",
+            cases: vec![
+                case(
+                    "all_limits",
+                    "limit None: every configured limit.",
+                    client(16, Request::Inspect { limit: None }),
+                ),
+                case(
+                    "one_limit",
+                    "limit Some(\"gpt-4o\").",
+                    client(
+                        17,
+                        Request::Inspect {
+                            limit: Some(s("gpt-4o")),
+                        },
+                    ),
                 ),
             ],
         },
@@ -951,6 +1012,95 @@ fn catalogue() -> Vec<FileSpec> {
             cases: error_cases(),
         },
         FileSpec {
+            file: "response_health.json",
+            frame_type: SERVER_FRAME,
+            message: "Response::Health",
+            description: "Answer to Health: ready or not, the store's state and policy, and why.",
+            cases: vec![
+                case(
+                    "ready",
+                    "The Redis store answers.",
+                    server(15, Response::Health(health_ok())),
+                ),
+                case(
+                    "serving_on_policy",
+                    "Redis has failed for 2.5 s; the local policy grants, so the daemon is ready.",
+                    server(
+                        16,
+                        Response::Health(HealthStatus {
+                            ready: true,
+                            store_up: false,
+                            store_down_ms: 2_500,
+                            policy: s("local"),
+                            reason: s("serving on the failure policy"),
+                            ..health_ok()
+                        }),
+                    ),
+                ),
+                case(
+                    "embedded_not_ready",
+                    "The embedded store (no policy: an empty string) while draining.",
+                    server(
+                        u64::MAX,
+                        Response::Health(HealthStatus {
+                            ready: false,
+                            store: s("embedded"),
+                            store_up: true,
+                            store_down_ms: u64::MAX,
+                            policy: s(""),
+                            reason: s("shutting down"),
+                        }),
+                    ),
+                ),
+            ],
+        },
+        FileSpec {
+            file: "response_inspection.json",
+            frame_type: SERVER_FRAME,
+            message: "Response::Inspection",
+            description: "Answer to Inspect: the health fields, where the levels come from, and each limit's buckets with tenant buckets; a level is None when unknown.",
+            cases: vec![
+                case(
+                    "no_limits",
+                    "Nothing configured: an empty list.",
+                    server(
+                        16,
+                        Response::Inspection(Inspection {
+                            health: health_ok(),
+                            levels_from: s("store"),
+                            limits: vec![],
+                        }),
+                    ),
+                ),
+                case(
+                    "tenants_and_unknown_levels",
+                    "A limit with a request bucket and a tenant bucket, levels known; one whose levels are unknown.",
+                    server(
+                        17,
+                        Response::Inspection(Inspection {
+                            health: health_ok(),
+                            levels_from: s("none"),
+                            limits: vec![
+                                LimitInspection {
+                                    name: s("gpt-4o"),
+                                    waiters: 2,
+                                    buckets: vec![
+                                        inspected("tokens", None, 30_000, Some(-120)),
+                                        inspected("tenant", Some("acme"), 7_500, Some(7_500)),
+                                    ],
+                                },
+                                LimitInspection {
+                                    name: s("claude"),
+                                    waiters: u64::MAX,
+                                    buckets: vec![inspected("requests", None, u64::MAX, None)],
+                                },
+                            ],
+                        }),
+                    ),
+                ),
+            ],
+        },
+        FileSpec {
             file: "invalid_client_frames.json",
             frame_type: CLIENT_FRAME,
             message: "invalid",
@@ -1099,8 +1249,8 @@ fn invalid_client_cases() -> Vec<CaseSpec> {
     vec![
         case(
             "unknown_request_tag",
-            "Request tag 8 is not known in this revision: a decoder refuses it, and the daemon answers Unsupported to request id 9 and keeps the connection (a request of a later revision).",
-            Expect::Unsupported(raw_frame(&[&id, &tag(8)])),
+            "Request tag 10 is not known in this revision: a decoder refuses it, and the daemon answers Unsupported to request id 9 and keeps the connection (a request of a later revision).",
+            Expect::Unsupported(raw_frame(&[&id, &tag(10)])),
         ),
         case(
             "trailing_bytes",
@@ -1172,8 +1322,8 @@ fn invalid_server_cases() -> Vec<CaseSpec> {
     vec![
         case(
             "unknown_response_tag",
-            "Response tag 10 does not exist.",
-            Expect::Malformed(raw_frame(&[&id, &tag(10)])),
+            "Response tag 12 does not exist.",
+            Expect::Malformed(raw_frame(&[&id, &tag(12)])),
         ),
         case(
             "bool_2",
@@ -1408,7 +1558,7 @@ const REQUEST_VARIANTS: u32 = Request::KNOWN_TAGS;
 /// Number of `Cost` variants.
 const COST_VARIANTS: u32 = 2;
 /// Number of `Response` variants.
-const RESPONSE_VARIANTS: u32 = 10;
+const RESPONSE_VARIANTS: u32 = 12;
 
 /// The wire tag of a request, as tabulated in PROTOCOL.md.
 fn request_tag(request: &Request) -> u32 {
@@ -1421,6 +1571,8 @@ fn request_tag(request: &Request) -> u32 {
         Request::Estimate { .. } => 5,
         Request::Status { .. } => 6,
         Request::Ping => 7,
+        Request::Health => 8,
+        Request::Inspect { .. } => 9,
     }
 }
 
@@ -1445,6 +1597,8 @@ fn response_tag(response: &Response) -> u32 {
         Response::Status { .. } => 7,
         Response::Pong => 8,
         Response::Error { .. } => 9,
+        Response::Health(_) => 10,
+        Response::Inspection(_) => 11,
     }
 }
 

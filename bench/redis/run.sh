@@ -11,13 +11,9 @@ cd "$(dirname "$0")/../.."
 SECONDS_PER_STEP="${1:-10}"
 CLIENTS=(1 8 64)
 
-command -v redis-server >/dev/null || { echo "needs redis-server (scripts/test installs it)" >&2; exit 1; }
-cargo build --release --quiet
-BIN="${RATEKEEPER_BIN:-$PWD/target/release/ratekeeper}"
-LOADGEN="$PWD/target/release/ratekeeper-loadgen"
-
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
+build_release
 start_redis_and_sidecar "$BIN"
 
 SHA="$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat lua/bucket.lua lua/batch.lua)")"

@@ -4,12 +4,14 @@
 use std::path::PathBuf;
 
 use super::model::{Config, RedisConfig};
-use super::resolve::{redis_url_problem, socket_problem};
+use super::resolve::{parse_listen, redis_url_problem, socket_problem};
 
 /// Environment variable overriding `server.socket`.
 pub const ENV_SOCKET: &str = "RATEKEEPER_SOCKET";
 /// Environment variable overriding `redis.url`.
 pub const ENV_REDIS_URL: &str = "RATEKEEPER_REDIS_URL";
+/// Environment variable overriding `metrics.listen`.
+pub const ENV_METRICS_LISTEN: &str = "RATEKEEPER_METRICS_LISTEN";
 
 /// Applies the environment overrides; returns the problems with them.
 pub(super) fn apply_env(config: &mut Config, env: &impl Fn(&str) -> Option<String>) -> Vec<String> {
@@ -32,6 +34,12 @@ pub(super) fn apply_env(config: &mut Config, env: &impl Fn(&str) -> Option<Strin
                 redis.url = Some(url);
                 redis.cluster_nodes.clear();
             }
+        }
+    }
+    if let Some(listen) = env(ENV_METRICS_LISTEN) {
+        match parse_listen(&listen) {
+            Ok(address) => config.metrics.listen = Some(address),
+            Err(problem) => errors.push(format!("{ENV_METRICS_LISTEN}: {problem}")),
         }
     }
     errors

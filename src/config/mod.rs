@@ -9,7 +9,7 @@
 //! | `model` | the typed, validated settings, their defaults and bounds |
 //! | `raw` | the file as written: the serde schema, everything optional and spanned |
 //! | `diagnostics` | located problems and the checks every section shares |
-//! | `resolve` | raw → typed, one module a section (`server`, `redis`, `leases`, `groups`, `limits`, `priorities`) |
+//! | `resolve` | raw → typed, one module a section (`server`, `redis`, `leases`, `metrics`, `groups`, `limits`, `priorities`) |
 //! | `env` | the environment overrides |
 //! | `render` | the effective file `check-config` prints; Redis URLs masked |
 //!
@@ -25,12 +25,12 @@ mod resolve;
 
 use std::path::{Path, PathBuf};
 
-pub use env::{ENV_REDIS_URL, ENV_SOCKET};
+pub use env::{ENV_METRICS_LISTEN, ENV_REDIS_URL, ENV_SOCKET};
 pub use model::{
     Config, DEFAULT_KEY_PREFIX, DEFAULT_MAX_OUTPUT_TOKENS, DEFAULT_SOCKET_PATH, DisconnectRule,
     FailurePolicy, GroupConfig, LeaseConfig, LimitConfig, MAX_BURST, MAX_RATE_PER_MINUTE,
-    MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, MAX_WAIT_MS, PriorityClass, RedisConfig, ServerConfig,
-    TokenBuckets, TokenRate,
+    MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, MAX_WAIT_MS, MetricsConfig, PriorityClass, RedisConfig,
+    ServerConfig, TokenBuckets, TokenRate,
 };
 pub use render::mask_redis_url;
 

@@ -2,6 +2,7 @@
 //! the defaults of every setting and the bounds validation holds them to.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -49,6 +50,8 @@ pub struct Config {
     pub default_priority: String,
     /// What happens to leases nobody reports.
     pub leases: LeaseConfig,
+    /// The metrics and health listener.
+    pub metrics: MetricsConfig,
 }
 
 impl Default for Config {
@@ -61,6 +64,7 @@ impl Default for Config {
             priorities: vec![PriorityClass::implicit_default()],
             default_priority: PriorityClass::DEFAULT_NAME.to_string(),
             leases: LeaseConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -189,6 +193,25 @@ impl Default for LeaseConfig {
             max_open: 100_000,
         }
     }
+}
+
+/// The HTTP listener for Prometheus and probes, and which tenants get
+/// labels of their own.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct MetricsConfig {
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; `None`: nowhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Tenants whose metrics carry their name; every other tenant is
+    /// counted as `tenant="other"`, so the number of series stays bounded.
+    pub tenants: Vec<String>,
+}
+
+impl MetricsConfig {
+    /// The label every tenant not listed in `tenants` shares.
+    pub const OTHER_TENANTS: &'static str = "other";
+    /// Most tenants `tenants` may list.
+    pub const MAX_TENANTS: usize = 100;
 }
 
 /// What a closed connection's unreported leases do to their reservation.

@@ -26,6 +26,15 @@ pub(super) struct RawFile {
     #[serde(default)]
     pub priorities: Vec<Spanned<RawPriority>>,
     pub leases: Option<Spanned<RawLeases>>,
+    pub metrics: Option<Spanned<RawMetrics>>,
+}
+
+/// `[metrics]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [metrics] table")]
+pub(super) struct RawMetrics {
+    pub listen: Option<Spanned<String>>,
+    pub tenants: Option<Vec<Spanned<String>>>,
 }
 
 /// `[server]`.

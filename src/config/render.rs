@@ -3,7 +3,9 @@
 
 use serde::Serialize;
 
-use super::model::{Config, GroupConfig, LeaseConfig, LimitConfig, PriorityClass, RedisConfig};
+use super::model::{
+    Config, GroupConfig, LeaseConfig, LimitConfig, MetricsConfig, PriorityClass, RedisConfig,
+};
 
 /// What stands in for a password.
 const MASK: &str = "****";
@@ -34,6 +36,7 @@ impl Config {
             groups: &self.groups,
             limits: &self.limits,
             leases: &self.leases,
+            metrics: &self.metrics,
             priorities: &self.priorities,
         };
         match toml::to_string(&view) {
@@ -64,6 +67,7 @@ struct EffectiveFile<'a> {
     groups: &'a [GroupConfig],
     limits: &'a [LimitConfig],
     leases: &'a LeaseConfig,
+    metrics: &'a MetricsConfig,
     priorities: &'a [PriorityClass],
 }
 

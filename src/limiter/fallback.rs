@@ -31,6 +31,17 @@ pub enum FailurePolicy {
     Local,
 }
 
+impl FailurePolicy {
+    /// The policy as the config file spells it (`fail_closed`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            FailurePolicy::FailClosed => "fail_closed",
+            FailurePolicy::FailOpen => "fail_open",
+            FailurePolicy::Local => "local",
+        }
+    }
+}
+
 /// A shared store with a policy for its failures.
 pub struct FallbackStore {
     shared: Arc<dyn Store>,
@@ -119,6 +130,26 @@ impl FallbackStore {
         }
     }
 
+    /// Levels of the `local` policy's buckets (this sidecar's share of
+    /// each): what it grants from while the shared store is down.
+    pub async fn local_levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
+        let local: Vec<BucketSpec> = buckets
+            .iter()
+            .map(|bucket| self.local_bucket(bucket))
+            .collect();
+        self.local.levels(&local).await
+    }
+
+    /// This sidecar's share of `bucket`.
+    pub fn local_bucket(&self, bucket: &BucketSpec) -> BucketSpec {
+        self.local_draw(&Draw {
+            bucket: bucket.clone(),
+            cost: 0,
+            floor: 0,
+        })
+        .bucket
+    }
+
     /// The draw against this sidecar's share of the bucket.
     fn local_draw(&self, draw: &Draw) -> Draw {
         let scaled = |value: u64| ((value as f64 * self.local_share).floor() as u64).max(1);
@@ -193,13 +224,7 @@ impl Store for FallbackStore {
                 let local: Vec<Adjustment> = adjustments
                     .iter()
                     .map(|adjustment| Adjustment {
-                        bucket: self
-                            .local_draw(&Draw {
-                                bucket: adjustment.bucket.clone(),
-                                cost: 0,
-                                floor: 0,
-                            })
-                            .bucket,
+                        bucket: self.local_bucket(&adjustment.bucket),
                         tokens: adjustment.tokens,
                     })
                     .collect();

@@ -8,6 +8,7 @@ pub mod bucket;
 pub mod embedded;
 pub mod fail_fast;
 pub mod fallback;
+pub mod instrumented;
 pub mod redis;
 pub mod replay;
 
@@ -17,6 +18,7 @@ pub use bucket::{BucketSpec, BucketState, Draw, Plan};
 pub use embedded::EmbeddedStore;
 pub use fail_fast::FailFastStore;
 pub use fallback::{FailurePolicy, FallbackStore};
+pub use instrumented::InstrumentedStore;
 pub use redis::RedisStore;
 
 /// The role of a bucket within a limit; its name is what `Denied` and

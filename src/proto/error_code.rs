@@ -82,6 +82,30 @@ impl ErrorCode {
             .find(|known| known.as_u16() == code)
     }
 
+    /// The code's name in snake case, as metrics label it
+    /// (`store_unavailable`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::UnsupportedVersion => "unsupported_version",
+            Self::HelloRequired => "hello_required",
+            Self::FrameTooLarge => "frame_too_large",
+            Self::MalformedMessage => "malformed_message",
+            Self::InvalidRequest => "invalid_request",
+            Self::UnknownLimit => "unknown_limit",
+            Self::UnknownPriority => "unknown_priority",
+            Self::CostExceedsCapacity => "cost_exceeds_capacity",
+            Self::DuplicateRequestId => "duplicate_request_id",
+            Self::TooManyInFlight => "too_many_in_flight",
+            Self::UnknownLease => "unknown_lease",
+            Self::Cancelled => "cancelled",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::ShuttingDown => "shutting_down",
+            Self::Internal => "internal",
+            Self::Unsupported => "unsupported",
+            Self::Overloaded => "overloaded",
+        }
+    }
+
     /// Whether sending the same request again later can succeed.
     pub fn is_retryable(self) -> bool {
         matches!(

@@ -179,8 +179,13 @@ mod tests {
     }
 
     #[test]
-    fn known_tags_end_with_ping_the_last_request() {
-        let bytes = ping_frame();
+    fn known_tags_end_with_inspect_the_last_request() {
+        let frame = ClientFrame {
+            request_id: 7,
+            request: Request::Inspect { limit: None },
+        };
+        let mut bytes = Vec::new();
+        encode_frame(&frame, &mut bytes).unwrap();
         assert_eq!(
             request_tag_hint(&bytes[LENGTH_PREFIX_LEN..]),
             Some(Request::KNOWN_TAGS - 1)

@@ -53,6 +53,12 @@ pub enum Request {
     Status { limit: Option<String> },
     /// Liveness check; answered with `Pong`.
     Ping,
+    /// Readiness: can this daemon serve acquires now, and why (revision 2).
+    Health,
+    /// The store's state and the buckets of one limit, or of every limit,
+    /// tenant buckets included; answers even while the store is down
+    /// (revision 2).
+    Inspect { limit: Option<String> },
 }
 
 /// The fields of an acquire request.
@@ -150,6 +156,10 @@ pub enum Response {
     Pong,
     /// The request failed; see [`super::ErrorCode`] for `code`.
     Error { code: u16, message: String },
+    /// Answer to `Health`.
+    Health(HealthStatus),
+    /// Answer to `Inspect`.
+    Inspection(Inspection),
 }
 
 impl ChatMessage {
@@ -167,7 +177,7 @@ impl ChatMessage {
 impl Request {
     /// Request tags this build knows: `0..KNOWN_TAGS`. A later protocol
     /// revision appends variants; a tag at or above this is `Unsupported`.
-    pub const KNOWN_TAGS: u32 = 8;
+    pub const KNOWN_TAGS: u32 = 10;
 }
 
 impl Response {
@@ -199,4 +209,57 @@ pub struct BucketStatus {
     pub level: i64,
     /// Refill rate in units per minute.
     pub per_minute: u64,
+}
+
+/// Whether a daemon can serve acquires now, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct HealthStatus {
+    /// Acquires are answered: the store answers, or the failure policy
+    /// grants in its place (`fail_open`, `local`).
+    pub ready: bool,
+    /// `"embedded"` or `"redis"`, as in `Status.store`.
+    pub store: String,
+    /// Whether the store answered its last call.
+    pub store_up: bool,
+    /// How long the store has been failing; 0 while it answers.
+    pub store_down_ms: u64,
+    /// The failure policy: `"fail_closed"`, `"fail_open"`, `"local"`, or
+    /// `""` for the embedded store, which has none.
+    pub policy: String,
+    /// Why, for people.
+    pub reason: String,
+}
+
+/// The store's state and the buckets asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct Inspection {
+    pub health: HealthStatus,
+    /// Where the levels come from: `"store"`; `"local"`, the buckets of the
+    /// `local` failure policy while the store is down; `"none"`, unknown.
+    pub levels_from: String,
+    pub limits: Vec<LimitInspection>,
+}
+
+/// One limit, inspected.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct LimitInspection {
+    pub name: String,
+    /// Acquires this daemon is holding back until their reservation is due.
+    pub waiters: u64,
+    /// The limit's buckets, then the buckets of tenants seen recently.
+    pub buckets: Vec<BucketInspection>,
+}
+
+/// One bucket, inspected.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct BucketInspection {
+    /// `"tokens"`, `"requests"`, `"tenant"`, … as in `BucketStatus.name`.
+    pub name: String,
+    /// The tenant of a `"tenant"` bucket.
+    pub tenant: Option<String>,
+    pub capacity: u64,
+    /// Refill rate in units per minute.
+    pub per_minute: u64,
+    /// Whole units available now; `None` when unknown (the store is down).
+    pub level: Option<i64>,
 }

@@ -246,6 +246,10 @@ impl Connection {
                     .await
             }
             Request::Status { limit } => self.start_call(request_id, Call::Status { limit }).await,
+            Request::Health => self.start_call(request_id, Call::Health).await,
+            Request::Inspect { limit } => {
+                self.start_call(request_id, Call::Inspect { limit }).await
+            }
         }
         Ok(())
     }
@@ -337,7 +341,9 @@ impl Connection {
         let in_flight = self.in_flight.clone();
         let answers = self.answers.clone();
         let connection = self.context.id;
+        let counted = service.metrics().request_started();
         let task = async move {
+            let _counted = counted;
             // A bug must cost one request an error, never leave it unanswered.
             let response = AssertUnwindSafe(service.handle(connection, call, token))
                 .catch_unwind()

@@ -72,7 +72,11 @@ pub async fn run(
             requests: requests.clone(),
             close: close_all.clone(),
         };
-        connections.spawn(connection::serve(stream, context));
+        let open = service.metrics().connection_opened();
+        connections.spawn(async move {
+            connection::serve(stream, context).await;
+            drop(open);
+        });
     }
 
     tracing::info!(

@@ -1,12 +1,16 @@
 //! The request handlers: acquire (plan, reserve, wait), report and release
-//! (settle a lease), estimate and status, against one configuration and one
-//! store. No socket I/O: the connection decodes frames, answers the
-//! connection-level requests (`Hello`, `Ping`, `Cancel`) itself and hands
-//! the rest here as a [`Call`].
+//! (settle a lease), estimate, status, health and inspect, against one
+//! configuration and one store. No socket I/O: the connection decodes
+//! frames, answers the connection-level requests (`Hello`, `Ping`,
+//! `Cancel`) itself and hands the rest here as a [`Call`]. Every call is
+//! observed on its way through [`Service::handle`]: metrics and, at DEBUG,
+//! a decision line (`observe`).
 
 mod acquire;
 mod counting;
 mod error;
+mod inspect;
+mod observe;
 mod settle;
 mod status;
 
@@ -20,6 +24,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::leases::{LeaseCounters, LeaseTable};
 use crate::limiter::Store;
+use crate::metrics::health::StoreHealth;
+use crate::metrics::{Labels, Metrics};
 use crate::plan::Planner;
 use crate::proto::{Acquire, Cost, Response};
 use crate::tokens::OutputTokenLearner;
@@ -47,6 +53,10 @@ pub enum Call {
     Status {
         limit: Option<String>,
     },
+    Health,
+    Inspect {
+        limit: Option<String>,
+    },
 }
 
 /// Answers calls against one configuration and one store.
@@ -61,11 +71,21 @@ pub struct Service {
     /// Output tokens recently reported, per model, for limits that learn
     /// their default max output.
     learner: Mutex<OutputTokenLearner>,
+    metrics: Arc<Metrics>,
+    /// Whether calls are counted into `metrics`: only when `[metrics]
+    /// listen` serves them, so that a daemon without it pays nothing.
+    metered: bool,
+    /// Where the store's state (up, down since, policy) is read.
+    store_health: StoreHealth,
+    /// Tenants recently seen per limit, which `Inspect` shows.
+    recent: observe::RecentTenants,
 }
 
-/// The configuration in force, planned, and the waiters of its limits.
+/// The configuration in force, planned, its metric labels, and the waiters
+/// of its limits.
 struct Snapshot {
     planner: Planner,
+    labels: Labels,
     /// Acquires currently held back until their reservation is due, per
     /// limit; carried over by a reload for limits that stay.
     waiters: HashMap<String, Arc<AtomicU64>>,
@@ -77,18 +97,29 @@ struct Snapshot {
 pub struct ReloadError(&'static str);
 
 impl Service {
-    pub fn new(config: Arc<Config>, store: Arc<dyn Store>) -> Self {
+    /// A service answering from `store`, whose state `store_health` reads,
+    /// counting into `metrics`.
+    pub fn new(
+        config: Arc<Config>,
+        store: Arc<dyn Store>,
+        store_health: StoreHealth,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let leases = LeaseTable::new(
             Duration::from_millis(config.leases.expire_after_ms),
             config.leases.max_open as usize,
         );
         Service {
-            snapshot: RwLock::new(Arc::new(Snapshot::new(config, &HashMap::new()))),
+            metered: config.metrics.listen.is_some(),
+            snapshot: RwLock::new(Arc::new(Snapshot::new(config, &HashMap::new(), &metrics))),
             store,
             leases,
             draining: AtomicBool::new(false),
             counting: counting::Counting::new(),
             learner: Mutex::new(OutputTokenLearner::default()),
+            metrics,
+            store_health,
+            recent: observe::RecentTenants::default(),
         }
     }
 
@@ -112,7 +143,10 @@ impl Service {
         if config.leases != old.leases {
             return Err(ReloadError("[leases]"));
         }
-        let next = Snapshot::new(Arc::new(config), &current.waiters);
+        if config.metrics.listen != old.metrics.listen {
+            return Err(ReloadError("[metrics] listen"));
+        }
+        let next = Snapshot::new(Arc::new(config), &current.waiters, &self.metrics);
         *self
             .snapshot
             .write()
@@ -134,13 +168,19 @@ impl Service {
         self.draining.store(true, Ordering::SeqCst);
     }
 
-    fn is_draining(&self) -> bool {
+    /// Whether [`begin_drain`](Self::begin_drain) was called.
+    pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
 
     /// Leases not yet reported or released.
     pub fn open_leases(&self) -> usize {
         self.leases.len()
+    }
+
+    /// What the daemon counts as things happen.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Counts of leases that ended without a report.
@@ -157,7 +197,9 @@ impl Service {
         call: Call,
         cancel: CancellationToken,
     ) -> Result<Response, ServiceError> {
-        match call {
+        let snapshot = self.snapshot();
+        let observed = self.observe(&snapshot, &call);
+        let answer = match call {
             Call::Acquire(acquire) => self.acquire(connection, acquire, cancel).await,
             Call::Report {
                 lease,
@@ -167,12 +209,20 @@ impl Service {
             Call::Release { lease } => self.release(lease).await,
             Call::Estimate { limit, cost } => self.estimate(&limit, cost).await,
             Call::Status { limit } => self.status(limit.as_deref()).await,
-        }
+            Call::Health => Ok(Response::Health(self.health(true))),
+            Call::Inspect { limit } => self.inspect(limit.as_deref()).await,
+        };
+        self.record(&snapshot, observed, &answer);
+        answer
     }
 }
 
 impl Snapshot {
-    fn new(config: Arc<Config>, previous_waiters: &HashMap<String, Arc<AtomicU64>>) -> Self {
+    fn new(
+        config: Arc<Config>,
+        previous_waiters: &HashMap<String, Arc<AtomicU64>>,
+        metrics: &Metrics,
+    ) -> Self {
         let waiters = config
             .limits
             .iter()
@@ -185,6 +235,7 @@ impl Snapshot {
             })
             .collect();
         Snapshot {
+            labels: Labels::new(&config, metrics),
             planner: Planner::new(config),
             waiters,
         }

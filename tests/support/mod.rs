@@ -164,6 +164,68 @@ impl Daemon {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// The address of the metrics listener (`[metrics] listen`), as the
+    /// daemon logged it once it listens.
+    pub async fn metrics_address(&self) -> String {
+        self.wait_for_log("serving /metrics").await;
+        let log = self.log();
+        let line = log
+            .lines()
+            .find(|line| line.contains("serving /metrics"))
+            .expect("the line just seen");
+        listen_address(line)
+    }
+}
+
+/// The `127.0.0.1:PORT` a log line names (tests listen on loopback).
+pub fn listen_address(line: &str) -> String {
+    let start = line.find("127.0.0.1:").expect("a loopback address");
+    let port: String = line[start + "127.0.0.1:".len()..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    format!("127.0.0.1:{port}")
+}
+
+/// `GET path` from an HTTP server at `address`: the status code and the body.
+pub fn http_get(address: &str, path: &str) -> (u16, String) {
+    try_http_get(address, path).expect("connect to the metrics listener")
+}
+
+/// As [`http_get`]; `None` when nothing listens at `address`.
+pub fn try_http_get(address: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read the answer");
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+/// The value of one series in a Prometheus text exposition, e.g.
+/// `ratekeeper_store_up` or `ratekeeper_acquires_total{limit="gpt",...}`.
+pub fn metric(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.trim().parse().ok()
+    })
 }
 
 impl Drop for Daemon {

@@ -21,7 +21,18 @@ VECTORS = Path(__file__).resolve().parents[3] / "proto-spec" / "vectors"
 
 #: PROTOCOL.md §4: each enum's variant names, in tag order.
 SPEC_VARIANTS = {
-    p.REQUEST: ["Hello", "Acquire", "Report", "Release", "Cancel", "Estimate", "Status", "Ping"],
+    p.REQUEST: [
+        "Hello",
+        "Acquire",
+        "Report",
+        "Release",
+        "Cancel",
+        "Estimate",
+        "Status",
+        "Ping",
+        "Health",
+        "Inspect",
+    ],
     p.COST: ["Tokens", "Messages"],
     p.RESPONSE: [
         "Hello",
@@ -34,6 +45,8 @@ SPEC_VARIANTS = {
         "Status",
         "Pong",
         "Error",
+        "Health",
+        "Inspection",
     ],
 }
 

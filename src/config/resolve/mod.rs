@@ -6,10 +6,12 @@
 mod groups;
 mod leases;
 mod limits;
+mod metrics;
 mod priorities;
 mod redis;
 mod server;
 
+pub(super) use metrics::parse_listen;
 pub(super) use redis::redis_url_problem;
 pub(super) use server::socket_problem;
 
@@ -30,6 +32,9 @@ pub(super) fn resolve(raw: RawFile, d: &mut Diagnostics) -> Config {
     config.groups = groups::resolve_groups(&raw.groups, d);
     if let Some(leases) = &raw.leases {
         config.leases = leases::resolve_leases(leases.get_ref(), d);
+    }
+    if let Some(metrics) = &raw.metrics {
+        config.metrics = metrics::resolve_metrics(metrics.get_ref(), d);
     }
     let (resolved_limits, limit_names) =
         limits::resolve_limits(&raw.limits, &raw.groups, &config.groups, d);

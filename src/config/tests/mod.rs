@@ -6,6 +6,7 @@ mod defaults;
 mod env;
 mod limits;
 mod locations;
+mod metrics;
 mod mistakes;
 mod render;
 

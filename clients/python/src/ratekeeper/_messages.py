@@ -130,7 +130,24 @@ class Ping:
     TAG: ClassVar[int]
 
 
-Request = Union[Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping]
+@dataclass(frozen=True)
+class Health:
+    """Request 8 (revision 2): can the daemon serve acquires now, and why."""
+
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Inspect:
+    """Request 9 (revision 2): the store's state and one limit's buckets (all when None)."""
+
+    limit: Optional[str] = None
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+Request = Union[Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping, Health, Inspect]
 
 
 @dataclass(frozen=True)
@@ -264,6 +281,57 @@ class ErrorReply:
         return error_for_code(self.code, self.message)
 
 
+@dataclass(frozen=True)
+class HealthReply:
+    """Response 10 (`Health`, struct `HealthStatus`): readiness, the store's state, and why."""
+
+    ready: bool
+    store: str
+    store_up: bool
+    store_down_ms: int
+    policy: str
+    reason: str
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class BucketInspection:
+    """One bucket, inspected: `tenant` for a tenant bucket, `level` None when unknown."""
+
+    name: str
+    tenant: Optional[str]
+    capacity: int
+    per_minute: int
+    level: Optional[int]
+    WIRE: ClassVar[tuple] = ()
+
+
+@dataclass(frozen=True)
+class LimitInspection:
+    """One limit, inspected: its buckets, then recently seen tenants' buckets."""
+
+    name: str
+    waiters: int
+    buckets: tuple[BucketInspection, ...] = field(default_factory=tuple)
+    WIRE: ClassVar[tuple] = ()
+
+
+@dataclass(frozen=True)
+class InspectReply:
+    """Response 11 (`Inspection`): the health fields, where levels come from, the limits."""
+
+    health: HealthReply
+    levels_from: str
+    limits: tuple[LimitInspection, ...] = ()
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+    def limit(self, name: str) -> Optional[LimitInspection]:
+        """The inspection of the limit called `name`, if it was listed."""
+        return next((lim for lim in self.limits if lim.name == name), None)
+
+
 Response = Union[
     HelloReply,
     Granted,
@@ -275,11 +343,15 @@ Response = Union[
     StatusReply,
     Pong,
     ErrorReply,
+    HealthReply,
+    InspectReply,
 ]
 
 
 COST = Enum("Cost", (TokenCost, ChatRequest))
-REQUEST = Enum("Request", (Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping))
+REQUEST = Enum(
+    "Request", (Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping, Health, Inspect)
+)
 RESPONSE = Enum(
     "Response",
     (
@@ -293,6 +365,8 @@ RESPONSE = Enum(
         StatusReply,
         Pong,
         ErrorReply,
+        HealthReply,
+        InspectReply,
     ),
 )
 
@@ -337,6 +411,32 @@ BucketStatus.WIRE = (("name", STR), ("capacity", U64), ("level", I64), ("per_min
 LimitStatus.WIRE = (("name", STR), ("waiters", U64), ("buckets", Vec(Struct(BucketStatus))))
 StatusReply.WIRE = (("store", STR), ("limits", Vec(Struct(LimitStatus))))
 ErrorReply.WIRE = (("code", U16), ("message", STR))
+Inspect.WIRE = (("limit", Opt(STR)),)
+HealthReply.WIRE = (
+    ("ready", BOOL),
+    ("store", STR),
+    ("store_up", BOOL),
+    ("store_down_ms", U64),
+    ("policy", STR),
+    ("reason", STR),
+)
+BucketInspection.WIRE = (
+    ("name", STR),
+    ("tenant", Opt(STR)),
+    ("capacity", U64),
+    ("per_minute", U64),
+    ("level", Opt(I64)),
+)
+LimitInspection.WIRE = (
+    ("name", STR),
+    ("waiters", U64),
+    ("buckets", Vec(Struct(BucketInspection))),
+)
+InspectReply.WIRE = (
+    ("health", Struct(HealthReply)),
+    ("levels_from", STR),
+    ("limits", Vec(Struct(LimitInspection))),
+)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,10 @@
-//! The one-shot commands of the CLI — `status`, `ping`, `acquire` against a
-//! running daemon, and `count-tokens` without one — and how they print.
+//! The one-shot commands of the CLI — `status`, `health`, `ping`, `acquire`
+//! against a running daemon, and `count-tokens` without one — and how they
+//! print.
+
+mod status;
+
+pub use status::{StatusOptions, health, status};
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -30,35 +35,6 @@ pub async fn ping(socket: &Path) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         other => bail!("unexpected answer to Ping: {other:?}"),
-    }
-}
-
-/// `status`: every limit's buckets, one line each.
-pub async fn status(socket: &Path, limit: Option<String>) -> anyhow::Result<ExitCode> {
-    let client = connect(socket).await?;
-    match client.call(Request::Status { limit }).await? {
-        Response::Status { store, limits } => {
-            println!("store: {store}");
-            println!(
-                "{:<24} {:<14} {:>14} {:>14} {:>14} {:>8}",
-                "LIMIT", "BUCKET", "LEVEL", "CAPACITY", "PER MINUTE", "WAITERS"
-            );
-            for limit in limits {
-                for bucket in &limit.buckets {
-                    println!(
-                        "{:<24} {:<14} {:>14} {:>14} {:>14} {:>8}",
-                        limit.name,
-                        bucket.name,
-                        bucket.level,
-                        bucket.capacity,
-                        bucket.per_minute,
-                        limit.waiters
-                    );
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        other => answer_failure(other),
     }
 }
 
@@ -163,7 +139,7 @@ pub fn count_tokens(
     Ok(ExitCode::SUCCESS)
 }
 
-fn answer_failure(response: Response) -> anyhow::Result<ExitCode> {
+fn answer_failure<T>(response: Response) -> anyhow::Result<T> {
     match response {
         Response::Error { code, message } => {
             let name = ErrorCode::from_u16(code)

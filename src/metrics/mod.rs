@@ -1,6 +1,18 @@
-//! What the daemon counts, read in one place: the store stack's and the
-//! lease table's counters, summed up in the shutdown log line. The
-//! Prometheus exporter and the health endpoints belong here too.
+//! What the daemon counts and how it is read: the Prometheus registry of
+//! everything counted as it happens ([`Metrics`]), what is read at scrape
+//! time ([`exporter`]: bucket levels, leases, the store's state), the HTTP
+//! listener serving `/metrics`, `/healthz` and `/readyz`, readiness
+//! ([`health`]), and the one-line summary logged at shutdown.
+//!
+//! Every metric is named `ratekeeper_…`; the README lists them all.
+
+pub mod exporter;
+pub mod health;
+mod labels;
+pub mod registry;
+
+pub use labels::{Labels, LimitMeters, TenantLabel};
+pub use registry::{Metrics, Name, OpenGuard, StoreCalls};
 
 use std::sync::atomic::Ordering;
 

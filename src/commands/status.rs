@@ -1,0 +1,203 @@
+//! `status` and `health`: the daemon's state as people and scripts read it.
+//! `status` asks `Inspect` (falling back to `Status` for a daemon that
+//! predates it), prints a table or `--json`, and with `--watch` redraws
+//! in place; `health` asks `Health` and exits 0 when ready, 1 when not.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use ratekeeper::client::Client;
+use ratekeeper::proto::{
+    BucketInspection, ErrorCode, HealthStatus, Inspection, LimitInspection, Request, Response,
+};
+
+use super::{answer_failure, connect};
+
+/// Clears the terminal and puts the cursor home: one frame of `--watch`.
+const CLEAR: &str = "\x1b[H\x1b[2J";
+
+/// How `status` prints.
+pub struct StatusOptions {
+    pub limit: Option<String>,
+    pub json: bool,
+    /// Redraw every so often instead of printing once.
+    pub watch: Option<Duration>,
+}
+
+/// `status`: the store's state and every limit's buckets, once or again
+/// and again.
+pub async fn status(socket: &Path, options: StatusOptions) -> anyhow::Result<ExitCode> {
+    let client = connect(socket).await?;
+    let terminal = std::io::stdout().is_terminal();
+    loop {
+        let inspection = inspect(&client, options.limit.clone()).await?;
+        let mut frame = String::new();
+        if options.watch.is_some() && terminal && !options.json {
+            frame.push_str(CLEAR);
+        }
+        if options.json {
+            let json = if options.watch.is_some() {
+                serde_json::to_string(&inspection)
+            } else {
+                serde_json::to_string_pretty(&inspection)
+            };
+            frame.push_str(&json.context("cannot render JSON")?);
+            frame.push('\n');
+        } else {
+            frame.push_str(&render(&inspection));
+        }
+        let mut stdout = std::io::stdout().lock();
+        if stdout
+            .write_all(frame.as_bytes())
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            // Whoever read the output went away (`| head`): done.
+            return Ok(ExitCode::SUCCESS);
+        }
+        drop(stdout);
+        match options.watch {
+            Some(every) => tokio::time::sleep(every).await,
+            None => return Ok(ExitCode::SUCCESS),
+        }
+    }
+}
+
+/// `Inspect`, or `Status` turned into an inspection for an older daemon.
+async fn inspect(client: &Client, limit: Option<String>) -> anyhow::Result<Inspection> {
+    let answer = client
+        .call(Request::Inspect {
+            limit: limit.clone(),
+        })
+        .await?;
+    match answer {
+        Response::Inspection(inspection) => Ok(inspection),
+        Response::Error { code, .. } if predates(code) => {
+            match client.call(Request::Status { limit }).await? {
+                Response::Status { store, limits } => Ok(from_status(store, limits)),
+                other => answer_failure(other),
+            }
+        }
+        other => answer_failure(other),
+    }
+}
+
+/// Whether an error answer means the daemon predates the request
+/// (`Unsupported`, or `MalformedMessage` from ratekeeper 0.1).
+fn predates(code: u16) -> bool {
+    code == ErrorCode::Unsupported.as_u16() || code == ErrorCode::MalformedMessage.as_u16()
+}
+
+fn from_status(store: String, limits: Vec<ratekeeper::proto::LimitStatus>) -> Inspection {
+    Inspection {
+        health: HealthStatus {
+            ready: true,
+            store,
+            store_up: true,
+            store_down_ms: 0,
+            policy: String::new(),
+            reason: "this daemon predates Inspect: no store state, no tenant buckets".into(),
+        },
+        levels_from: "store".into(),
+        limits: limits
+            .into_iter()
+            .map(|limit| LimitInspection {
+                name: limit.name,
+                waiters: limit.waiters,
+                buckets: limit
+                    .buckets
+                    .into_iter()
+                    .map(|bucket| BucketInspection {
+                        name: bucket.name,
+                        tenant: None,
+                        capacity: bucket.capacity,
+                        per_minute: bucket.per_minute,
+                        level: Some(bucket.level),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+/// The table `status` prints.
+pub fn render(inspection: &Inspection) -> String {
+    let health = &inspection.health;
+    let mut out = String::new();
+    let state = if health.store_up {
+        "up".to_string()
+    } else {
+        format!("DOWN for {:.1} s", health.store_down_ms as f64 / 1000.0)
+    };
+    let policy = match health.policy.as_str() {
+        "" => String::new(),
+        policy => format!(", on_failure = {policy}"),
+    };
+    out.push_str(&format!("store: {} {state}{policy}\n", health.store));
+    out.push_str(&format!(
+        "ready: {}, {}\n",
+        if health.ready { "yes" } else { "NO" },
+        health.reason
+    ));
+    match inspection.levels_from.as_str() {
+        "local" => {
+            out.push_str("levels: this sidecar's local buckets (the local policy's share)\n")
+        }
+        "none" => out.push_str("levels: unknown while the store is down\n"),
+        _ => {}
+    }
+    for limit in &inspection.limits {
+        out.push_str(&format!("\n{}  waiters: {}\n", limit.name, limit.waiters));
+        out.push_str(&format!(
+            "  {:<15} {:<20} {:>14} {:>14} {:>14} {:>7}\n",
+            "BUCKET", "TENANT", "LEVEL", "CAPACITY", "PER MINUTE", "FULL"
+        ));
+        for bucket in &limit.buckets {
+            let (level, full) = match bucket.level {
+                Some(level) if bucket.capacity > 0 => (
+                    level.to_string(),
+                    format!("{:.1}%", level as f64 * 100.0 / bucket.capacity as f64),
+                ),
+                Some(level) => (level.to_string(), "-".into()),
+                None => ("?".into(), "?".into()),
+            };
+            out.push_str(&format!(
+                "  {:<15} {:<20} {:>14} {:>14} {:>14} {:>7}\n",
+                bucket.name,
+                bucket.tenant.as_deref().unwrap_or(""),
+                level,
+                bucket.capacity,
+                bucket.per_minute,
+                full
+            ));
+        }
+    }
+    out
+}
+
+/// `health`: readiness over the socket; exit 0 ready, 1 not.
+pub async fn health(socket: &Path) -> anyhow::Result<ExitCode> {
+    let client = connect(socket).await?;
+    match client.call(Request::Health).await? {
+        Response::Health(health) => {
+            println!(
+                "{}: {}",
+                if health.ready { "ready" } else { "not ready" },
+                health.reason
+            );
+            Ok(if health.ready {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Response::Error { code, message } if predates(code) => {
+            bail!("the daemon predates the Health request ({message}); use `ratekeeper ping`")
+        }
+        other => answer_failure(other),
+    }
+}

@@ -1,0 +1,236 @@
+//! The lease table and settlement arithmetic, case by case.
+
+use super::*;
+use crate::limiter::BucketSpec;
+
+fn reserved(role: BucketRole, cost: u64, settle: Settle) -> Reserved {
+    Reserved {
+        role,
+        draw: Draw {
+            bucket: BucketSpec {
+                key: role.name().into(),
+                capacity: 10_000,
+                per_minute: 60,
+            },
+            cost,
+            floor: 0,
+        },
+        settle,
+    }
+}
+
+fn lease(owner: ConnectionId, granted_at: Instant) -> Lease {
+    Lease {
+        owner,
+        origin: Origin::Store,
+        tokens: 10,
+        reserved: vec![reserved(BucketRole::Tokens, 10, Settle::Total)],
+        granted_at,
+        learn_as: None,
+    }
+}
+
+/// (buckets as role, cost, settle; report input, output) → (adjustment
+/// per bucket key, tokens_returned)
+#[test]
+fn reports_settle_each_bucket_from_its_figure() {
+    use BucketRole::*;
+    use Settle::*;
+    type Buckets = &'static [(BucketRole, u64, Settle)];
+    type Adjusted = &'static [(&'static str, i64)];
+    type Case = (&'static str, Buckets, (u64, u64), Adjusted, i64);
+    let cases: [Case; 6] = [
+        (
+            "combined, refunded; the request stays spent",
+            &[
+                (Tokens, 1_500, Total),
+                (Requests, 1, Never),
+                (Tenant, 1_500, Total),
+            ],
+            (300, 200),
+            &[("tokens", 1_000), ("tenant", 1_000)],
+            1_000,
+        ),
+        (
+            "combined, overrun debited",
+            &[(Tokens, 1_500, Total)],
+            (1_200, 800),
+            &[("tokens", -500)],
+            -500,
+        ),
+        (
+            "exact usage changes nothing",
+            &[(Tokens, 1_500, Total)],
+            (1_000, 500),
+            &[],
+            0,
+        ),
+        (
+            "charge kept (openai); the tenant still settles",
+            &[
+                (Tokens, 1_000, Never),
+                (Tenant, 1_000, Total),
+                (GroupTokens, 1_000, Never),
+            ],
+            (500, 100),
+            &[("tenant", 400)],
+            0,
+        ),
+        (
+            "separate buckets: input overrun debited, output refunded",
+            &[
+                (InputTokens, 500, Input),
+                (OutputTokens, 1_000, Output),
+                (Tenant, 1_500, Total),
+            ],
+            (700, 300),
+            &[
+                ("input_tokens", -200),
+                ("output_tokens", 700),
+                ("tenant", 500),
+            ],
+            500,
+        ),
+        (
+            "an overrun beyond one full bucket takes one full bucket",
+            &[(Tokens, 10, Total)],
+            (u64::MAX, u64::MAX),
+            &[("tokens", -10_000)],
+            -10_000,
+        ),
+    ];
+    for (what, buckets, (input, output), adjustments, returned) in cases {
+        let buckets: Vec<Reserved> = buckets
+            .iter()
+            .map(|&(role, cost, settle)| reserved(role, cost, settle))
+            .collect();
+        let settlement = settle_usage(&buckets, input, output);
+        let got: Vec<(&str, i64)> = settlement
+            .adjustments
+            .iter()
+            .map(|a| (&*a.bucket.key, a.tokens))
+            .collect();
+        assert_eq!(got, adjustments, "{what}");
+        assert_eq!(settlement.tokens_returned, returned, "{what}");
+    }
+}
+
+#[test]
+fn a_disconnect_refund_is_a_fraction_of_each_settling_bucket() {
+    use BucketRole::*;
+    use Settle::*;
+    let buckets = vec![
+        reserved(InputTokens, 501, Input),
+        reserved(OutputTokens, 1_000, Output),
+        reserved(Requests, 1, Never),
+        reserved(GroupTokens, 1_501, Never),
+    ];
+    let refunds: Vec<(String, i64)> = refund_fraction(&buckets, 0.5)
+        .into_iter()
+        .map(|a| (a.bucket.key.to_string(), a.tokens))
+        .collect();
+    assert_eq!(
+        refunds,
+        [
+            ("input_tokens".to_string(), 250),
+            ("output_tokens".to_string(), 500)
+        ]
+    );
+    let all: Vec<i64> = refund_all(&buckets).iter().map(|a| a.tokens).collect();
+    assert_eq!(all, [501, 1_000, 1, 1_501]);
+}
+
+#[test]
+fn old_leases_expire_and_a_full_table_drops_the_oldest() {
+    let start = Instant::now();
+    let table = LeaseTable::new(Duration::from_secs(60), 3);
+    let first = table.insert(lease(1, start));
+    let second = table.insert(lease(1, start + Duration::from_secs(30)));
+    assert_eq!(table.expire(start + Duration::from_secs(61)), 1);
+    assert!(table.take(first).is_none());
+    table.insert(lease(2, start + Duration::from_secs(40)));
+    table.insert(lease(2, start + Duration::from_secs(50)));
+    table.insert(lease(2, start + Duration::from_secs(55)));
+    assert_eq!(table.len(), 3);
+    assert!(table.take(second).is_none(), "the oldest made room");
+    assert_eq!(table.counters.expired.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn lease_ids_cannot_be_guessed_from_earlier_ones() {
+    let now = Instant::now();
+    let table = LeaseTable::new(Duration::from_secs(60), 10_000);
+    let ids: Vec<u64> = (0..1000).map(|_| table.insert(lease(1, now))).collect();
+    assert!(ids.iter().all(|&id| id != 0));
+    let distinct: HashSet<u64> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), ids.len());
+    let next_is_previous_plus_small = ids
+        .windows(2)
+        .filter(|pair| pair[1].wrapping_sub(pair[0]) < 1 << 20)
+        .count();
+    assert_eq!(next_is_previous_plus_small, 0, "ids follow each other");
+}
+
+#[test]
+fn a_restored_lease_keeps_its_age() {
+    let start = Instant::now();
+    let after = |seconds| start + Duration::from_secs(seconds);
+    let table = LeaseTable::new(Duration::from_secs(60), 100);
+    let (old, young) = (
+        table.insert(lease(1, start)),
+        table.insert(lease(1, after(30))),
+    );
+    let taken = table.take(old).unwrap();
+    table.restore(old, taken);
+    assert_eq!(table.expire(after(61)), 1);
+    assert!(table.take(old).is_none(), "the old lease expired first");
+    assert!(table.take(young).is_some());
+}
+
+#[test]
+fn a_closed_connection_takes_only_its_own_leases() {
+    let now = Instant::now();
+    let table = LeaseTable::new(Duration::from_secs(60), 100);
+    let mine = table.insert(lease(7, now));
+    let theirs = table.insert(lease(8, now));
+    let settled = table.insert(lease(7, now));
+    assert!(table.take(settled).is_some());
+    let taken = table.take_owned_by(7);
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].0, mine);
+    assert!(table.take_owned_by(7).is_empty());
+    assert!(table.take(theirs).is_some());
+    assert!(table.is_empty());
+}
+
+#[test]
+fn tags_outlive_a_retried_settlement_and_not_the_lease() {
+    let table = LeaseTable::new(Duration::from_secs(60), 10);
+    let id = table.insert(lease(1, Instant::now()));
+    let tag = LeaseTag {
+        limit: Arc::from("gpt"),
+        tokens: 7,
+    };
+    table.tag(id, tag.clone());
+    table.tag(12345, tag.clone());
+    assert_eq!(table.tag_of(12345), None, "no lease, no tag");
+    // A failed settlement puts the lease back: the tag is still there.
+    let taken = table.take(id).unwrap();
+    table.restore(id, taken);
+    assert_eq!(table.tag_of(id), Some(tag.clone()));
+    // Forgotten with its connection: so is the tag.
+    assert_eq!(table.take_owned_by(1).len(), 1);
+    assert_eq!(table.tag_of(id), None);
+    // Evicted for room: the tag goes with the lease.
+    let small = LeaseTable::new(Duration::from_secs(60), 1);
+    let first = small.insert(lease(1, Instant::now()));
+    small.tag(first, tag.clone());
+    small.insert(lease(1, Instant::now()));
+    assert_eq!(small.tag_of(first), None);
+    // Settled elsewhere (taken, never restored): the next sweep drops it.
+    let second = table.insert(lease(2, Instant::now()));
+    table.tag(second, tag);
+    table.take(second);
+    table.expire(Instant::now());
+    assert_eq!(table.tag_of(second), None);
+}

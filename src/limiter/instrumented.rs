@@ -1,0 +1,111 @@
+//! A store that times and counts every call of the store it wraps: latency
+//! per operation, errors by kind, and when a call last succeeded (so the
+//! health watch pings only an idle store). It changes no answer.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::bucket::{BucketSpec, Draw};
+use super::{Adjustment, Decision, Origin, Store, StoreError};
+use crate::metrics::StoreCalls;
+
+/// Times and counts the calls of `inner`.
+pub struct InstrumentedStore {
+    inner: Box<dyn Store>,
+    calls: Arc<StoreCalls>,
+    /// A failure that took at least this long is counted as a timeout.
+    timeout: Duration,
+}
+
+impl InstrumentedStore {
+    /// Records into `calls`; `timeout` is the inner store's own deadline
+    /// (`Duration::MAX` for a store without one).
+    pub fn new(inner: Box<dyn Store>, calls: Arc<StoreCalls>, timeout: Duration) -> Self {
+        InstrumentedStore {
+            inner,
+            calls,
+            timeout,
+        }
+    }
+
+    async fn timed<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let started = Instant::now();
+        let outcome = call.await;
+        let elapsed = started.elapsed();
+        let failure = outcome.as_ref().err().map(|failure| match failure {
+            StoreError::CostExceedsCapacity { .. } => "cost_exceeds_capacity",
+            StoreError::Unavailable(_) if elapsed >= self.timeout => "timeout",
+            StoreError::Unavailable(_) => "unavailable",
+        });
+        self.calls.observe(operation, elapsed, failure);
+        outcome
+    }
+}
+
+#[async_trait]
+impl Store for InstrumentedStore {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError> {
+        self.timed("acquire", self.inner.acquire(draws, max_wait_ms))
+            .await
+    }
+
+    async fn adjust(&self, adjustments: &[Adjustment], origin: Origin) -> Result<(), StoreError> {
+        self.timed("adjust", self.inner.adjust(adjustments, origin))
+            .await
+    }
+
+    async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
+        self.timed("levels", self.inner.levels(buckets)).await
+    }
+
+    async fn warm_up(&self) -> Result<(), StoreError> {
+        self.timed("warm_up", self.inner.warm_up()).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.timed("ping", self.inner.ping()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::EmbeddedStore;
+
+    #[tokio::test]
+    async fn every_call_is_timed_and_a_success_is_remembered() {
+        let calls = Arc::new(StoreCalls::default());
+        let store =
+            InstrumentedStore::new(Box::new(EmbeddedStore::new()), calls.clone(), Duration::MAX);
+        assert_eq!(calls.since_last_success(), None);
+        let bucket = BucketSpec {
+            key: "k".into(),
+            capacity: 10,
+            per_minute: 60,
+        };
+        let draw = Draw {
+            bucket: bucket.clone(),
+            cost: 11,
+            floor: 0,
+        };
+        assert!(matches!(
+            store.acquire(&[draw], 0).await,
+            Err(StoreError::CostExceedsCapacity { .. })
+        ));
+        assert_eq!(calls.since_last_success(), None, "a failure is no success");
+        assert_eq!(store.levels(&[bucket]).await.unwrap(), [10]);
+        assert!(calls.since_last_success().unwrap() < Duration::from_secs(1));
+        assert_eq!(store.kind(), "embedded");
+    }
+}

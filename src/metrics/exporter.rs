@@ -1,0 +1,303 @@
+//! The HTTP listener of `[metrics] listen`: `/metrics` in the Prometheus
+//! text format, `/healthz` (the process answers) and `/readyz` (it can
+//! serve acquires, see [`super::health`]). What is read at scrape time —
+//! bucket levels from the store, waiters, leases, the store's state — is
+//! gathered here into a registry built for that one scrape.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::{Counters, Name};
+use crate::app::Stores;
+use crate::limiter::FailurePolicy;
+use crate::service::Service;
+
+/// Connections the listener serves at once; more wait to be accepted.
+const MAX_CONNECTIONS: usize = 32;
+/// How long a client may take to send its request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `limit`, `bucket` and `tenant` (empty but for tenant buckets).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BucketLabels {
+    limit: Name,
+    bucket: String,
+    tenant: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabel {
+    limit: Name,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabel {
+    policy: &'static str,
+}
+
+/// Answers the listener's requests for one daemon.
+pub struct Exporter {
+    service: Arc<Service>,
+    stores: Stores,
+    /// Set once the Unix socket listens.
+    socket_bound: Arc<AtomicBool>,
+}
+
+impl Exporter {
+    pub fn new(service: Arc<Service>, stores: Stores, socket_bound: Arc<AtomicBool>) -> Self {
+        Exporter {
+            service,
+            stores,
+            socket_bound,
+        }
+    }
+
+    /// Every metric, in the Prometheus text format (version 0.0.4).
+    pub async fn render(&self) -> String {
+        let mut text = String::new();
+        let scraped = self.scrape().await;
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut text, self.service.metrics().registry());
+        let _ = prometheus_text::encode(&mut text, &scraped);
+        text
+    }
+
+    /// What is read at scrape time, as a registry of its own.
+    async fn scrape(&self) -> Registry {
+        let mut r = Registry::with_prefix("ratekeeper");
+        let counters = Counters::read(&self.service, &self.stores);
+        let health = self
+            .service
+            .health(self.socket_bound.load(Ordering::SeqCst));
+        let gauge = |value: bool| ConstGauge::new(i64::from(value));
+        r.register("ready", "1 when /readyz answers 200", gauge(health.ready));
+        r.register(
+            "store_up",
+            "1 while the bucket store answers, 0 while it fails",
+            gauge(health.store_up),
+        );
+        r.register(
+            "store_down_seconds",
+            "How long the store has been failing; 0 while it answers",
+            ConstGauge::new(health.store_down_ms as f64 / 1000.0),
+        );
+        if let Some(fallback) = &self.stores.fallback {
+            let policies: Family<PolicyLabel, Gauge> = Family::default();
+            for policy in [
+                FailurePolicy::FailClosed,
+                FailurePolicy::FailOpen,
+                FailurePolicy::Local,
+            ] {
+                let configured = policy == fallback.policy();
+                policies
+                    .get_or_create(&PolicyLabel {
+                        policy: policy.name(),
+                    })
+                    .set(i64::from(configured));
+            }
+            r.register(
+                "failure_policy",
+                "1 for the configured redis.on_failure policy",
+                policies,
+            );
+            r.register(
+                "failure_policy_active",
+                "1 while the store fails and the failure policy answers acquires",
+                gauge(!health.store_up),
+            );
+        }
+        let count = ConstCounter::new;
+        r.register("leases_open", "Leases not yet reported or released", {
+            ConstGauge::new(counters.open_leases as i64)
+        });
+        r.register(
+            "leases_expired",
+            "Leases forgotten for age or room, reservation kept",
+            count(counters.leases_expired),
+        );
+        r.register(
+            "leases_kept_on_disconnect",
+            "Leases forgotten with their connection, reservation kept",
+            count(counters.leases_kept_on_disconnect),
+        );
+        r.register(
+            "leases_refunded_on_disconnect",
+            "Leases partly refunded after their connection closed",
+            count(counters.leases_refunded_on_disconnect),
+        );
+        r.register(
+            "policy_decisions",
+            "Acquires the failure policy answered instead of the store",
+            count(counters.policy_decisions),
+        );
+        r.register(
+            "local_denials",
+            "Denials proven from the store's last answer, without a store call",
+            count(counters.local_denials),
+        );
+        r.register(
+            "log_write_errors",
+            "Log lines lost to a failing stderr",
+            count(counters.log_write_errors),
+        );
+        self.scrape_buckets(&mut r).await;
+        r
+    }
+
+    /// Waiters per limit, and each bucket's level, capacity and rate from
+    /// the store's answer now (levels only while the store answers).
+    async fn scrape_buckets(&self, r: &mut Registry) {
+        let Ok(inspection) = self.service.inspection(None).await else {
+            return;
+        };
+        let config = self.service.config();
+        let waiters: Family<LimitLabel, Gauge> = Family::default();
+        let levels: Family<BucketLabels, Gauge> = Family::default();
+        let capacities: Family<BucketLabels, Gauge> = Family::default();
+        let rates: Family<BucketLabels, Gauge> = Family::default();
+        let from_store = inspection.levels_from == "store";
+        for limit in inspection.limits {
+            let name = Name::from(limit.name.as_str());
+            waiters
+                .get_or_create(&LimitLabel {
+                    limit: name.clone(),
+                })
+                .set(limit.waiters as i64);
+            for bucket in limit.buckets {
+                let tenant = bucket.tenant.unwrap_or_default();
+                if !tenant.is_empty() && !config.metrics.tenants.contains(&tenant) {
+                    continue;
+                }
+                let labels = BucketLabels {
+                    limit: name.clone(),
+                    bucket: bucket.name,
+                    tenant,
+                };
+                let as_i64 = |value: u64| value.min(i64::MAX as u64) as i64;
+                capacities
+                    .get_or_create(&labels)
+                    .set(as_i64(bucket.capacity));
+                rates.get_or_create(&labels).set(as_i64(bucket.per_minute));
+                if let Some(level) = bucket.level.filter(|_| from_store) {
+                    levels.get_or_create(&labels).set(level);
+                }
+            }
+        }
+        r.register(
+            "waiters",
+            "Acquires this daemon holds back until their reservation is due",
+            waiters,
+        );
+        r.register(
+            "bucket_level",
+            "Whole units available in the bucket, as the store answered at this scrape (negative while reservations wait)",
+            levels,
+        );
+        r.register(
+            "bucket_capacity",
+            "The bucket's capacity (its burst)",
+            capacities,
+        );
+        r.register(
+            "bucket_refill_per_minute",
+            "The bucket's refill rate, units per minute",
+            rates,
+        );
+    }
+
+    /// Answers one HTTP request.
+    async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        if request.method() != Method::GET && request.method() != Method::HEAD {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n".into());
+        }
+        match request.uri().path() {
+            "/metrics" => {
+                let mut answer = text(StatusCode::OK, self.render().await);
+                answer.headers_mut().insert(
+                    hyper::header::CONTENT_TYPE,
+                    hyper::header::HeaderValue::from_static(prometheus_text::CONTENT_TYPE),
+                );
+                answer
+            }
+            "/healthz" => text(StatusCode::OK, "alive\n".into()),
+            "/readyz" => {
+                let health = self
+                    .service
+                    .health(self.socket_bound.load(Ordering::SeqCst));
+                let status = if health.ready {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                let verdict = if health.ready { "ready" } else { "not ready" };
+                text(status, format!("{verdict}: {}\n", health.reason))
+            }
+            _ => text(
+                StatusCode::NOT_FOUND,
+                "not found: /metrics, /healthz and /readyz are served\n".into(),
+            ),
+        }
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+}
+
+/// Serves `listener` until `stop` fires: HTTP/1.1, at most
+/// [`MAX_CONNECTIONS`] connections at once.
+pub async fn serve(listener: TcpListener, exporter: Arc<Exporter>, stop: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(accept_error) => {
+                    tracing::warn!(%accept_error, "metrics listener: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let exporter = exporter.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let service = hyper::service::service_fn(move |request| {
+                let exporter = exporter.clone();
+                async move { Ok::<_, Infallible>(exporter.answer(request).await) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = connection => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+}
