@@ -55,6 +55,8 @@ pub enum AppError {
 pub struct Stores {
     /// What the service calls: the whole stack.
     pub store: Arc<dyn Store>,
+    /// The Redis store itself, when Redis is configured.
+    pub redis: Option<Arc<RedisStore>>,
     /// The failure policy over Redis, when Redis is configured.
     pub fallback: Option<Arc<FallbackStore>>,
     /// The local fail-fast layer under the policy, when Redis is configured.
@@ -101,16 +103,17 @@ pub fn build_stores(config: &Config, metrics: &Metrics) -> Result<Stores, AppErr
             "no [redis] configured: using the embedded store, so limits hold for this \
              process only; configure redis.url to share them across sidecars"
         );
-        let embedded = Box::new(EmbeddedStore::new());
+        let embedded = Arc::new(EmbeddedStore::new());
         return Ok(Stores {
             store: Arc::new(InstrumentedStore::new(embedded, calls, Duration::MAX)),
+            redis: None,
             fallback: None,
             fail_fast: None,
         });
     };
     let timeout = Duration::from_millis(redis.timeout_ms);
-    let shared = Box::new(RedisStore::new(&redis_settings(redis))?);
-    let shared = InstrumentedStore::new(shared, calls, timeout);
+    let shared = Arc::new(RedisStore::new(&redis_settings(redis))?);
+    let instrumented = Arc::new(InstrumentedStore::new(shared.clone(), calls, timeout));
     tracing::info!(
         nodes = %redis.masked_nodes(),
         cluster = redis.url.is_none(),
@@ -122,7 +125,7 @@ pub fn build_stores(config: &Config, metrics: &Metrics) -> Result<Stores, AppErr
     // Denials this sidecar can prove from Redis's last answer are repeated
     // locally instead of costing a script call; the failure policy wraps
     // both, so only Redis's own answers teach it.
-    let fail_fast = Arc::new(FailFastStore::new(Box::new(shared)));
+    let fail_fast = Arc::new(FailFastStore::new(instrumented));
     let fallback = Arc::new(FallbackStore::new(
         fail_fast.clone(),
         redis.on_failure,
@@ -130,6 +133,7 @@ pub fn build_stores(config: &Config, metrics: &Metrics) -> Result<Stores, AppErr
     ));
     Ok(Stores {
         store: fallback.clone(),
+        redis: Some(shared),
         fallback: Some(fallback),
         fail_fast: Some(fail_fast),
     })

@@ -443,7 +443,7 @@ async fn rediss_urls_speak_tls_verified_against_the_configured_ca() {
 #[tokio::test]
 async fn fail_fast_forgets_what_redis_said_once_redis_fails() {
     let mut server = RedisServer::start();
-    let store = ratekeeper::limiter::FailFastStore::new(Box::new(store(&server)));
+    let store = ratekeeper::limiter::FailFastStore::new(std::sync::Arc::new(store(&server)));
     let tokens = bucket("rk:{l:f}:f:tokens", 1000, 60);
     store.acquire(&[draw(&tokens, 900)], 0).await.unwrap();
     assert!(matches!(

@@ -153,6 +153,18 @@ impl Store for EmbeddedStore {
             .map(|spec| buckets.current(spec, now).tokens())
             .collect())
     }
+
+    /// Nothing to prepare: the buckets are in this process.
+    async fn warm_up(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Every call's outcome is known at once.
+    async fn reconciled(&self) {}
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ const PRUNE_AT: usize = 1024;
 
 /// A store that remembers recent denials and repeats them locally.
 pub struct FailFastStore {
-    inner: Box<dyn Store>,
+    inner: Arc<dyn Store>,
     blocked: Mutex<HashMap<Arc<str>, Blocked>>,
     local_denials: AtomicU64,
 }
@@ -40,7 +40,7 @@ struct Blocked {
 }
 
 impl FailFastStore {
-    pub fn new(inner: Box<dyn Store>) -> Self {
+    pub fn new(inner: Arc<dyn Store>) -> Self {
         FailFastStore {
             inner,
             blocked: Mutex::new(HashMap::new()),
@@ -204,7 +204,7 @@ mod tests {
     #[tokio::test]
     async fn repeats_denials_it_can_prove_and_asks_the_store_otherwise() {
         let clock = Arc::new(FrozenClock(AtomicI64::new(0)));
-        let store = FailFastStore::new(Box::new(EmbeddedStore::with_clock(clock)));
+        let store = FailFastStore::new(Arc::new(EmbeddedStore::with_clock(clock)));
         assert!(matches!(
             store.acquire(&[draw(900, 0)], 0).await.unwrap(),
             Decision::Granted { .. }
@@ -241,7 +241,7 @@ mod tests {
     #[tokio::test]
     async fn a_refund_through_this_sidecar_clears_the_note() {
         let clock = Arc::new(FrozenClock(AtomicI64::new(0)));
-        let store = FailFastStore::new(Box::new(EmbeddedStore::with_clock(clock)));
+        let store = FailFastStore::new(Arc::new(EmbeddedStore::with_clock(clock)));
         store.acquire(&[draw(900, 0)], 0).await.unwrap();
         assert!(matches!(
             store.acquire(&[draw(500, 0)], 0).await.unwrap(),

@@ -116,6 +116,15 @@ impl FallbackStore {
         }
     }
 
+    /// Notes what a call to the shared store said about its health.
+    fn note(&self, outcome: Result<(), StoreError>) -> Result<(), StoreError> {
+        match &outcome {
+            Ok(()) => self.note_success(),
+            Err(cause) => self.note_failure(cause),
+        }
+        outcome
+    }
+
     fn note_success(&self) {
         if self.failing.swap(false, Ordering::Relaxed) {
             *self
@@ -239,12 +248,7 @@ impl Store for FallbackStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let outcome = self.shared.ping().await;
-        match &outcome {
-            Ok(()) => self.note_success(),
-            Err(cause) => self.note_failure(cause),
-        }
-        outcome
+        self.note(self.shared.ping().await)
     }
 
     async fn reconciled(&self) {
@@ -252,12 +256,7 @@ impl Store for FallbackStore {
     }
 
     async fn warm_up(&self) -> Result<(), StoreError> {
-        let outcome = self.shared.warm_up().await;
-        match &outcome {
-            Ok(()) => self.note_success(),
-            Err(cause) => self.note_failure(cause),
-        }
-        outcome
+        self.note(self.shared.warm_up().await)
     }
 }
 

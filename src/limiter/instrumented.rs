@@ -14,7 +14,7 @@ use crate::metrics::StoreCalls;
 
 /// Times and counts the calls of `inner`.
 pub struct InstrumentedStore {
-    inner: Box<dyn Store>,
+    inner: Arc<dyn Store>,
     calls: Arc<StoreCalls>,
     /// A failure that took at least this long is counted as a timeout.
     timeout: Duration,
@@ -23,7 +23,7 @@ pub struct InstrumentedStore {
 impl InstrumentedStore {
     /// Records into `calls`; `timeout` is the inner store's own deadline
     /// (`Duration::MAX` for a store without one).
-    pub fn new(inner: Box<dyn Store>, calls: Arc<StoreCalls>, timeout: Duration) -> Self {
+    pub fn new(inner: Arc<dyn Store>, calls: Arc<StoreCalls>, timeout: Duration) -> Self {
         InstrumentedStore {
             inner,
             calls,
@@ -73,6 +73,10 @@ impl Store for InstrumentedStore {
         self.timed("warm_up", self.inner.warm_up()).await
     }
 
+    async fn reconciled(&self) {
+        self.inner.reconciled().await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.timed("ping", self.inner.ping()).await
     }
@@ -87,7 +91,7 @@ mod tests {
     async fn every_call_is_timed_and_a_success_is_remembered() {
         let calls = Arc::new(StoreCalls::default());
         let store =
-            InstrumentedStore::new(Box::new(EmbeddedStore::new()), calls.clone(), Duration::MAX);
+            InstrumentedStore::new(Arc::new(EmbeddedStore::new()), calls.clone(), Duration::MAX);
         assert_eq!(calls.since_last_success(), None);
         let bucket = BucketSpec {
             key: "k".into(),

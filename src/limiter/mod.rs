@@ -4,6 +4,7 @@
 //! A store knows buckets, not limits: the dispatcher turns an acquire into one
 //! [`Draw`] per bucket, and a store reserves in all of them or in none.
 
+pub mod backlog;
 pub mod bucket;
 pub mod embedded;
 pub mod fail_fast;
@@ -138,20 +139,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Connects and prepares whatever the first request would otherwise
     /// wait for (connections, authentication, scripts).
-    async fn warm_up(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
+    async fn warm_up(&self) -> Result<(), StoreError>;
 
     /// Checks that the store answers, cheaply (health checks).
-    async fn ping(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
+    async fn ping(&self) -> Result<(), StoreError>;
 
     /// Returns once every call whose outcome the store did not learn has
     /// been undone or kept from running, so that what comes next is not
     /// changed by an undo that lands after it (a refund replayed before the
     /// undo of a lost refund would meet a full bucket and be lost).
-    async fn reconciled(&self) {}
+    ///
+    /// No default: a store that wraps another must pass each of these on.
+    async fn reconciled(&self);
 }
 
 /// Turns a [`Plan`] into the store's answer.

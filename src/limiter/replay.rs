@@ -6,11 +6,11 @@
 //! Replaying is exact because a failed call to the shared store changed
 //! nothing (the Redis store cancels calls whose outcome it does not know).
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::backlog::Backlog;
 use super::{Adjustment, Origin, Store};
 
 /// Settlements kept while the shared store fails.
@@ -22,59 +22,41 @@ const RETRY: (Duration, Duration) = (Duration::from_millis(50), Duration::from_s
 /// Settlements waiting for the shared store.
 pub struct Replay {
     store: Arc<dyn Store>,
-    pending: Mutex<VecDeque<Vec<Adjustment>>>,
-    /// Whether a task is replaying now.
-    replaying: AtomicBool,
+    pending: Backlog<Vec<Adjustment>>,
     /// Settlements applied late, after the store came back.
     pub replayed: AtomicU64,
-    /// Settlements dropped for room during a long outage.
-    pub evicted: AtomicU64,
 }
 
 impl Replay {
     pub fn new(store: Arc<dyn Store>) -> Arc<Replay> {
         Arc::new(Replay {
             store,
-            pending: Mutex::default(),
-            replaying: AtomicBool::new(false),
+            pending: Backlog::new(MAX_PENDING),
             replayed: AtomicU64::new(0),
-            evicted: AtomicU64::new(0),
         })
     }
 
     /// Keeps `adjustments` for later, and starts replaying if nobody is.
     pub fn push(self: &Arc<Self>, adjustments: Vec<Adjustment>) {
-        let start = {
-            let mut pending = self.lock();
-            if pending.len() >= MAX_PENDING {
-                pending.pop_front();
-                self.evicted.fetch_add(1, Ordering::Relaxed);
-            }
-            pending.push_back(adjustments);
-            !self.replaying.swap(true, Ordering::AcqRel)
-        };
-        if start {
+        if self.pending.push(adjustments) {
             tokio::spawn(self.clone().replay());
         }
     }
 
     /// Settlements waiting now.
     pub fn pending(&self) -> usize {
-        self.lock().len()
+        self.pending.len()
+    }
+
+    /// Settlements dropped for room during a long outage.
+    pub fn evicted(&self) -> u64 {
+        self.pending.evicted.load(Ordering::Relaxed)
     }
 
     async fn replay(self: Arc<Self>) {
         let mut replayed = 0u64;
         loop {
-            let next = {
-                let mut pending = self.lock();
-                let next = pending.pop_front();
-                if next.is_none() {
-                    self.replaying.store(false, Ordering::Release);
-                }
-                next
-            };
-            let Some(adjustments) = next else {
+            let Some(adjustments) = self.pending.pop() else {
                 tracing::info!(replayed, "settlements made during the outage are applied");
                 return;
             };
@@ -84,7 +66,7 @@ impl Replay {
                     replayed += 1;
                 }
                 Err(_) => {
-                    self.lock().push_front(adjustments);
+                    self.pending.retry_later(adjustments);
                     self.until_the_store_answers().await;
                 }
             }
@@ -104,12 +86,5 @@ impl Replay {
             pause = (pause * 2).min(longest);
         }
         self.store.reconciled().await;
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Vec<Adjustment>>> {
-        // Only whole pushes and pops happen under the lock.
-        self.pending
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

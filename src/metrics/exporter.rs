@@ -157,6 +157,9 @@ impl Exporter {
             "Log lines lost to a failing stderr",
             count(counters.log_write_errors),
         );
+        if self.stores.redis.is_some() {
+            register_outage_work(&mut r, &counters);
+        }
         self.scrape_buckets(&mut r).await;
         r
     }
@@ -300,4 +303,45 @@ pub async fn serve(listener: TcpListener, exporter: Arc<Exporter>, stop: Cancell
             }
         });
     }
+}
+
+/// What reconciles the store after calls whose answer was lost, and the
+/// settlements replayed after an outage.
+fn register_outage_work(r: &mut Registry, counters: &Counters) {
+    let count = ConstCounter::new;
+    r.register(
+        "store_calls_undone",
+        "Store calls whose answer was lost, found to have run, and undone",
+        count(counters.calls_undone),
+    );
+    r.register(
+        "store_calls_prevented",
+        "Store calls whose answer was lost that had not run, kept from running late",
+        count(counters.calls_prevented),
+    );
+    r.register(
+        "store_cancels_pending",
+        "Cancels of store calls waiting for Redis to answer",
+        ConstGauge::new(counters.cancels_pending as i64),
+    );
+    r.register(
+        "store_cancels_evicted",
+        "Cancels dropped for room in a long outage; their calls, if they ran, stay",
+        count(counters.cancels_evicted),
+    );
+    r.register(
+        "settlements_pending",
+        "Reports and releases made during an outage, waiting to be replayed",
+        ConstGauge::new(counters.settlements_pending as i64),
+    );
+    r.register(
+        "settlements_replayed",
+        "Reports and releases applied after an outage",
+        count(counters.settlements_replayed),
+    );
+    r.register(
+        "settlements_evicted",
+        "Reports and releases dropped for room in a long outage",
+        count(counters.settlements_evicted),
+    );
 }

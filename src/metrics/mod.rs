@@ -36,6 +36,20 @@ pub struct Counters {
     pub local_denials: u64,
     /// Log lines lost to a failing stderr.
     pub log_write_errors: u64,
+    /// Store calls whose answer was lost, found to have run, and undone.
+    pub calls_undone: u64,
+    /// Store calls whose answer was lost that had not run (now never will).
+    pub calls_prevented: u64,
+    /// Cancels of such calls waiting for Redis.
+    pub cancels_pending: u64,
+    /// Cancels dropped for room during a long outage.
+    pub cancels_evicted: u64,
+    /// Settlements made during an outage, waiting to be replayed.
+    pub settlements_pending: u64,
+    /// Settlements replayed after an outage.
+    pub settlements_replayed: u64,
+    /// Settlements dropped for room during a long outage.
+    pub settlements_evicted: u64,
 }
 
 impl Counters {
@@ -56,7 +70,27 @@ impl Counters {
                 .as_ref()
                 .map_or(0, |fail_fast| fail_fast.local_denials()),
             log_write_errors: crate::logging::write_errors(),
+            ..Counters::default()
         }
+        .with_outage_work(stores)
+    }
+
+    /// The Redis store's reconciliation and the replay of settlements.
+    fn with_outage_work(mut self, stores: &Stores) -> Counters {
+        if let Some(redis) = &stores.redis {
+            let calls = redis.counters();
+            self.calls_undone = calls.calls_undone;
+            self.calls_prevented = calls.calls_prevented;
+            self.cancels_pending = calls.cancels_pending;
+            self.cancels_evicted = calls.cancels_evicted;
+        }
+        if let Some(fallback) = &stores.fallback {
+            let replay = fallback.replay();
+            self.settlements_pending = replay.pending() as u64;
+            self.settlements_replayed = replay.replayed.load(Ordering::Relaxed);
+            self.settlements_evicted = replay.evicted();
+        }
+        self
     }
 }
 
@@ -71,6 +105,11 @@ pub fn log_shutdown_summary(service: &Service, stores: &Stores) {
         policy_decisions = counters.policy_decisions,
         local_denials = counters.local_denials,
         log_write_errors = counters.log_write_errors,
+        calls_undone = counters.calls_undone,
+        cancels_evicted = counters.cancels_evicted,
+        settlements_replayed = counters.settlements_replayed,
+        settlements_pending = counters.settlements_pending,
+        settlements_evicted = counters.settlements_evicted,
         "stopped"
     );
 }

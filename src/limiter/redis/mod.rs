@@ -110,7 +110,7 @@ impl RedisStore {
         RedisCounters {
             calls_undone: reconciler.undone.load(Ordering::Relaxed),
             calls_prevented: reconciler.prevented.load(Ordering::Relaxed),
-            cancels_evicted: reconciler.evicted.load(Ordering::Relaxed),
+            cancels_evicted: reconciler.evicted(),
             cancels_pending: reconciler.len() as u64,
         }
     }

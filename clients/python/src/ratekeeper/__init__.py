@@ -14,7 +14,7 @@ error code has its own exception class (see `ERROR_CLASSES`).
 """
 
 from ._async import AsyncClient, AsyncLease
-from ._core import DEFAULT_SOCKET, ENV_SOCKET, estimate_prompt_tokens
+from ._core import DEFAULT_SOCKET, ENV_SOCKET
 from ._errors import (
     ERROR_CLASSES,
     Cancelled,
@@ -42,6 +42,7 @@ from ._errors import (
     Unsupported,
     UnsupportedVersion,
 )
+from ._openai_core import estimate_prompt_tokens
 from ._protocol import BucketStatus, ChatMessage, Estimated, LimitStatus, StatusReply
 from ._sync import Client, Lease
 

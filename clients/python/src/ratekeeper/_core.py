@@ -10,14 +10,11 @@ and generated into `_sync.py`; the connections it drives are `_io_async.py` and
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any, Optional, Union
 
 from . import _protocol as p
@@ -29,6 +26,7 @@ from ._errors import (
     UnsupportedVersion,
     closes_connection,
 )
+from ._requests import AcquireRequest, AnyRequest
 
 log = logging.getLogger("ratekeeper")
 
@@ -46,7 +44,6 @@ RECV_SIZE = 64 * 1024
 ON_UNAVAILABLE = ("raise", "allow")
 
 #: A chat message as users hold it: an OpenAI-style dict, an SDK object, or ours.
-MessageLike = Union[Mapping[str, Any], p.ChatMessage, Any]
 
 
 def socket_path(path: Optional[Union[str, os.PathLike]]) -> str:
@@ -211,236 +208,6 @@ def connection_lost(reason: str) -> SidecarUnavailable:
 
 
 # ---------------------------------------------------------------------------
-# Requests from the public API's arguments
-# ---------------------------------------------------------------------------
-
-
-def wait_ms(seconds: Optional[float]) -> Optional[int]:
-    """`max_wait` in seconds as the wire's milliseconds (None stays None)."""
-    if seconds is None:
-        return None
-    if seconds < 0 or math.isnan(seconds):
-        raise ValueError(f"max_wait must be a non-negative number of seconds, got {seconds}")
-    return round(seconds * 1000)
-
-
-def _text_parts(content: Any) -> tuple[str, ...]:
-    """The text parts of a message's content: a string is one part, None none.
-
-    Non-text parts (images, audio, files) are left out: they are not text to count.
-    """
-    if content is None:
-        return ()
-    if isinstance(content, str):
-        return (content,)
-    parts = []
-    for part in content:
-        part = _as_mapping(part)
-        if isinstance(part, str):
-            parts.append(part)
-        elif isinstance(part.get("text"), str):
-            parts.append(part["text"])
-        elif isinstance(part.get("refusal"), str):
-            parts.append(part["refusal"])
-    return tuple(parts)
-
-
-def _as_mapping(value: Any) -> Any:
-    """SDK objects (pydantic models) as dicts; dicts and strings as they are."""
-    if isinstance(value, (Mapping, str)):
-        return value
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(exclude_none=True)
-    return vars(value)
-
-
-def _json_text(value: Any) -> Optional[str]:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_as_mapping)
-
-
-def chat_message(message: MessageLike) -> p.ChatMessage:
-    """One OpenAI-style chat message as the protocol's `ChatMessage`."""
-    if isinstance(message, p.ChatMessage):
-        return message
-    message = _as_mapping(message)
-    tool_calls = message.get("tool_calls")
-    if tool_calls is None and message.get("function_call") is not None:
-        tool_calls = [message["function_call"]]
-    return p.ChatMessage(
-        role=str(message.get("role", "user")),
-        content=_text_parts(message.get("content")),
-        name=message.get("name"),
-        tool_calls_json=_json_text(tool_calls),
-    )
-
-
-def chat_request(
-    messages: Iterable[MessageLike], max_tokens: Optional[int], tools: Any = None
-) -> p.ChatRequest:
-    """The `Cost::Messages` of a chat request."""
-    return p.ChatRequest(
-        messages=tuple(chat_message(m) for m in messages),
-        tools_json=_json_text(tools) if tools else None,
-        max_output_tokens=max_tokens,
-    )
-
-
-def _token_counts(
-    tokens: Optional[int], messages: Optional[Iterable[MessageLike]], max_tokens: Optional[int]
-) -> Optional[tuple[int, int]]:
-    """The checked (input, output) counts of a token cost; None for messages."""
-    if (tokens is None) == (messages is None):
-        raise ValueError("give exactly one of tokens= or messages=")
-    if max_tokens is not None and max_tokens < 0:
-        raise ValueError(f"max_tokens must not be negative, got {max_tokens}")
-    if messages is not None:
-        return None
-    if tokens < 0:  # type: ignore[operator]
-        raise ValueError(f"tokens must not be negative, got {tokens}")
-    return int(tokens), int(max_tokens or 0)  # type: ignore[arg-type]
-
-
-def build_cost(
-    tokens: Optional[int],
-    messages: Optional[Iterable[MessageLike]],
-    max_tokens: Optional[int],
-    tools: Any = None,
-) -> p.Cost:
-    """`tokens` (prompt tokens) + `max_tokens` (output to reserve), or messages to count."""
-    counts = _token_counts(tokens, messages, max_tokens)
-    if counts is None:
-        return chat_request(messages, max_tokens, tools)  # type: ignore[arg-type]
-    return p.TokenCost(*counts)
-
-
-class AcquireRequest:
-    """An acquire as the policy holds it across attempts: its checked arguments.
-
-    Not a message: a token cost (the common case) is packed straight from
-    these fields by `p.encode_token_acquire`, with no dataclass built on the
-    way; a message cost keeps its `p.ChatRequest` and goes through `p.Acquire`.
-    """
-
-    __slots__ = (
-        "chat",
-        "input_tokens",
-        "limit",
-        "max_wait_ms",
-        "output_tokens",
-        "priority",
-        "tenant",
-    )
-
-    def __init__(
-        self,
-        limit: str,
-        input_tokens: int,
-        output_tokens: int,
-        chat: Optional[p.ChatRequest],
-        tenant: Optional[str],
-        priority: Optional[str],
-        max_wait_ms: Optional[int],
-    ) -> None:
-        self.limit = limit
-        self.input_tokens = input_tokens
-        self.output_tokens = output_tokens
-        #: The messages to count, or None for a token cost.
-        self.chat = chat
-        self.tenant = tenant
-        self.priority = priority
-        self.max_wait_ms = max_wait_ms
-
-    @property
-    def cost(self) -> p.Cost:
-        if self.chat is not None:
-            return self.chat
-        return p.TokenCost(self.input_tokens, self.output_tokens)
-
-    def message(self) -> p.Acquire:
-        """The `Acquire` message this stands for."""
-        return p.Acquire(self.limit, self.cost, self.tenant, self.priority, self.max_wait_ms)
-
-    def frame(self, request_id: int, max_frame_len: int) -> bytes:
-        """The encoded `ClientFrame` of this acquire under `request_id`."""
-        if self.chat is None:
-            return p.encode_token_acquire(
-                request_id,
-                self.limit,
-                self.tenant,
-                self.priority,
-                self.input_tokens,
-                self.output_tokens,
-                self.max_wait_ms,
-                max_frame_len,
-            )
-        return p.encode_frame(p.ClientFrame(request_id, self.message()), max_frame_len)
-
-    def with_max_wait_ms(self, max_wait_ms: Optional[int]) -> AcquireRequest:
-        return AcquireRequest(
-            self.limit,
-            self.input_tokens,
-            self.output_tokens,
-            self.chat,
-            self.tenant,
-            self.priority,
-            max_wait_ms,
-        )
-
-    def reservation(self, granted_tokens: int) -> Reservation:
-        """Splits a grant into input and output tokens (the daemon returns the sum)."""
-        if self.chat is None:
-            return Reservation(self.input_tokens, self.output_tokens)
-        output = min(self.chat.max_output_tokens or 0, granted_tokens)
-        return Reservation(granted_tokens - output, output)
-
-    def __repr__(self) -> str:
-        return f"<AcquireRequest {self.message()!r}>"
-
-
-def build_acquire(
-    limit: str,
-    tokens: Optional[int],
-    messages: Optional[Iterable[MessageLike]],
-    max_tokens: Optional[int],
-    tools: Any,
-    tenant: Optional[str],
-    priority: Optional[str],
-    max_wait: Optional[float],
-) -> AcquireRequest:
-    """The acquire of the public API's arguments, checked before anything is sent."""
-    max_wait_ms = None if max_wait is None else wait_ms(max_wait)
-    if type(tokens) is int and tokens > 0 and messages is None and max_tokens is None:
-        return AcquireRequest(limit, tokens, 0, None, tenant, priority, max_wait_ms)  # the usual
-    counts = _token_counts(tokens, messages, max_tokens)
-    if counts is None:
-        chat = chat_request(messages, max_tokens, tools)  # type: ignore[arg-type]
-        return AcquireRequest(limit, 0, 0, chat, tenant, priority, max_wait_ms)
-    return AcquireRequest(limit, counts[0], counts[1], None, tenant, priority, max_wait_ms)
-
-
-#: What a connection sends: a message, or an acquire kept as its arguments.
-AnyRequest = Union[p.Request, AcquireRequest]
-
-
-def with_remaining_wait(
-    request: AcquireRequest, overall: Deadline, timeout: float
-) -> AcquireRequest:
-    """The acquire to resend after a reconnect: its wait shortened by the time spent.
-
-    `overall` is the acquire's deadline: its wait, then `timeout`.
-    """
-    remaining = overall.remaining()
-    if request.max_wait_ms is None or remaining is None:
-        return request
-    return request.with_max_wait_ms(wait_ms(max(0.0, remaining - timeout)))
-
-
-# ---------------------------------------------------------------------------
 # Answers
 # ---------------------------------------------------------------------------
 
@@ -459,14 +226,6 @@ def granted_or_raise(response: p.Response, limit: str) -> p.Granted:
     if isinstance(response, p.Denied):
         raise RateLimited(response.retry_after_ms / 1000.0, response.bucket, limit)
     return expect(response, p.Granted)
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """What a lease reserved, per side, so it can be settled as fully used."""
-
-    input_tokens: int
-    output_tokens: int
 
 
 def report_counts(
@@ -490,22 +249,18 @@ def report_counts(
     return counts
 
 
-def estimate_prompt_tokens(messages: Iterable[MessageLike], tools: Any = None) -> int:
-    """A rough client-side count of a chat request's prompt: about 4 characters a token.
-
-    Used by the OpenAI wrapper when a daemon from before token counting answers
-    `Unsupported` to message costs; it is no tokenizer.
-    """
-    total = 3  # every reply is primed with a few tokens
-    for message in messages:
-        chat = chat_message(message)
-        text = sum(len(part) for part in chat.content)
-        text += len(chat.name or "") + len(chat.tool_calls_json or "")
-        total += 4 + math.ceil(text / 4)
-    tools_json = _json_text(tools) if tools else None
-    if tools_json:
-        total += math.ceil(len(tools_json) / 4)
-    return total
+def deliver_answers(decoder: p.FrameDecoder, deliver: Any) -> Optional[ConnectionLost]:
+    """Hands every whole answer in `decoder` to `deliver(request_id, response)`;
+    on a protocol error, why the connection must close."""
+    try:
+        answer = decoder.next_answer()
+        while answer is not p.NEED_DATA:
+            deliver(answer[0], answer[1])
+            answer = decoder.next_answer()
+    except ProtocolError as error:
+        log.error("closing the connection to the sidecar: %s", error)
+        return ConnectionLost(f"protocol error: {error}")
+    return None
 
 
 def describe(error: BaseException) -> str:

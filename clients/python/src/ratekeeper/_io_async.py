@@ -23,8 +23,8 @@ from typing import Callable, Optional
 
 from . import _core as core
 from . import _protocol as p
+from . import _requests as req
 from ._core import ConnectionLost
-from ._errors import ProtocolError
 
 log = logging.getLogger("ratekeeper")
 
@@ -181,7 +181,7 @@ class Connection:
         A task waits for one of the daemon's in-flight slots as long as it takes
         (`deadline` is not applied here: the wait for the answer bounds the call).
         """
-        counted = type(request) is core.AcquireRequest or core.counts_in_flight(request)
+        counted = type(request) is req.AcquireRequest or core.counts_in_flight(request)
         if counted:
             while self._in_flight >= self.session.max_in_flight and self._closed is None:
                 room = self.loop.create_future()
@@ -235,15 +235,9 @@ class Connection:
 
     def _received(self) -> None:
         """Called by the protocol with new bytes in the decoder: delivers every whole answer."""
-        decoder = self.session.decoder
-        try:
-            answer = decoder.next_answer()
-            while answer is not NEED_DATA:
-                self._deliver(answer[0], answer[1])
-                answer = decoder.next_answer()
-        except ProtocolError as error:
-            log.error("closing the connection to the sidecar: %s", error)
-            self._fail(ConnectionLost(f"protocol error: {error}"))
+        lost = core.deliver_answers(self.session.decoder, self._deliver)
+        if lost is not None:
+            self._fail(lost)
             self._transport.abort()
 
     def _deliver(self, request_id: int, response: p.Response) -> None:

@@ -35,8 +35,9 @@ from typing import Callable, Optional
 
 from . import _core as core
 from . import _protocol as p
+from . import _requests as req
 from ._core import ConnectionLost
-from ._errors import ProtocolError, RatekeeperError, TooManyInFlight
+from ._errors import RatekeeperError, TooManyInFlight
 
 log = logging.getLogger("ratekeeper")
 
@@ -183,7 +184,7 @@ class Connection:
         Waits until `deadline` for one of the daemon's in-flight slots, then
         raises `TooManyInFlight`.
         """
-        counted = type(request) is core.AcquireRequest or core.counts_in_flight(request)
+        counted = type(request) is req.AcquireRequest or core.counts_in_flight(request)
         future = Future(self._state, counted)
         with self._state:
             if self._closed is not None:
@@ -284,13 +285,10 @@ class Connection:
                     self._fail(ConnectionLost("the daemon closed the connection"))
                     return
                 decoder.buffer_updated(received)
-                answer = decoder.next_answer()
-                while answer is not NEED_DATA:
-                    self._deliver(answer[0], answer[1])
-                    answer = decoder.next_answer()
-        except ProtocolError as error:
-            log.error("closing the connection to the sidecar: %s", error)
-            self._fail(ConnectionLost(f"protocol error: {error}"))
+                lost = core.deliver_answers(decoder, self._deliver)
+                if lost is not None:
+                    self._fail(lost)
+                    return
         except OSError as error:
             self._fail(ConnectionLost(str(error)))
 

@@ -9,11 +9,12 @@ order, so the tuples below are the spec's tags.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional, Union
 
 from ._errors import RatekeeperError, error_for_code
-from ._wire import BOOL, I64, STR, U16, U32, U64, Enum, Opt, Struct, Vec
+from ._wire import BOOL, I64, STR, U16, U32, U64, Enum, Opt, Struct, Vec, _Int
 
 
 @dataclass(frozen=True)
@@ -458,3 +459,37 @@ class ServerFrame:
 
 
 Frame = Union[ClientFrame, ServerFrame]
+
+
+def _fixed_answers() -> dict[tuple[int, int], tuple[struct.Struct, int, type]]:
+    """The responses made of integers only, by (payload size, low byte of the tag):
+    one layout each for the whole payload (request id, tag, fields)."""
+    if ServerFrame.WIRE != (("request_id", U64), ("response", RESPONSE)):
+        raise RuntimeError(f"next_answer unpacks a request id and a response: {ServerFrame.WIRE}")
+    answers = {}
+    for cls in RESPONSE.variants:
+        if all(isinstance(wire, _Int) for _, wire in cls.WIRE):
+            fields = "".join(wire.fmt.format[1:] for _, wire in cls.WIRE)
+            layout = struct.Struct("<QI" + fields)
+            answers[(layout.size, cls.TAG & 0xFF)] = (layout, cls.TAG, cls)
+    return answers
+
+
+#: Integer-only responses by (payload size, low byte of the tag), for `next_answer`.
+FIXED_ANSWERS = _fixed_answers()
+
+
+def _fixed_requests() -> dict[type, tuple[struct.Struct, int, tuple[str, ...]]]:
+    """The requests made of integers only: one layout each for the whole frame
+    (length prefix, request id, tag, fields), their tag and their field names."""
+    requests = {}
+    for cls in REQUEST.variants:
+        if all(isinstance(wire, _Int) for _, wire in cls.WIRE):
+            fields = "".join(wire.fmt.format[1:] for _, wire in cls.WIRE)
+            names = tuple(name for name, _ in cls.WIRE)
+            requests[cls] = (struct.Struct("<IQI" + fields), cls.TAG, names)
+    return requests
+
+
+#: Integer-only requests by class, for `encode_request`.
+FIXED_REQUESTS = _fixed_requests()

@@ -20,6 +20,8 @@ from typing import Any, ClassVar, Optional
 from ._errors import FrameTooLarge, MalformedMessage
 from ._messages import (
     COST,
+    FIXED_ANSWERS,
+    FIXED_REQUESTS,
     REQUEST,
     RESPONSE,
     Acquire,
@@ -72,7 +74,6 @@ from ._wire import (
     Struct,
     Vec,
     WireType,
-    _Int,
     decode_fields,
     encode_fields,
 )
@@ -274,45 +275,13 @@ def _check_acquire_declarations() -> None:
 _check_acquire_declarations()
 
 
-def _fixed_answers() -> dict[tuple[int, int], tuple[struct.Struct, int, type]]:
-    """The responses made of integers only, by (payload size, low byte of the tag):
-    one layout each for the whole payload (request id, tag, fields)."""
-    if ServerFrame.WIRE != (("request_id", U64), ("response", RESPONSE)):
-        raise RuntimeError(f"next_answer unpacks a request id and a response: {ServerFrame.WIRE}")
-    answers = {}
-    for cls in RESPONSE.variants:
-        if all(isinstance(wire, _Int) for _, wire in cls.WIRE):
-            fields = "".join(wire.fmt.format[1:] for _, wire in cls.WIRE)
-            layout = struct.Struct("<QI" + fields)
-            answers[(layout.size, cls.TAG & 0xFF)] = (layout, cls.TAG, cls)
-    return answers
-
-
-_FIXED_ANSWERS = _fixed_answers()
-
-
-def _fixed_requests() -> dict[type, tuple[struct.Struct, int, tuple[str, ...]]]:
-    """The requests made of integers only: one layout each for the whole frame
-    (length prefix, request id, tag, fields), their tag and their field names."""
-    requests = {}
-    for cls in REQUEST.variants:
-        if all(isinstance(wire, _Int) for _, wire in cls.WIRE):
-            fields = "".join(wire.fmt.format[1:] for _, wire in cls.WIRE)
-            names = tuple(name for name, _ in cls.WIRE)
-            requests[cls] = (struct.Struct("<IQI" + fields), cls.TAG, names)
-    return requests
-
-
-_FIXED_REQUESTS = _fixed_requests()
-
-
 def encode_request(request_id: int, request: Request, max_frame_len: int = MAX_FRAME_LEN) -> bytes:
     """`encode_frame(ClientFrame(request_id, request), max_frame_len)`.
 
     A request made of integers only (`Report`, `Release`, `Cancel`, `Ping`) is
     packed with one precompiled layout, without building the `ClientFrame`.
     """
-    fixed = _FIXED_REQUESTS.get(type(request))
+    fixed = FIXED_REQUESTS.get(type(request))
     if fixed is not None:
         layout, tag, names = fixed
         try:
@@ -429,7 +398,7 @@ class FrameDecoder:
         if at is None:
             return NEED_DATA
         buffer = self._buffer
-        fixed = _FIXED_ANSWERS.get((self._stop - at, buffer[at + 8]))
+        fixed = FIXED_ANSWERS.get((self._stop - at, buffer[at + 8]))
         if fixed is not None:  # Granted, Settled, ...: integers only, one `unpack` each
             layout, tag, cls = fixed
             values = layout.unpack_from(buffer, at)

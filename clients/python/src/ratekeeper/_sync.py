@@ -27,6 +27,7 @@ from typing import Any, Optional, Union
 
 from . import _core as core
 from . import _protocol as p
+from . import _requests as req
 from ._core import ConnectionLost
 from ._errors import (
     ErrorCode,
@@ -53,7 +54,7 @@ class Lease:
         conn: Optional[Connection],
         limit: str,
         granted: Optional[p.Granted],
-        request: core.AcquireRequest,
+        request: req.AcquireRequest,
     ) -> None:
         self._client = client
         self._conn = conn
@@ -246,7 +247,7 @@ class Client:
         conn: Connection, request_id: int, future: Future, request: core.AnyRequest
     ) -> None:
         """Cancels an acquire nobody waits for any more; releases it if granted anyway."""
-        if not isinstance(request, core.AcquireRequest):
+        if not isinstance(request, req.AcquireRequest):
             return
         conn.send_and_forget(p.Cancel(request_id))
 
@@ -298,7 +299,7 @@ class Client:
         `Lease`; raises `RateLimited` (with `retry_after`) when the wait
         would be longer, and the mapped exception for any other answer.
         """
-        request = core.build_acquire(
+        request = req.build_acquire(
             limit, tokens, messages, max_tokens, tools, tenant, priority, max_wait
         )
         overall = core.Deadline(None if max_wait is None else max_wait + self.timeout)
@@ -319,7 +320,7 @@ class Client:
                 retry_until = retry_until or overall.earlier(self.timeout)
                 if retry_until.expired:
                     return self._unavailable(limit, request, error)
-                attempt = core.with_remaining_wait(request, overall, self.timeout)
+                attempt = req.with_remaining_wait(request, overall, self.timeout)
                 continue
             except SidecarUnavailable as error:  # alive but silent past the deadline
                 return self._unavailable(limit, request, error)
@@ -329,13 +330,13 @@ class Client:
                 # This daemon is draining: ask its successor, within the deadline.
                 conn.retired = True
                 retry_until = retry_until or overall.earlier(self.timeout)
-                attempt = core.with_remaining_wait(request, overall, self.timeout)
+                attempt = req.with_remaining_wait(request, overall, self.timeout)
                 continue
             granted = core.granted_or_raise(response, limit)
             return Lease(self, conn, limit, granted, request)
 
     def _unavailable(
-        self, limit: str, request: core.AcquireRequest, error: SidecarUnavailable
+        self, limit: str, request: req.AcquireRequest, error: SidecarUnavailable
     ) -> Lease:
         if self.on_unavailable == "raise":
             raise error
@@ -374,7 +375,7 @@ class Client:
         tools: Any = None,
     ) -> p.Estimated:
         """What an acquire with that cost would reserve, reserving nothing."""
-        cost = core.build_cost(tokens, messages, max_tokens, tools)
+        cost = req.build_cost(tokens, messages, max_tokens, tools)
         return core.expect(self._call(p.Estimate(limit, cost)), p.Estimated)
 
     def status(self, limit: Optional[str] = None) -> p.StatusReply:

@@ -36,10 +36,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from ._async import AsyncClient
-from ._core import estimate_prompt_tokens
 from ._openai_async import AsyncCompletions
 from ._openai_core import FALLBACK_MAX_TOKENS as FALLBACK_MAX_TOKENS
-from ._openai_core import retry_delay
+from ._openai_core import estimate_prompt_tokens, retry_delay
 from ._openai_sync import Completions
 from ._sync import Client
 
