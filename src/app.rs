@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, Config, ConfigError, RedisConfig};
-use crate::limiter::redis::{RedisNodes, RedisSettings, RedisSetupError};
+use crate::limiter::redis::{PrimaryAuth, RedisNodes, RedisSettings, RedisSetupError};
 use crate::limiter::{
     EmbeddedStore, FailFastStore, FallbackStore, InstrumentedStore, RedisStore, Store,
 };
@@ -81,9 +81,18 @@ pub struct App {
 /// What the Redis store needs from `[redis]`.
 pub fn redis_settings(redis: &RedisConfig) -> RedisSettings {
     RedisSettings {
-        nodes: match &redis.url {
-            Some(url) => RedisNodes::Single(url.clone()),
-            None => RedisNodes::Cluster(redis.cluster_nodes.clone()),
+        nodes: match (&redis.url, &redis.master) {
+            (Some(url), _) => RedisNodes::Single(url.clone()),
+            (None, Some(master)) => RedisNodes::Sentinel {
+                sentinels: redis.sentinels.clone(),
+                master: master.name.clone(),
+                auth: PrimaryAuth {
+                    username: master.username.clone(),
+                    password: master.password.clone(),
+                    db: master.db as i64,
+                },
+            },
+            (None, None) => RedisNodes::Cluster(redis.cluster_nodes.clone()),
         },
         display: redis.masked_nodes(),
         tls_ca_file: redis.tls_ca_file.clone(),
@@ -116,7 +125,7 @@ pub fn build_stores(config: &Config, metrics: &Metrics) -> Result<Stores, AppErr
     let instrumented = Arc::new(InstrumentedStore::new(shared.clone(), calls, timeout));
     tracing::info!(
         nodes = %redis.masked_nodes(),
-        cluster = redis.url.is_none(),
+        topology = redis.topology(),
         pool_size = redis.pool_size,
         timeout_ms = redis.timeout_ms,
         on_failure = ?redis.on_failure,

@@ -181,3 +181,57 @@ async fn a_report_during_an_outage_is_settled_once_redis_answers() {
         daemon.log()
     );
 }
+
+/// With `[redis] sentinels`, the primary dies in the middle of a lease:
+/// the report made while no primary answers is kept, acquires resume once
+/// the Sentinels promote the replica, and the report is applied there.
+#[tokio::test]
+async fn a_sentinel_failover_loses_no_report() {
+    use support::redis::{RedisSentinels, SENTINEL_MASTER};
+    let mut set = RedisSentinels::start();
+    let sentinels: Vec<String> = set.urls().iter().map(|url| format!("\"{url}\"")).collect();
+    let config = format!(
+        r#"
+[redis]
+sentinels = [{}]
+master_name = "{SENTINEL_MASTER}"
+timeout_ms = 250
+connect_timeout_ms = 250
+
+[[limits]]
+name = "big"
+tokens_per_minute = 60
+burst_tokens = 1000000
+"#,
+        sentinels.join(", ")
+    );
+    let daemon = Daemon::start(&config);
+    let client = daemon.client().await;
+    let (lease, _, _) = granted(&client.call(acquire("big", 500_000, 0)).await.unwrap());
+    let replica = set.replica.port;
+    set.primary.kill();
+    let settled = client.call(report(lease, 100_000)).await.unwrap();
+    assert_eq!(
+        settled,
+        Response::Settled {
+            tokens_returned: 400_000
+        }
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.call(acquire("big", 1, 0)).await.unwrap() {
+            Response::Granted { .. } => break,
+            other => assert_eq!(error_code(&other), ErrorCode::StoreUnavailable),
+        }
+        assert!(Instant::now() < deadline, "no promotion:\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(set.master_port(), Some(replica), "the replica was promoted");
+    daemon
+        .wait_for_log("settlements made during the outage are applied")
+        .await;
+    // The refund reached the new primary: 400 000 of the 500 000 are back
+    // (all of them if the debit had not been replicated yet).
+    let seen = level(&client, "big", "tokens").await;
+    assert!(seen >= 900_000 - 2, "level {seen}: the report was lost");
+}

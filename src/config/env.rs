@@ -33,6 +33,8 @@ pub(super) fn apply_env(config: &mut Config, env: &impl Fn(&str) -> Option<Strin
                     .get_or_insert_with(|| RedisConfig::with_url(url.clone()));
                 redis.url = Some(url);
                 redis.cluster_nodes.clear();
+                redis.sentinels.clear();
+                redis.master = None;
             }
         }
     }

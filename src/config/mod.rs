@@ -30,7 +30,7 @@ pub use model::{
     Config, DEFAULT_KEY_PREFIX, DEFAULT_MAX_OUTPUT_TOKENS, DEFAULT_SOCKET_PATH, DisconnectRule,
     FailurePolicy, GroupConfig, LeaseConfig, LimitConfig, MAX_BURST, MAX_RATE_PER_MINUTE,
     MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, MAX_WAIT_MS, MetricsConfig, PriorityClass, RedisConfig,
-    ServerConfig, TokenBuckets, TokenRate,
+    SentinelMaster, ServerConfig, TokenBuckets, TokenRate,
 };
 pub use render::mask_redis_url;
 

@@ -128,6 +128,14 @@ pub struct RedisConfig {
     /// Seed nodes of a Redis Cluster; empty for a single node.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub cluster_nodes: Vec<String>,
+    /// Redis Sentinels that know the primary; empty without Sentinel.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sentinels: Vec<String>,
+    /// With Sentinel: the name the Sentinels know the primary by, and how to
+    /// log in to it (the Sentinels' own credentials are in their URLs).
+    /// Written flat, as the file has it (`master_name`, …).
+    #[serde(flatten)]
+    pub master: Option<SentinelMaster>,
     /// Multiplexed connections every request is spread over.
     pub pool_size: u32,
     /// Deadline of one Redis call, after which the failure policy applies.
@@ -151,6 +159,8 @@ impl RedisConfig {
         RedisConfig {
             url: Some(url.into()),
             cluster_nodes: Vec::new(),
+            sentinels: Vec::new(),
+            master: None,
             pool_size: 4,
             timeout_ms: 250,
             connect_timeout_ms: 1_000,
@@ -163,8 +173,37 @@ impl RedisConfig {
 
     /// Every node: the single `url`, or the cluster's seed nodes.
     pub fn nodes(&self) -> impl Iterator<Item = &String> {
-        self.url.iter().chain(&self.cluster_nodes)
+        self.url
+            .iter()
+            .chain(&self.cluster_nodes)
+            .chain(&self.sentinels)
     }
+
+    /// How the nodes are reached, for logs: `"single"`, `"cluster"`, `"sentinel"`.
+    pub fn topology(&self) -> &'static str {
+        if self.url.is_some() {
+            "single"
+        } else if self.sentinels.is_empty() {
+            "cluster"
+        } else {
+            "sentinel"
+        }
+    }
+}
+
+/// The primary behind Redis Sentinel.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SentinelMaster {
+    /// The name the Sentinels monitor it by (`sentinel monitor NAME …`).
+    #[serde(rename = "master_name")]
+    pub name: String,
+    #[serde(rename = "master_username", skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(rename = "master_password", skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// Its database index.
+    #[serde(rename = "master_db")]
+    pub db: u64,
 }
 
 /// The life of unreported leases.

@@ -54,6 +54,11 @@ pub(super) struct RawServer {
 pub(super) struct RawRedis {
     pub url: Option<Spanned<String>>,
     pub cluster_nodes: Option<Spanned<Vec<Spanned<String>>>>,
+    pub sentinels: Option<Spanned<Vec<Spanned<String>>>>,
+    pub master_name: Option<Spanned<String>>,
+    pub master_username: Option<Spanned<String>>,
+    pub master_password: Option<Spanned<String>>,
+    pub master_db: Option<Spanned<i64>>,
     pub pool_size: Option<Spanned<i64>>,
     pub timeout_ms: Option<Spanned<i64>>,
     pub connect_timeout_ms: Option<Spanned<i64>>,

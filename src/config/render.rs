@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::model::{
     Config, GroupConfig, LeaseConfig, LimitConfig, MetricsConfig, PriorityClass, RedisConfig,
+    SentinelMaster,
 };
 
 /// What stands in for a password.
@@ -31,6 +32,15 @@ impl Config {
                     .iter()
                     .map(|url| mask_redis_url(url))
                     .collect(),
+                sentinels: redis
+                    .sentinels
+                    .iter()
+                    .map(|url| mask_redis_url(url))
+                    .collect(),
+                master: redis.master.as_ref().map(|master| SentinelMaster {
+                    password: master.password.as_ref().map(|_| MASK.to_string()),
+                    ..master.clone()
+                }),
                 ..redis.clone()
             }),
             groups: &self.groups,

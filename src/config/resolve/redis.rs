@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use toml::Spanned;
 
 use crate::config::diagnostics::{Diagnostics, Fraction, check_fraction, check_int};
-use crate::config::model::{FailurePolicy, RedisConfig};
+use crate::config::model::{FailurePolicy, RedisConfig, SentinelMaster};
 use crate::config::raw::RawRedis;
 use crate::config::render::mask_redis_url;
 use crate::proto::MAX_NAME_LEN;
@@ -24,6 +24,8 @@ const CONTEXT: &str = "redis";
 const MAX_POOL_SIZE: u64 = 64;
 /// Longest `timeout_ms` / `connect_timeout_ms`.
 const MAX_TIMEOUT_MS: u64 = 60_000;
+/// Largest `master_db` (Redis's `databases` setting is 16 by default).
+const MAX_DB: u64 = 65_535;
 
 /// The `[redis]` section, or `None` (with the problems reported) when unusable.
 pub(super) fn resolve_redis(redis: &Spanned<RawRedis>, d: &mut Diagnostics) -> Option<RedisConfig> {
@@ -38,67 +40,167 @@ pub(super) fn resolve_redis(redis: &Spanned<RawRedis>, d: &mut Diagnostics) -> O
     usable.then_some(resolved)
 }
 
-/// `url` or `cluster_nodes`, exactly one of them; whether they are usable.
+/// `url`, `cluster_nodes` or `sentinels` (with the primary's name), exactly
+/// one of them; whether they are usable.
 fn resolve_nodes(
     raw: &RawRedis,
     section_at: usize,
     resolved: &mut RedisConfig,
     d: &mut Diagnostics,
 ) -> bool {
-    let check_url =
-        |d: &mut Diagnostics, url: &Spanned<String>| match redis_url_problem(url.get_ref()) {
-            Some(problem) => {
-                d.error(url.span().start, format!("{CONTEXT}: {problem}"));
-                false
-            }
-            None => true,
-        };
-    match (&raw.url, &raw.cluster_nodes) {
-        (None, None) => {
+    let usable_master = resolve_sentinel_master(raw, section_at, resolved, d);
+    match (&raw.url, &raw.cluster_nodes, &raw.sentinels) {
+        (None, None, None) => {
             d.error(
                 section_at,
-                "redis: url (or cluster_nodes) is required in the [redis] section (remove the section to use the embedded store)"
+                "redis: url (or cluster_nodes, or sentinels) is required in the [redis] section (remove the section to use the embedded store)"
                     .to_string(),
             );
             false
         }
-        (Some(_), Some(nodes)) => {
-            d.error(
-                nodes.span().start,
-                "redis: give either url (one node) or cluster_nodes (a Redis Cluster), not both"
-                    .to_string(),
-            );
-            false
-        }
-        (Some(url), None) => {
+        (Some(url), None, None) => {
             resolved.url = Some(url.get_ref().clone());
-            check_url(d, url)
+            check_url(d, url) && usable_master
         }
-        (None, Some(nodes)) => {
+        (None, Some(nodes), None) => {
             resolved.url = None;
-            let mut usable = true;
-            if nodes.get_ref().is_empty() {
-                d.error(
-                    nodes.span().start,
-                    "redis: cluster_nodes is empty; list at least one seed node".to_string(),
-                );
-                usable = false;
-            }
-            for node in nodes.get_ref() {
-                if node.get_ref().starts_with(UNIX_SCHEME) {
-                    d.error(
-                        node.span().start,
-                        "redis: cluster nodes are reached over TCP (redis:// or rediss://), not unix://".to_string(),
-                    );
-                    usable = false;
-                } else {
-                    usable &= check_url(d, node);
-                }
-                resolved.cluster_nodes.push(node.get_ref().clone());
-            }
-            usable
+            let usable = resolve_node_list(d, nodes, "cluster_nodes", "seed node");
+            resolved.cluster_nodes = urls(nodes);
+            usable && usable_master
+        }
+        (None, None, Some(nodes)) => {
+            resolved.url = None;
+            let usable = resolve_node_list(d, nodes, "sentinels", "Sentinel");
+            resolved.sentinels = urls(nodes);
+            usable && usable_master
+        }
+        (url, cluster, sentinels) => {
+            // Point at the later of the clashing settings.
+            let at = [
+                url.as_ref().map(|v| v.span().start),
+                cluster.as_ref().map(|v| v.span().start),
+                sentinels.as_ref().map(|v| v.span().start),
+            ]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(section_at);
+            d.error(
+                at,
+                "redis: give one of url (one node), cluster_nodes (a Redis Cluster) or sentinels (a primary found by Redis Sentinel), not several"
+                    .to_string(),
+            );
+            false
         }
     }
+}
+
+fn check_url(d: &mut Diagnostics, url: &Spanned<String>) -> bool {
+    match redis_url_problem(url.get_ref()) {
+        Some(problem) => {
+            d.error(url.span().start, format!("{CONTEXT}: {problem}"));
+            false
+        }
+        None => true,
+    }
+}
+
+fn urls(nodes: &Spanned<Vec<Spanned<String>>>) -> Vec<String> {
+    nodes
+        .get_ref()
+        .iter()
+        .map(|node| node.get_ref().clone())
+        .collect()
+}
+
+/// Cluster seed nodes or Sentinels: at least one, each a TCP URL.
+fn resolve_node_list(
+    d: &mut Diagnostics,
+    nodes: &Spanned<Vec<Spanned<String>>>,
+    field: &str,
+    what: &str,
+) -> bool {
+    let mut usable = true;
+    if nodes.get_ref().is_empty() {
+        d.error(
+            nodes.span().start,
+            format!("redis: {field} is empty; list at least one {what}"),
+        );
+        usable = false;
+    }
+    for node in nodes.get_ref() {
+        if node.get_ref().starts_with(UNIX_SCHEME) {
+            d.error(
+                node.span().start,
+                format!("redis: {field} are reached over TCP (redis:// or rediss://), not unix://"),
+            );
+            usable = false;
+        } else {
+            usable &= check_url(d, node);
+        }
+    }
+    usable
+}
+
+/// `master_name` and the primary's credentials: required (the name) with
+/// `sentinels`, refused without; whether they are usable.
+fn resolve_sentinel_master(
+    raw: &RawRedis,
+    section_at: usize,
+    resolved: &mut RedisConfig,
+    d: &mut Diagnostics,
+) -> bool {
+    let credentials = [
+        raw.master_username.as_ref().map(|v| v.span().start),
+        raw.master_password.as_ref().map(|v| v.span().start),
+        raw.master_db.as_ref().map(|v| v.span().start),
+    ];
+    if raw.sentinels.is_none() {
+        let stray = raw
+            .master_name
+            .as_ref()
+            .map(|name| name.span().start)
+            .into_iter()
+            .chain(credentials.into_iter().flatten())
+            .next();
+        if let Some(at) = stray {
+            d.error(
+                at,
+                "redis: master_name, master_username, master_password and master_db go with sentinels".to_string(),
+            );
+            return false;
+        }
+        return true;
+    }
+    let Some(name) = &raw.master_name else {
+        d.error(
+            section_at,
+            "redis: sentinels need master_name, the name the Sentinels monitor the primary by"
+                .to_string(),
+        );
+        return false;
+    };
+    if name.get_ref().is_empty() || name.get_ref().len() > MAX_NAME_LEN {
+        d.error(
+            name.span().start,
+            format!("{CONTEXT}: master_name must be 1 to {MAX_NAME_LEN} bytes"),
+        );
+        return false;
+    }
+    let mut master = SentinelMaster {
+        name: name.get_ref().clone(),
+        username: raw.master_username.as_ref().map(|v| v.get_ref().clone()),
+        password: raw.master_password.as_ref().map(|v| v.get_ref().clone()),
+        db: 0,
+    };
+    if let Some(db) = &raw.master_db {
+        match check_int(d, CONTEXT, "master_db", db, 0, MAX_DB) {
+            Some(db) => master.db = db,
+            None => return false,
+        }
+    }
+    resolved.master = Some(master);
+    true
 }
 
 /// `pool_size`, `timeout_ms` and `connect_timeout_ms`; whether they are usable.

@@ -218,17 +218,42 @@ const MISTAKES: &[(&str, &str, &str)] = &[
     (
         "redis section without url",
         "default_priority = \"default\"\n\n[redis]\n",
-        "test.toml:3:1: redis: url (or cluster_nodes) is required",
+        "test.toml:3:1: redis: url (or cluster_nodes, or sentinels) is required",
     ),
     (
         "redis with both url and cluster_nodes",
         "[redis]\nurl = \"redis://h\"\ncluster_nodes = [\"redis://a:7000\"]\n",
-        "test.toml:3:17: redis: give either url (one node) or cluster_nodes",
+        "test.toml:3:17: redis: give one of url (one node), cluster_nodes (a Redis Cluster) or sentinels",
+    ),
+    (
+        "sentinels and a url",
+        "[redis]\nurl = \"redis://h\"\nsentinels = [\"redis://s:26379\"]\nmaster_name = \"m\"\n",
+        "test.toml:3:13: redis: give one of url (one node), cluster_nodes (a Redis Cluster) or sentinels",
+    ),
+    (
+        "sentinels without the primary's name",
+        "[redis]\nsentinels = [\"redis://s:26379\"]\n",
+        "test.toml:1:1: redis: sentinels need master_name",
+    ),
+    (
+        "no sentinels",
+        "[redis]\nsentinels = []\nmaster_name = \"m\"\n",
+        "test.toml:2:13: redis: sentinels is empty",
+    ),
+    (
+        "the primary's credentials without sentinels",
+        "[redis]\nurl = \"redis://h\"\nmaster_password = \"x\"\n",
+        "test.toml:3:19: redis: master_name, master_username, master_password and master_db go with sentinels",
+    ),
+    (
+        "a negative database",
+        "[redis]\nsentinels = [\"redis://s:26379\"]\nmaster_name = \"m\"\nmaster_db = -1\n",
+        "test.toml:4:13: redis: master_db must not be negative",
     ),
     (
         "cluster node over a unix socket",
         "[redis]\ncluster_nodes = [\"unix:///tmp/r.sock\"]\n",
-        "test.toml:2:18: redis: cluster nodes are reached over TCP",
+        "test.toml:2:18: redis: cluster_nodes are reached over TCP",
     ),
     (
         "local failure policy without a share",

@@ -91,3 +91,54 @@ limits = [\"gpt-4o\"]
     let defaults = Config::default();
     assert_eq!(parse_ok(&defaults.to_effective_toml()), defaults);
 }
+
+#[test]
+fn config_sentinels_name_the_primary_and_hide_its_password() {
+    let text = r#"
+[redis]
+sentinels = ["redis://:sentinel-pass@10.0.0.1:26379", "redis://10.0.0.2:26379"]
+master_name = "mymaster"
+master_username = "app"
+master_password = "primary-pass"
+master_db = 3
+"#;
+    let config = from_toml_str(text, "sentinel.toml").unwrap();
+    let redis = config.redis.as_ref().unwrap();
+    assert_eq!(redis.topology(), "sentinel");
+    assert_eq!(redis.url, None);
+    assert_eq!(redis.sentinels.len(), 2);
+    assert_eq!(
+        redis.master,
+        Some(SentinelMaster {
+            name: "mymaster".into(),
+            username: Some("app".into()),
+            password: Some("primary-pass".into()),
+            db: 3,
+        })
+    );
+    let effective = config.to_effective_toml();
+    assert!(
+        !effective.contains("pass@") && !effective.contains("primary-pass"),
+        "{effective}"
+    );
+    assert!(
+        effective.contains("redis://:****@10.0.0.1:26379"),
+        "{effective}"
+    );
+    assert_eq!(
+        from_toml_str(&effective, "effective")
+            .unwrap()
+            .redis
+            .unwrap()
+            .sentinels
+            .len(),
+        2
+    );
+    // The environment's url replaces the file's nodes, Sentinels included.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rk.toml");
+    std::fs::write(&path, text).unwrap();
+    let env = |name: &str| (name == ENV_REDIS_URL).then(|| "redis://other:6379".to_string());
+    let redis = load(Some(&path), env).unwrap().redis.unwrap();
+    assert_eq!((redis.topology(), redis.master), ("single", None));
+}
