@@ -18,6 +18,9 @@
 --        refill per minute, cost, floor (tokens kept for higher classes)
 --   "s", n, and n times: key index, capacity, refill per minute, tokens to
 --        add (negative: to take)
+--   "l", n, and n times: key index, capacity, refill per minute, a level in
+--        tokens that the bucket is lowered to if it is above it (provider
+--        feedback; never raises)
 --
 -- Reply, integers only: {{status}, one reply per operation...}
 --   status 1: ran now; 2: ran before, these are its replies; 0: cancelled
@@ -27,6 +30,7 @@
 --                                                  (from 1) needing the longest wait
 --               {-1, draw_index}                   that draw can never fit
 --   settlement: {2}
+--   lowering:   {3}
 local record = KEYS[1]
 local previous = redis.call('GET', record)
 if previous == 'x' then
@@ -128,9 +132,22 @@ for _ = 1, count do
       local base = at + 2 + 4 * (change - 1)
       local index = tonumber(ARGV[base])
       touch(index, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]))
-      add(index, tonumber(ARGV[base + 3]) * UNITS)
+      local tokens = tonumber(ARGV[base + 3])
+      if kind == 'l' then
+        -- Only ever down, to the level asked for.
+        local down = tokens * UNITS - level[index]
+        if down < 0 then
+          add(index, down)
+        end
+      else
+        add(index, tokens * UNITS)
+      end
     end
-    reply = {2}
+    if kind == 'l' then
+      reply = {3}
+    else
+      reply = {2}
+    end
     at = at + 2 + 4 * n
   end
   replies[#replies + 1] = reply

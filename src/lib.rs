@@ -12,6 +12,7 @@
 //! | [`plan`] | pure planning: limits → buckets, cost rules, priority floors, capacity |
 //! | [`leases`] | granted reservations awaiting their report, and settlement arithmetic |
 //! | [`limiter`] | the `Store` trait: Redis (the only module touching redis types), embedded, fail-fast, failure policy |
+//! | [`feedback`] | what a provider's rate-limit headers say: a pause after a 429, what remains |
 //! | [`tokens`] | token counting: tiktoken encoders, character estimates, provider presets |
 //! | [`metrics`] | Prometheus metrics, the `/metrics` `/healthz` `/readyz` listener, readiness |
 //! | [`systemd`] | the `Type=notify` readiness datagram |
@@ -33,6 +34,7 @@
 pub mod app;
 pub mod client;
 pub mod config;
+pub mod feedback;
 pub mod leases;
 pub mod limiter;
 pub mod logging;

@@ -242,6 +242,15 @@ async fn bad_requests_get_their_error_codes() {
             },
             ErrorCode::UnknownLimit,
         ),
+        (feedback("nope", 429, vec![]), ErrorCode::UnknownLimit),
+        (
+            feedback("gpt", 429, vec![("retry-after", "1"); 65]),
+            ErrorCode::InvalidRequest,
+        ),
+        (
+            feedback("gpt", 429, vec![("retry-after", &"9".repeat(257))]),
+            ErrorCode::InvalidRequest,
+        ),
     ];
     for (request, expected) in cases {
         let response = client.call(request.clone()).await.unwrap();
@@ -259,6 +268,21 @@ async fn bad_requests_get_their_error_codes() {
     assert_eq!(tokens, 900);
     client.call(Request::Release { lease }).await.unwrap();
     daemon.assert_serving().await;
+}
+
+fn feedback(limit: &str, status: u16, headers: Vec<(&str, &str)>) -> Request {
+    Request::Feedback(ratekeeper::proto::Feedback {
+        limit: limit.into(),
+        status,
+        since_grant_ms: 0,
+        headers: headers
+            .into_iter()
+            .map(|(name, value)| ratekeeper::proto::Header {
+                name: name.into(),
+                value: value.into(),
+            })
+            .collect(),
+    })
 }
 
 #[tokio::test]

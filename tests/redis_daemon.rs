@@ -430,3 +430,95 @@ async fn an_unreachable_redis_at_start_is_reported_and_retried() {
     let client = daemon.client().await;
     lease_of(client.call(acquire("gpt", 1, 0)).await.unwrap());
 }
+
+fn feedback(limit: &str, status: u16, since_grant_ms: u64, headers: &[(&str, &str)]) -> Request {
+    Request::Feedback(ratekeeper::proto::Feedback {
+        limit: limit.into(),
+        status,
+        since_grant_ms,
+        headers: headers
+            .iter()
+            .map(|(name, value)| ratekeeper::proto::Header {
+                name: name.to_string(),
+                value: value.to_string(),
+            })
+            .collect(),
+    })
+}
+
+/// A 429 one worker saw holds back every worker of every sidecar until
+/// the provider's `retry-after` has passed.
+#[tokio::test]
+async fn a_429_seen_by_one_sidecar_pauses_the_limit_for_all() {
+    let server = RedisServer::start();
+    let first = Daemon::start(&single(&server));
+    let second = Daemon::start(&single(&server));
+    let a = first.client().await;
+    let b = second.client().await;
+    let noted = a
+        .call(feedback("gpt", 429, 0, &[("Retry-After", "3")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        noted,
+        Response::Noted {
+            paused_ms: 3000,
+            lowered: 2
+        }
+    );
+    match b.call(acquire("gpt", 1, 0)).await.unwrap() {
+        Response::Denied { retry_after_ms, .. } => {
+            assert!(retry_after_ms >= 2900, "{retry_after_ms}")
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    // The other limits are untouched.
+    lease_of(b.call(acquire("claude", 1, 0)).await.unwrap());
+}
+
+/// `x-ratelimit-remaining-*` lowers the buckets to the provider's count,
+/// less what was granted since the answered call, and never raises them.
+#[tokio::test]
+async fn remaining_headers_lower_the_buckets_and_never_raise_them() {
+    let server = RedisServer::start();
+    let daemon = Daemon::start(&single(&server));
+    let client = daemon.client().await;
+    lease_of(client.call(acquire("gpt", 100, 0)).await.unwrap());
+    lease_of(client.call(acquire("gpt", 100, 0)).await.unwrap());
+    // The provider saw the first call only: the second is ours to subtract.
+    let noted = client
+        .call(feedback(
+            "gpt",
+            200,
+            60_000,
+            &[
+                ("x-ratelimit-remaining-tokens", "500"),
+                ("x-ratelimit-remaining-requests", "90"),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        noted,
+        Response::Noted {
+            paused_ms: 0,
+            lowered: 2
+        }
+    );
+    let seen = levels(&client, "gpt").await;
+    // 500 - 200 granted lately (both grants fall within since_grant_ms).
+    assert!((300..=303).contains(&seen[0].1), "{seen:?}");
+    assert_eq!(seen[1], ("requests".to_string(), 88));
+    // A provider count above ours changes nothing.
+    client
+        .call(feedback(
+            "gpt",
+            200,
+            0,
+            &[("x-ratelimit-remaining-tokens", "100000")],
+        ))
+        .await
+        .unwrap();
+    let after = levels(&client, "gpt").await;
+    assert!(after[0].1 <= seen[0].1 + 3, "{after:?}");
+}

@@ -10,7 +10,9 @@ use ratekeeper::config::RedisConfig;
 use ratekeeper::limiter::bucket::{BucketSpec, Draw};
 use ratekeeper::limiter::embedded::Clock;
 use ratekeeper::limiter::redis::BatchOp;
-use ratekeeper::limiter::{Adjustment, Decision, EmbeddedStore, Origin, RedisStore, Store};
+use ratekeeper::limiter::{
+    Adjustment, Decision, EmbeddedStore, Lowering, Origin, RedisStore, Store,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use support::redis::RedisServer;
@@ -168,6 +170,8 @@ enum Op {
     },
     /// Refund (or debit) tokens in one bucket.
     Adjust { bucket: usize, tokens: i64 },
+    /// Lower one bucket to a level (provider feedback).
+    Lower { bucket: usize, level: i64 },
 }
 
 #[derive(Debug, Clone)]
@@ -192,6 +196,7 @@ fn op() -> impl Strategy<Value = Op> {
                 max_wait_ms
             }),
         1 => (0usize..3, -500i64..500).prop_map(|(bucket, tokens)| Op::Adjust { bucket, tokens }),
+        1 => (0usize..3, -2_000i64..1_500).prop_map(|(bucket, level)| Op::Lower { bucket, level }),
     ]
 }
 
@@ -277,6 +282,12 @@ fn lua_batches_and_rust_give_the_same_answers() {
                             *outcomes.lock().unwrap().entry(outcome_kind(&answer)).or_default() += 1;
                             rust.push(format!("{:?}", answer.map(Some)));
                             batch.push(BatchOp::Acquire { draws, max_wait_ms: *max_wait_ms });
+                        }
+                        Op::Lower { bucket, level } => {
+                            let lowering = vec![Lowering { bucket: buckets[*bucket].clone(), level: *level }];
+                            embedded.lower(&lowering).await.unwrap();
+                            rust.push(format!("{:?}", Ok::<_, ()>(None::<Decision>)));
+                            batch.push(BatchOp::Lower(lowering));
                         }
                         Op::Adjust { bucket, tokens } => {
                             let adjustment = vec![Adjustment { bucket: buckets[*bucket].clone(), tokens: *tokens }];

@@ -19,9 +19,9 @@ use bincode::error::DecodeError;
 use bincode::{Decode, Encode};
 use ratekeeper::proto::{
     Acquire, BucketInspection, BucketStatus, ChatMessage, ChatRequest, ClientFrame, Cost,
-    ErrorCode, FrameError, HealthStatus, Inspection, LimitInspection, LimitStatus, MAX_FRAME_LEN,
-    MAX_IN_FLIGHT, PROTOCOL_VERSION, Request, Response, ServerFrame, decode_payload, encode_frame,
-    split_frame,
+    ErrorCode, Feedback, FrameError, Header, HealthStatus, Inspection, LimitInspection,
+    LimitStatus, MAX_FRAME_LEN, MAX_IN_FLIGHT, PROTOCOL_VERSION, Request, Response, ServerFrame,
+    decode_payload, encode_frame, split_frame,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -175,6 +175,13 @@ fn bucket(name: &str, capacity: u64, level: i64, per_minute: u64) -> BucketStatu
 }
 
 /// A frame built from raw parts: length prefix computed from the payload.
+fn header(name: &str, value: &str) -> Header {
+    Header {
+        name: s(name),
+        value: s(value),
+    }
+}
+
 fn health_ok() -> HealthStatus {
     HealthStatus {
         ready: true,
@@ -563,6 +570,44 @@ fn catalogue() -> Vec<FileSpec> {
                         Request::Inspect {
                             limit: Some(s("gpt-4o")),
                         },
+                    ),
+                ),
+            ],
+        },
+        FileSpec {
+            file: "request_feedback.json",
+            frame_type: CLIENT_FRAME,
+            message: "Request::Feedback",
+            description: "What the provider answered a call on a limit: its status and rate-limit headers (revision 3).",
+            cases: vec![
+                case(
+                    "openai_429",
+                    "A 429 from OpenAI with retry-after-ms and the remaining counts.",
+                    client(
+                        18,
+                        Request::Feedback(Feedback {
+                            limit: s("gpt-4o"),
+                            status: 429,
+                            since_grant_ms: 180,
+                            headers: vec![
+                                header("retry-after-ms", "1250"),
+                                header("x-ratelimit-remaining-requests", "0"),
+                                header("x-ratelimit-reset-tokens", "6m0s"),
+                            ],
+                        }),
+                    ),
+                ),
+                case(
+                    "no_headers",
+                    "A 200 whose headers said nothing this daemon uses: an empty list.",
+                    client(
+                        19,
+                        Request::Feedback(Feedback {
+                            limit: s("claude"),
+                            status: 200,
+                            since_grant_ms: 0,
+                            headers: vec![],
+                        }),
                     ),
                 ),
             ],
@@ -1101,6 +1146,36 @@ fn catalogue() -> Vec<FileSpec> {
             ],
         },
         FileSpec {
+            file: "response_noted.json",
+            frame_type: SERVER_FRAME,
+            message: "Response::Noted",
+            description: "Answer to Feedback: the pause applied and how many buckets were lowered.",
+            cases: vec![
+                case(
+                    "paused",
+                    "A 429 paused the limit 1 250 ms and lowered its two buckets.",
+                    server(
+                        18,
+                        Response::Noted {
+                            paused_ms: 1250,
+                            lowered: 2,
+                        },
+                    ),
+                ),
+                case(
+                    "nothing_to_do",
+                    "Headers that changed nothing.",
+                    server(
+                        19,
+                        Response::Noted {
+                            paused_ms: 0,
+                            lowered: 0,
+                        },
+                    ),
+                ),
+            ],
+        },
+        FileSpec {
             file: "invalid_client_frames.json",
             frame_type: CLIENT_FRAME,
             message: "invalid",
@@ -1249,8 +1324,8 @@ fn invalid_client_cases() -> Vec<CaseSpec> {
     vec![
         case(
             "unknown_request_tag",
-            "Request tag 10 is not known in this revision: a decoder refuses it, and the daemon answers Unsupported to request id 9 and keeps the connection (a request of a later revision).",
-            Expect::Unsupported(raw_frame(&[&id, &tag(10)])),
+            "Request tag 11 is not known in this revision: a decoder refuses it, and the daemon answers Unsupported to request id 9 and keeps the connection (a request of a later revision).",
+            Expect::Unsupported(raw_frame(&[&id, &tag(11)])),
         ),
         case(
             "trailing_bytes",
@@ -1558,7 +1633,7 @@ const REQUEST_VARIANTS: u32 = Request::KNOWN_TAGS;
 /// Number of `Cost` variants.
 const COST_VARIANTS: u32 = 2;
 /// Number of `Response` variants.
-const RESPONSE_VARIANTS: u32 = 12;
+const RESPONSE_VARIANTS: u32 = 13;
 
 /// The wire tag of a request, as tabulated in PROTOCOL.md.
 fn request_tag(request: &Request) -> u32 {
@@ -1573,6 +1648,7 @@ fn request_tag(request: &Request) -> u32 {
         Request::Ping => 7,
         Request::Health => 8,
         Request::Inspect { .. } => 9,
+        Request::Feedback(_) => 10,
     }
 }
 
@@ -1599,6 +1675,7 @@ fn response_tag(response: &Response) -> u32 {
         Response::Error { .. } => 9,
         Response::Health(_) => 10,
         Response::Inspection(_) => 11,
+        Response::Noted { .. } => 12,
     }
 }
 

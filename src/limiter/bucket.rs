@@ -105,6 +105,14 @@ impl BucketState {
         self.level.div_euclid(UNITS_PER_TOKEN)
     }
 
+    /// The state lowered to `tokens` if it holds more (never raised).
+    pub fn lowered_to(self, tokens: i64) -> Self {
+        BucketState {
+            level: self.level.min(tokens.saturating_mul(UNITS_PER_TOKEN)),
+            updated_ms: self.updated_ms,
+        }
+    }
+
     /// Adds `tokens` (a refund, or a debit when negative), capped at capacity.
     pub fn adjusted(self, spec: &BucketSpec, tokens: i64) -> Self {
         BucketState {

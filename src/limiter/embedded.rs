@@ -8,7 +8,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use super::bucket::{self, BucketSpec, BucketState, Draw};
-use super::{Adjustment, Decision, Origin, Store, StoreError, decision_from_plan};
+use super::{Adjustment, Decision, Lowering, Origin, Store, StoreError, decision_from_plan};
 
 /// Milliseconds on some monotonic clock.
 pub trait Clock: Send + Sync + 'static {
@@ -141,6 +141,19 @@ impl Store for EmbeddedStore {
                 .current(&adjustment.bucket, now)
                 .adjusted(&adjustment.bucket, adjustment.tokens);
             buckets.store(&adjustment.bucket, state);
+        }
+        Ok(())
+    }
+
+    async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError> {
+        let now = self.clock.now_ms();
+        let mut buckets = self.lock();
+        for lowering in lowerings {
+            let current = buckets.current(&lowering.bucket, now);
+            let lowered = current.lowered_to(lowering.level);
+            if lowered != current {
+                buckets.store(&lowering.bucket, lowered);
+            }
         }
         Ok(())
     }

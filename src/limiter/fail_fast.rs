@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::bucket::{BucketSpec, Draw};
-use super::{Adjustment, Decision, Origin, Store, StoreError};
+use super::{Adjustment, Decision, Lowering, Origin, Store, StoreError};
 
 /// Notes kept before expired ones are pruned.
 const PRUNE_AT: usize = 1024;
@@ -159,6 +159,11 @@ impl Store for FailFastStore {
 
     async fn reconciled(&self) {
         self.inner.reconciled().await
+    }
+
+    /// A lower level only lengthens waits: the notes stay true.
+    async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError> {
+        self.inner.lower(lowerings).await
     }
 
     async fn warm_up(&self) -> Result<(), StoreError> {

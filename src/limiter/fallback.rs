@@ -16,7 +16,7 @@ use async_trait::async_trait;
 
 use super::bucket::{BucketSpec, Draw};
 use super::replay::Replay;
-use super::{Adjustment, Decision, EmbeddedStore, Origin, Store, StoreError};
+use super::{Adjustment, Decision, EmbeddedStore, Lowering, Origin, Store, StoreError};
 use serde::{Deserialize, Serialize};
 
 /// What acquires get while the shared store is failing or too slow.
@@ -241,6 +241,12 @@ impl Store for FallbackStore {
             }
             Origin::Unlimited => Ok(()),
         }
+    }
+
+    /// Feedback is advice: while the shared store fails it is dropped (the
+    /// local buckets hold only this sidecar's share anyway).
+    async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError> {
+        self.note(self.shared.lower(lowerings).await)
     }
 
     async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::bucket::{BucketSpec, Draw};
-use super::{Adjustment, Decision, Origin, Store, StoreError};
+use super::{Adjustment, Decision, Lowering, Origin, Store, StoreError};
 use crate::metrics::StoreCalls;
 
 /// Times and counts the calls of `inner`.
@@ -63,6 +63,10 @@ impl Store for InstrumentedStore {
     async fn adjust(&self, adjustments: &[Adjustment], origin: Origin) -> Result<(), StoreError> {
         self.timed("adjust", self.inner.adjust(adjustments, origin))
             .await
+    }
+
+    async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError> {
+        self.timed("lower", self.inner.lower(lowerings)).await
     }
 
     async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {

@@ -105,6 +105,15 @@ pub struct Adjustment {
     pub tokens: i64,
 }
 
+/// A provider's view of one bucket: lower it to `level` tokens if it holds
+/// more (never raise it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lowering {
+    pub bucket: BucketSpec,
+    /// Tokens (or requests); negative to pause until it refills.
+    pub level: i64,
+}
+
 /// Why a store could not answer.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -133,6 +142,10 @@ pub trait Store: Send + Sync + 'static {
     /// Applies refunds and debits (settling or releasing a lease) to the
     /// buckets its grant came from.
     async fn adjust(&self, adjustments: &[Adjustment], origin: Origin) -> Result<(), StoreError>;
+
+    /// Lowers buckets to what the provider says they hold (feedback); a
+    /// bucket already lower is left alone.
+    async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError>;
 
     /// Whole tokens available now in each bucket, in order.
     async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError>;

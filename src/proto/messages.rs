@@ -59,6 +59,34 @@ pub enum Request {
     /// tenant buckets included; answers even while the store is down
     /// (revision 2).
     Inspect { limit: Option<String> },
+    /// What the provider answered a call on `limit` (revision 3): its
+    /// rate-limit headers, so that the daemon lowers the shared buckets to
+    /// the provider's view and pauses the limit after a 429.
+    Feedback(Feedback),
+}
+
+/// A provider's answer, forwarded by a worker.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct Feedback {
+    /// The limit the call was made under.
+    pub limit: String,
+    /// The provider's HTTP status: 200, 429, 529, …
+    pub status: u16,
+    /// Milliseconds since the call this answers was granted, as the client
+    /// measured them: grants made since are ones the provider may not have
+    /// seen yet when it wrote its headers.
+    pub since_grant_ms: u64,
+    /// The provider's rate-limit headers, names in lower case (others may
+    /// be left out): `retry-after`, `retry-after-ms`, `x-ratelimit-*`,
+    /// `anthropic-ratelimit-*`.
+    pub headers: Vec<Header>,
+}
+
+/// One HTTP header.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct Header {
+    pub name: String,
+    pub value: String,
 }
 
 /// The fields of an acquire request.
@@ -160,6 +188,14 @@ pub enum Response {
     Health(HealthStatus),
     /// Answer to `Inspect`.
     Inspection(Inspection),
+    /// Answer to `Feedback`: what the daemon did with it.
+    Noted {
+        /// How long the limit is paused for every worker (a 429's
+        /// `retry-after`); 0 when it is not.
+        paused_ms: u64,
+        /// Buckets lowered to the provider's view.
+        lowered: u32,
+    },
 }
 
 impl ChatMessage {
@@ -177,7 +213,7 @@ impl ChatMessage {
 impl Request {
     /// Request tags this build knows: `0..KNOWN_TAGS`. A later protocol
     /// revision appends variants; a tag at or above this is `Unsupported`.
-    pub const KNOWN_TAGS: u32 = 10;
+    pub const KNOWN_TAGS: u32 = 11;
 }
 
 impl Response {

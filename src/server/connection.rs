@@ -250,6 +250,9 @@ impl Connection {
             Request::Inspect { limit } => {
                 self.start_call(request_id, Call::Inspect { limit }).await
             }
+            Request::Feedback(feedback) => {
+                self.start_call(request_id, Call::Feedback(feedback)).await
+            }
         }
         Ok(())
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::feedback::Granted;
 use super::{ConnectionId, Service, ServiceError};
 use crate::config::LimitConfig;
 use crate::leases::{Lease, refund_all};
@@ -79,6 +80,12 @@ impl Service {
                 ServiceError::CancelledWhileWaiting
             });
         }
+        snapshot.grants[&limit.name].note(Granted {
+            requests: 1,
+            tokens: plan.tokens,
+            input_tokens: input,
+            output_tokens: output,
+        });
         let lease = self.leases.insert(Lease {
             owner: connection,
             origin,

@@ -34,6 +34,13 @@ pub enum ServiceError {
     ReportNotSettled { lease: u64, source: StoreError },
     #[error("lease {lease} could not be released, retry the release: {source}")]
     ReleaseNotSettled { lease: u64, source: StoreError },
+    /// A `Feedback` beyond the bounds of its headers.
+    #[error(
+        "feedback carries {headers} headers or a header above {max_len} bytes; at most {max_headers} of at most {max_len} bytes each",
+        max_headers = super::feedback::MAX_HEADERS,
+        max_len = super::feedback::MAX_HEADER_LEN
+    )]
+    FeedbackTooLarge { headers: usize },
     /// Too many prompts of this size are waiting to be counted.
     #[error(
         "{waiting} {size} prompts are already waiting to be counted (at most {max}); retry later"
@@ -76,6 +83,7 @@ impl ServiceError {
                 }
             },
             ServiceError::CountingBusy { .. } => ErrorCode::Overloaded,
+            ServiceError::FeedbackTooLarge { .. } => ErrorCode::InvalidRequest,
             ServiceError::Store { source, .. } => match source {
                 StoreError::CostExceedsCapacity { .. } => ErrorCode::CostExceedsCapacity,
                 StoreError::Unavailable(_) => ErrorCode::StoreUnavailable,

@@ -9,6 +9,7 @@
 mod acquire;
 mod counting;
 mod error;
+mod feedback;
 mod inspect;
 mod observe;
 mod settle;
@@ -27,7 +28,7 @@ use crate::limiter::Store;
 use crate::metrics::health::StoreHealth;
 use crate::metrics::{Labels, Metrics};
 use crate::plan::Planner;
-use crate::proto::{Acquire, Cost, Response};
+use crate::proto::{Acquire, Cost, Feedback, Response};
 use crate::tokens::OutputTokenLearner;
 pub use error::ServiceError;
 
@@ -57,6 +58,7 @@ pub enum Call {
     Inspect {
         limit: Option<String>,
     },
+    Feedback(Feedback),
 }
 
 /// Answers calls against one configuration and one store.
@@ -79,6 +81,8 @@ pub struct Service {
     store_health: StoreHealth,
     /// Tenants recently seen per limit, which `Inspect` shows.
     recent: observe::RecentTenants,
+    /// Provider limits below a configured one, already warned about.
+    warned: feedback::Warned,
 }
 
 /// The configuration in force, planned, its metric labels, and the waiters
@@ -89,6 +93,9 @@ struct Snapshot {
     /// Acquires currently held back until their reservation is due, per
     /// limit; carried over by a reload for limits that stay.
     waiters: HashMap<String, Arc<AtomicU64>>,
+    /// What each limit granted lately, for provider feedback; carried over
+    /// by a reload likewise.
+    grants: HashMap<String, Arc<feedback::RecentGrants>>,
 }
 
 /// Why a new configuration was not taken by [`Service::reload`].
@@ -111,7 +118,7 @@ impl Service {
         );
         Service {
             metered: config.metrics.listen.is_some(),
-            snapshot: RwLock::new(Arc::new(Snapshot::new(config, &HashMap::new(), &metrics))),
+            snapshot: RwLock::new(Arc::new(Snapshot::first(config, &metrics))),
             store,
             leases,
             draining: AtomicBool::new(false),
@@ -120,6 +127,7 @@ impl Service {
             metrics,
             store_health,
             recent: observe::RecentTenants::default(),
+            warned: feedback::Warned::default(),
         }
     }
 
@@ -146,7 +154,7 @@ impl Service {
         if config.metrics.listen != old.metrics.listen {
             return Err(ReloadError("[metrics] listen"));
         }
-        let next = Snapshot::new(Arc::new(config), &current.waiters, &self.metrics);
+        let next = Snapshot::new(Arc::new(config), &current, &self.metrics);
         *self
             .snapshot
             .write()
@@ -211,6 +219,7 @@ impl Service {
             Call::Status { limit } => self.status(limit.as_deref()).await,
             Call::Health => Ok(Response::Health(self.health(true))),
             Call::Inspect { limit } => self.inspect(limit.as_deref()).await,
+            Call::Feedback(feedback) => self.feedback(feedback).await,
         };
         self.record(&snapshot, observed, &answer);
         answer
@@ -218,26 +227,42 @@ impl Service {
 }
 
 impl Snapshot {
-    fn new(
-        config: Arc<Config>,
-        previous_waiters: &HashMap<String, Arc<AtomicU64>>,
-        metrics: &Metrics,
-    ) -> Self {
-        let waiters = config
-            .limits
-            .iter()
-            .map(|limit| {
-                let count = previous_waiters
-                    .get(&limit.name)
-                    .cloned()
-                    .unwrap_or_default();
-                (limit.name.clone(), count)
-            })
-            .collect();
+    /// The snapshot of `config`, keeping `previous`'s waiters and recent
+    /// grants of the limits that stay.
+    fn new(config: Arc<Config>, previous: &Snapshot, metrics: &Metrics) -> Self {
+        fn carried<T>(
+            config: &Config,
+            previous: &HashMap<String, Arc<T>>,
+            fresh: impl Fn() -> T,
+        ) -> HashMap<String, Arc<T>> {
+            config
+                .limits
+                .iter()
+                .map(|limit| {
+                    let kept = previous.get(&limit.name).cloned();
+                    (
+                        limit.name.clone(),
+                        kept.unwrap_or_else(|| Arc::new(fresh())),
+                    )
+                })
+                .collect()
+        }
         Snapshot {
+            waiters: carried(&config, &previous.waiters, AtomicU64::default),
+            grants: carried(&config, &previous.grants, feedback::RecentGrants::new),
             labels: Labels::new(&config, metrics),
             planner: Planner::new(config),
-            waiters,
         }
+    }
+
+    /// The first snapshot.
+    fn first(config: Arc<Config>, metrics: &Metrics) -> Self {
+        let empty = Snapshot {
+            planner: Planner::new(Arc::new(Config::default())),
+            labels: Labels::new(&Config::default(), metrics),
+            waiters: HashMap::new(),
+            grants: HashMap::new(),
+        };
+        Snapshot::new(config, &empty, metrics)
     }
 }

@@ -72,6 +72,7 @@ class FakeProvider:
         self.rate_limited = 0
         self.forced: list[tuple[int, dict]] = []
         self.last_usage: Optional[dict] = None
+        self.last_headers: dict = {}
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -125,6 +126,7 @@ class FakeProvider:
                 headers[f"x-ratelimit-limit-{kind}"] = str(int(bucket.capacity))
                 headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, int(bucket.level)))
                 headers[f"x-ratelimit-reset-{kind}"] = duration(bucket.wait_for(bucket.capacity))
+            self.last_headers = headers
             if wait > 0:
                 headers["retry-after"] = str(math.ceil(wait))
                 headers["retry-after-ms"] = str(math.ceil(wait * 1000))

@@ -109,7 +109,8 @@ def test_a_stream_that_asked_for_usage_sees_it(daemon, provider):
 def test_provider_429s_are_retried_after_retry_after(daemon, provider):
     provider.force(429, count=2, retry_after_ms="150", retry_after="1")
     with Client(daemon.socket) as limiter:
-        llm = wrap(sync_openai(provider), limiter, limit="gpt")
+        # Not forwarded: the wrapper itself waits out the retry-after.
+        llm = wrap(sync_openai(provider), limiter, limit="gpt", feedback_interval=None)
         started = time.monotonic()
         reply = llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
         assert time.monotonic() - started >= 0.3  # 2 x 150 ms, honoured
@@ -121,11 +122,68 @@ def test_provider_429s_are_retried_after_retry_after(daemon, provider):
 def test_persistent_429s_give_up_after_max_retries(daemon, provider):
     provider.force(429, count=10, retry_after_ms="50")
     with Client(daemon.socket) as limiter:
-        llm = wrap(sync_openai(provider), limiter, limit="gpt", max_retries=2)
+        llm = wrap(
+            sync_openai(provider), limiter, limit="gpt", max_retries=2, feedback_interval=None
+        )
         with pytest.raises(openai.RateLimitError):
             llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
         assert len(provider.bodies) == 3  # the wrapped client's own retries are off
         assert level(limiter) == CAPACITY
+
+
+def test_a_429_one_worker_gets_pauses_the_limit_for_every_worker(daemon, provider):
+    provider.force(429, retry_after_ms="600")
+    with Client(daemon.socket) as limiter, Client(daemon.socket) as other:
+        llm = wrap(sync_openai(provider), limiter, limit="fleet")
+        started = time.monotonic()
+        llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
+        # The retry was held back in the sidecar until the pause ended ...
+        assert time.monotonic() - started >= 0.55
+        assert len(provider.bodies) == 2
+        # ... and so is every other worker's acquire until its bucket refills.
+        with pytest.raises(RateLimited) as denied:
+            other.acquire("fleet", 1, max_wait=0)
+        assert denied.value.retry_after > 0
+
+
+def test_without_forwarding_a_429_pauses_nobody_else(daemon, provider):
+    provider.force(429, retry_after_ms="600")
+    with Client(daemon.socket) as limiter, Client(daemon.socket) as other:
+        llm = wrap(sync_openai(provider), limiter, limit="fleet", feedback_interval=None)
+        llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
+        other.acquire("fleet", 1, max_wait=0).release()
+
+
+def test_the_providers_remaining_counts_lower_the_shared_buckets(daemon):
+    # The provider allows less than the sidecar's "fleet" (3000-token burst):
+    # other traffic on the key, or a limit configured too high.
+    provider = FakeProvider(tokens_per_minute=2000, requests_per_minute=1200)
+    try:
+        with Client(daemon.socket) as limiter:
+            llm = wrap(sync_openai(provider), limiter, limit="fleet", feedback_interval=0)
+            llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
+            remaining = int(provider.last_headers["x-ratelimit-remaining-tokens"])
+            assert remaining < 2000
+            assert level(limiter, "fleet") <= remaining
+    finally:
+        provider.close()
+
+
+def test_feedback_is_bounded_and_checked(daemon):
+    with Client(daemon.socket) as limiter:
+        # Only the headers the daemon reads are sent: never too many or too long.
+        headers = {f"x-ratelimit-extra-{i}": "1" for i in range(100)}
+        headers["content-type"] = "application/json"
+        headers["x-ratelimit-remaining-tokens"] = "9" * 300
+        headers["X-RateLimit-Remaining-Requests"] = "5"
+        noted = limiter.feedback("fleet", 200, headers)
+        assert (noted.paused_ms, noted.lowered) == (0, 1)
+        assert limiter.status("fleet").limit("fleet").bucket("requests").level == 5
+        # Never raised.
+        limiter.feedback("fleet", 200, {"x-ratelimit-remaining-requests": "500"})
+        assert limiter.status("fleet").limit("fleet").bucket("requests").level == 5
+        with pytest.raises(ValueError, match="HTTP status"):
+            limiter.feedback("fleet", 42, {})
 
 
 def test_a_refused_request_is_released_and_a_server_error_keeps_its_reservation(daemon, provider):
@@ -161,7 +219,7 @@ def test_async_completions_and_streams(daemon, provider):
     async def main():
         async with AsyncClient(daemon.socket) as limiter:
             raw = openai.AsyncOpenAI(base_url=provider.base_url, api_key="test-key")
-            llm = wrap(raw, limiter, limit="gpt")
+            llm = wrap(raw, limiter, limit="gpt", feedback_interval=None)
             reply = await llm.chat.completions.create(
                 model="gpt-4o-mini", messages=MESSAGES, max_tokens=50
             )
@@ -176,6 +234,13 @@ def test_async_completions_and_streams(daemon, provider):
             status = await limiter.status("gpt")
             assert status.limit("gpt").bucket("tokens").level == CAPACITY - used
             assert len(provider.bodies) == 3
+            # Forwarded, the 429 holds the retry back in the sidecar.
+            fleet = wrap(raw, limiter, limit="fleet")
+            provider.force(429, retry_after_ms="400")
+            started = time.monotonic()
+            await fleet.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+            assert time.monotonic() - started >= 0.35
+            assert len(provider.bodies) == 5
             await raw.close()
 
     asyncio.run(asyncio.wait_for(main(), 30))

@@ -32,6 +32,7 @@ SPEC_VARIANTS = {
         "Ping",
         "Health",
         "Inspect",
+        "Feedback",
     ],
     p.COST: ["Tokens", "Messages"],
     p.RESPONSE: [
@@ -47,6 +48,7 @@ SPEC_VARIANTS = {
         "Error",
         "Health",
         "Inspection",
+        "Noted",
     ],
 }
 

@@ -9,7 +9,7 @@ use redis::{Cmd, Script};
 
 use super::keys::call_record_key;
 use crate::limiter::bucket::{BucketSpec, Draw, Plan};
-use crate::limiter::{Adjustment, Decision, StoreError, decision_from_plan};
+use crate::limiter::{Adjustment, Decision, Lowering, StoreError, decision_from_plan};
 
 /// One operation of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +18,8 @@ pub enum BatchOp {
     Acquire { draws: Vec<Draw>, max_wait_ms: u64 },
     /// Refunds and debits of a settlement.
     Settle(Vec<Adjustment>),
+    /// Buckets lowered to the provider's view.
+    Lower(Vec<Lowering>),
 }
 
 /// What a batch answered for one operation.
@@ -29,6 +31,7 @@ impl BatchOp {
         match self {
             BatchOp::Acquire { draws, .. } => draws.first().map(|draw| &*draw.bucket.key),
             BatchOp::Settle(adjustments) => adjustments.first().map(|a| &*a.bucket.key),
+            BatchOp::Lower(lowerings) => lowerings.first().map(|l| &*l.bucket.key),
         }
     }
 
@@ -88,6 +91,10 @@ impl Call {
                     .iter()
                     .map(|adjustment| index_of(&adjustment.bucket, &mut keys))
                     .collect(),
+                BatchOp::Lower(lowerings) => lowerings
+                    .iter()
+                    .map(|lowering| index_of(&lowering.bucket, &mut keys))
+                    .collect(),
             })
             .collect();
         Call {
@@ -122,6 +129,15 @@ impl Call {
                             .arg(adjustment.bucket.capacity)
                             .arg(adjustment.bucket.per_minute)
                             .arg(adjustment.tokens);
+                    }
+                }
+                BatchOp::Lower(lowerings) => {
+                    cmd.arg("l").arg(lowerings.len());
+                    for (lowering, index) in lowerings.iter().zip(indices) {
+                        cmd.arg(*index)
+                            .arg(lowering.bucket.capacity)
+                            .arg(lowering.bucket.per_minute)
+                            .arg(lowering.level);
                     }
                 }
             }
@@ -159,7 +175,7 @@ impl Call {
         let mut results = Vec::with_capacity(self.ops.len());
         for (op, reply) in self.ops.iter().zip(replies) {
             results.push(match (op, reply.as_slice()) {
-                (BatchOp::Settle(_), [2]) => Ok(None),
+                (BatchOp::Settle(_), [2]) | (BatchOp::Lower(_), [3]) => Ok(None),
                 (BatchOp::Acquire { draws, .. }, reply) => {
                     decision_from_plan(draws, acquire_plan(reply, draws.len())?).map(Some)
                 }

@@ -26,7 +26,7 @@ use redis::Script;
 use tokio::sync::oneshot;
 
 use super::bucket::{BucketSpec, Draw};
-use super::{Adjustment, Decision, Origin, Store, StoreError};
+use super::{Adjustment, Decision, Lowering, Origin, Store, StoreError};
 pub use batch::{BatchOp, OpResult};
 use batch::{Call, CallReply};
 pub use keys::{BucketOwner, bucket_key, slot_of};
@@ -317,6 +317,16 @@ impl Store for RedisStore {
         }
         self.inner
             .submit(BatchOp::Settle(adjustments.to_vec()))
+            .await
+            .map(drop)
+    }
+
+    async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError> {
+        if lowerings.is_empty() {
+            return Ok(());
+        }
+        self.inner
+            .submit(BatchOp::Lower(lowerings.to_vec()))
             .await
             .map(drop)
     }

@@ -148,7 +148,30 @@ class Inspect:
     TAG: ClassVar[int]
 
 
-Request = Union[Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping, Health, Inspect]
+@dataclass(frozen=True)
+class Header:
+    """One HTTP header of a provider's answer, name in lower case."""
+
+    name: str
+    value: str
+    WIRE: ClassVar[tuple] = ()
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """Request 10 (revision 3): what the provider answered a call on `limit`."""
+
+    limit: str
+    status: int
+    since_grant_ms: int = 0
+    headers: tuple[Header, ...] = ()
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+Request = Union[
+    Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping, Health, Inspect, Feedback
+]
 
 
 @dataclass(frozen=True)
@@ -319,6 +342,16 @@ class LimitInspection:
 
 
 @dataclass(frozen=True)
+class Noted:
+    """Response 12 (`Feedback`): the pause applied and how many buckets were lowered."""
+
+    paused_ms: int
+    lowered: int
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
 class InspectReply:
     """Response 11 (`Inspection`): the health fields, where levels come from, the limits."""
 
@@ -346,12 +379,14 @@ Response = Union[
     ErrorReply,
     HealthReply,
     InspectReply,
+    Noted,
 ]
 
 
 COST = Enum("Cost", (TokenCost, ChatRequest))
 REQUEST = Enum(
-    "Request", (Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping, Health, Inspect)
+    "Request",
+    (Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping, Health, Inspect, Feedback),
 )
 RESPONSE = Enum(
     "Response",
@@ -368,6 +403,7 @@ RESPONSE = Enum(
         ErrorReply,
         HealthReply,
         InspectReply,
+        Noted,
     ),
 )
 
@@ -433,6 +469,14 @@ LimitInspection.WIRE = (
     ("waiters", U64),
     ("buckets", Vec(Struct(BucketInspection))),
 )
+Header.WIRE = (("name", STR), ("value", STR))
+Feedback.WIRE = (
+    ("limit", STR),
+    ("status", U16),
+    ("since_grant_ms", U64),
+    ("headers", Vec(Struct(Header))),
+)
+Noted.WIRE = (("paused_ms", U64), ("lowered", U32))
 InspectReply.WIRE = (
     ("health", Struct(HealthReply)),
     ("levels_from", STR),

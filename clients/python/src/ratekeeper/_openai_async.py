@@ -1,8 +1,10 @@
 """The OpenAI wrapper's limited calls, written once: acquire, call, settle, retry.
 
 `AsyncCompletions.create` acquires from the limit, calls the provider, and
-reports the usage it answered; a provider 429 releases the lease, waits as the
-headers say and tries again. `AsyncLimitedStream` reports when its stream ends.
+reports the usage it answered, then forwards the provider's rate-limit headers
+to the sidecar (every 429, a sample of the other answers); a provider 429
+releases the lease, waits as the headers say and tries again.
+`AsyncLimitedStream` reports when its stream ends.
 
 The wrapper's halves are written for asyncio, in `_openai_async.py`;
 `scripts/unasync.py` generates the blocking `_openai_sync.py` from it (see
@@ -15,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import _openai_core as core
-from ._errors import RatekeeperError, Unsupported
+from ._errors import ErrorCode, RatekeeperError, Unsupported
 from ._io_async import sleep
 
 if TYPE_CHECKING:
@@ -29,6 +31,7 @@ class AsyncCompletions:
     def __init__(self, wrapped: _Wrapped) -> None:
         self._wrapped = wrapped
         self._settings = wrapped.settings
+        self._sampler = core.FeedbackSampler(wrapped.settings.feedback_interval)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._wrapped._client.chat.completions, name)
@@ -60,22 +63,51 @@ class AsyncCompletions:
         while True:
             lease = await self._acquire(kwargs)
             try:
-                result = await self._wrapped._raw.chat.completions.create(**kwargs)
+                result, headers = await self._call(kwargs)
             except BaseException as error:
                 outcome = core.failure(error)
                 await _settle_failed(lease, outcome)
-                if outcome != "retry" or attempt >= settings.max_retries:
+                if outcome != "retry":
                     raise
                 headers = getattr(getattr(error, "response", None), "headers", None)
-                delay = core.retry_delay(headers, attempt, settings.max_retry_wait)
+                paused = await self._forward(lease, 429, headers)
+                if attempt >= settings.max_retries:
+                    raise
+                # Paused in the sidecar: the next acquire waits exactly as long.
+                delay = (
+                    0.0 if paused else core.retry_delay(headers, attempt, settings.max_retry_wait)
+                )
                 core.log.info("provider answered 429; retrying in %.3fs", delay)
                 await sleep(delay)
                 attempt += 1
                 continue
             if kwargs.get("stream") is True:
-                return AsyncLimitedStream(result, lease, hide_usage)
+                return AsyncLimitedStream(result, lease, hide_usage, self, headers)
             await _report(lease, getattr(result, "usage", None))
+            await self._forward(lease, 200, headers)
             return result
+
+    async def _call(self, kwargs: dict) -> tuple[Any, Any]:
+        """The provider's answer, with its headers when a sample is due (else None)."""
+        completions = self._wrapped._raw.chat.completions
+        raw_response = getattr(completions, "with_raw_response", None)
+        if raw_response is None or not self._sampler.due():
+            return await completions.create(**kwargs), None
+        answer = await raw_response.create(**kwargs)
+        return answer.parse(), answer.headers
+
+    async def _forward(self, lease: AsyncLease, status: int, headers: Any) -> bool:
+        """Forwards an answer's rate-limit headers; True if the sidecar paused the limit."""
+        if headers is None or not self._sampler.enabled or lease.unlimited:
+            return False
+        try:
+            noted = await lease.feedback(status, headers)
+        except RatekeeperError as error:
+            if error.code == ErrorCode.UNSUPPORTED:  # a daemon from before feedback
+                self._sampler.disable()
+            core.log.info("could not forward the provider's headers: %s", error)
+            return False
+        return noted is not None and noted.paused_ms > 0
 
 
 async def _settle_failed(lease: AsyncLease, outcome: str) -> None:
@@ -108,12 +140,21 @@ class AsyncLimitedStream:
     stream it wraps); a stream abandoned half-way keeps its whole reservation.
     """
 
-    def __init__(self, stream: Any, lease: AsyncLease, hide_usage: bool) -> None:
+    def __init__(
+        self,
+        stream: Any,
+        lease: AsyncLease,
+        hide_usage: bool,
+        completions: AsyncCompletions,
+        headers: Any,
+    ) -> None:
         self._stream = stream
         self._iterator = stream.__aiter__()
         self._lease = lease
         self._hide_usage = hide_usage
         self._usage: Any = None
+        self._completions = completions
+        self._headers = headers
 
     def __aiter__(self) -> AsyncLimitedStream:
         return self
@@ -135,6 +176,7 @@ class AsyncLimitedStream:
     async def _finish(self) -> None:
         if not self._lease.settled:
             await _report(self._lease, self._usage)
+            await self._completions._forward(self._lease, 200, self._headers)
 
     async def close(self) -> None:
         """Closes the provider's stream and settles the lease."""

@@ -74,6 +74,37 @@ def retry_delay(headers: Any, attempt: int, cap: float = 60.0) -> float:
     return delay * (1 + random.random() / 10)
 
 
+class FeedbackSampler:
+    """When a successful answer's headers are forwarded: at most once per `interval`.
+
+    429s are always forwarded (while enabled). `interval=None` forwards
+    nothing; `0` forwards every answer. Threads may race on a sample: at
+    worst two answers go out in one interval, which is harmless.
+    """
+
+    def __init__(self, interval: Optional[float]) -> None:
+        if interval is not None and (interval < 0 or math.isnan(interval)):
+            raise ValueError(f"feedback_interval must be None or >= 0 seconds, got {interval}")
+        self.interval = interval
+        self._next = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval is not None
+
+    def disable(self) -> None:
+        self.interval = None
+
+    def due(self) -> bool:
+        if self.interval is None:
+            return False
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self.interval
+        return True
+
+
 def status_code(error: BaseException) -> Optional[int]:
     status = getattr(error, "status_code", None)
     return status if isinstance(status, int) else None

@@ -3,8 +3,10 @@
 """The OpenAI wrapper's limited calls, written once: acquire, call, settle, retry.
 
 `Completions.create` acquires from the limit, calls the provider, and
-reports the usage it answered; a provider 429 releases the lease, waits as the
-headers say and tries again. `LimitedStream` reports when its stream ends.
+reports the usage it answered, then forwards the provider's rate-limit headers
+to the sidecar (every 429, a sample of the other answers); a provider 429
+releases the lease, waits as the headers say and tries again.
+`LimitedStream` reports when its stream ends.
 
 The wrapper's halves are written for asyncio, in `_openai_async.py`;
 `scripts/unasync.py` generates the blocking `_openai_sync.py` from it (see
@@ -17,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import _openai_core as core
-from ._errors import RatekeeperError, Unsupported
+from ._errors import ErrorCode, RatekeeperError, Unsupported
 from ._io_sync import sleep
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ class Completions:
     def __init__(self, wrapped: _Wrapped) -> None:
         self._wrapped = wrapped
         self._settings = wrapped.settings
+        self._sampler = core.FeedbackSampler(wrapped.settings.feedback_interval)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._wrapped._client.chat.completions, name)
@@ -62,22 +65,51 @@ class Completions:
         while True:
             lease = self._acquire(kwargs)
             try:
-                result = self._wrapped._raw.chat.completions.create(**kwargs)
+                result, headers = self._call(kwargs)
             except BaseException as error:
                 outcome = core.failure(error)
                 _settle_failed(lease, outcome)
-                if outcome != "retry" or attempt >= settings.max_retries:
+                if outcome != "retry":
                     raise
                 headers = getattr(getattr(error, "response", None), "headers", None)
-                delay = core.retry_delay(headers, attempt, settings.max_retry_wait)
+                paused = self._forward(lease, 429, headers)
+                if attempt >= settings.max_retries:
+                    raise
+                # Paused in the sidecar: the next acquire waits exactly as long.
+                delay = (
+                    0.0 if paused else core.retry_delay(headers, attempt, settings.max_retry_wait)
+                )
                 core.log.info("provider answered 429; retrying in %.3fs", delay)
                 sleep(delay)
                 attempt += 1
                 continue
             if kwargs.get("stream") is True:
-                return LimitedStream(result, lease, hide_usage)
+                return LimitedStream(result, lease, hide_usage, self, headers)
             _report(lease, getattr(result, "usage", None))
+            self._forward(lease, 200, headers)
             return result
+
+    def _call(self, kwargs: dict) -> tuple[Any, Any]:
+        """The provider's answer, with its headers when a sample is due (else None)."""
+        completions = self._wrapped._raw.chat.completions
+        raw_response = getattr(completions, "with_raw_response", None)
+        if raw_response is None or not self._sampler.due():
+            return completions.create(**kwargs), None
+        answer = raw_response.create(**kwargs)
+        return answer.parse(), answer.headers
+
+    def _forward(self, lease: Lease, status: int, headers: Any) -> bool:
+        """Forwards an answer's rate-limit headers; True if the sidecar paused the limit."""
+        if headers is None or not self._sampler.enabled or lease.unlimited:
+            return False
+        try:
+            noted = lease.feedback(status, headers)
+        except RatekeeperError as error:
+            if error.code == ErrorCode.UNSUPPORTED:  # a daemon from before feedback
+                self._sampler.disable()
+            core.log.info("could not forward the provider's headers: %s", error)
+            return False
+        return noted is not None and noted.paused_ms > 0
 
 
 def _settle_failed(lease: Lease, outcome: str) -> None:
@@ -110,12 +142,21 @@ class LimitedStream:
     stream it wraps); a stream abandoned half-way keeps its whole reservation.
     """
 
-    def __init__(self, stream: Any, lease: Lease, hide_usage: bool) -> None:
+    def __init__(
+        self,
+        stream: Any,
+        lease: Lease,
+        hide_usage: bool,
+        completions: Completions,
+        headers: Any,
+    ) -> None:
         self._stream = stream
         self._iterator = stream.__iter__()
         self._lease = lease
         self._hide_usage = hide_usage
         self._usage: Any = None
+        self._completions = completions
+        self._headers = headers
 
     def __iter__(self) -> LimitedStream:
         return self
@@ -137,6 +178,7 @@ class LimitedStream:
     def _finish(self) -> None:
         if not self._lease.settled:
             _report(self._lease, self._usage)
+            self._completions._forward(self._lease, 200, self._headers)
 
     def close(self) -> None:
         """Closes the provider's stream and settles the lease."""

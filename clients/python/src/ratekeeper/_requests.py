@@ -250,3 +250,51 @@ def with_remaining_wait(
     if request.max_wait_ms is None or remaining is None:
         return request
     return request.with_max_wait_ms(wait_ms(max(0.0, remaining - timeout)))
+
+
+#: Most headers one feedback carries, and the longest name or value (the daemon's bounds).
+MAX_FEEDBACK_HEADERS = 64
+MAX_HEADER_LEN = 256
+
+#: The headers the daemon reads (names in lower case): the pause of a 429, and
+#: OpenAI's and Anthropic's limit, remaining and reset per dimension.
+FEEDBACK_HEADERS = frozenset(
+    ["retry-after", "retry-after-ms"]
+    + [
+        f"x-ratelimit-{kind}-{dimension}"
+        for kind in ("limit", "remaining", "reset")
+        for dimension in ("requests", "tokens")
+    ]
+    + [
+        f"anthropic-ratelimit-{dimension}-{kind}"
+        for kind in ("limit", "remaining", "reset")
+        for dimension in ("requests", "tokens", "input-tokens", "output-tokens")
+    ]
+)
+
+
+def rate_limit_headers(headers: Any) -> tuple[p.Header, ...]:
+    """The rate-limit headers of a provider's answer, as the wire's.
+
+    `headers` is a mapping (httpx's, a dict) or an iterable of (name, value)
+    pairs. Only the headers the daemon reads are kept, and none too long to
+    send, so that a feedback is small and never refused for its size.
+    """
+    if headers is None:
+        return ()
+    items = headers.items() if hasattr(headers, "items") else headers
+    kept = []
+    for name, value in items:
+        name = str(name).lower()
+        value = str(value)
+        if name in FEEDBACK_HEADERS and len(value) <= MAX_HEADER_LEN:
+            kept.append(p.Header(name, value))
+    return tuple(kept[:MAX_FEEDBACK_HEADERS])
+
+
+def build_feedback(limit: str, status: int, headers: Any, since_grant: float) -> p.Feedback:
+    """The feedback of a provider's answer: its status and rate-limit headers."""
+    if not isinstance(status, int) or not 100 <= status <= 599:
+        raise ValueError(f"status must be an HTTP status code, got {status!r}")
+    since_ms = wait_ms(since_grant)
+    return p.Feedback(limit, status, since_ms or 0, rate_limit_headers(headers))

@@ -73,6 +73,7 @@ class Lease:
             self.lease_id = granted.lease
             self.tokens = granted.tokens
             self.waited = granted.waited_ms / 1000.0
+        self._granted_at = time.monotonic()
         #: Whether the lease was reported, released, or lost with its connection.
         self.settled = granted is None
         #: The daemon's answer to the settlement: tokens given back (negative: debited).
@@ -114,6 +115,20 @@ class Lease:
             input_tokens=reserved.input_tokens,
             output_tokens=reserved.output_tokens,
         )
+
+    def feedback(self, status: int, headers: Any = None) -> Optional[p.Noted]:
+        """Forwards what the provider answered the call this lease was for.
+
+        `status` is the HTTP status, `headers` the answer's headers (a mapping
+        or (name, value) pairs; only the rate-limit ones are sent). A 429
+        pauses the limit for every worker until its `retry-after`; the
+        `remaining` headers lower the shared buckets to the provider's count.
+        Call it after settling the lease. None for an unlimited lease.
+        """
+        if self.unlimited:
+            return None
+        since_grant = time.monotonic() - self._granted_at
+        return self._client.feedback(self.limit, status, headers, since_grant=since_grant)
 
     def _settle(self, request: p.Request, kind: type) -> Optional[int]:
         if self.unlimited:
@@ -377,6 +392,24 @@ class Client:
         """What an acquire with that cost would reserve, reserving nothing."""
         cost = req.build_cost(tokens, messages, max_tokens, tools)
         return core.expect(self._call(p.Estimate(limit, cost)), p.Estimated)
+
+    def feedback(
+        self,
+        limit: str,
+        status: int,
+        headers: Any = None,
+        *,
+        since_grant: float = 0.0,
+    ) -> p.Noted:
+        """Forwards a provider's answer on `limit`: its status and rate-limit headers.
+
+        `since_grant` is how many seconds before the answer the call was
+        granted: what the daemon granted since then is subtracted from the
+        provider's `remaining` counts (the provider had not seen it yet).
+        Returns the daemon's `Noted`: the pause applied and the buckets lowered.
+        """
+        request = req.build_feedback(limit, status, headers, since_grant)
+        return core.expect(self._call(request), p.Noted)
 
     def status(self, limit: Optional[str] = None) -> p.StatusReply:
         """The store kind and the buckets of one limit, or of every limit."""

@@ -11,10 +11,14 @@ Every `chat.completions.create` then acquires from the limit (the messages and
 unused part of the reservation goes back. Streams report when they end (the
 wrapper asks for `stream_options={"include_usage": True}` and hides the extra
 usage chunk from callers who did not ask for it). A 429 from the provider
-(other applications on the same key) releases the lease, waits as long as the
-provider's `retry-after` headers say (bounded), and tries again, up to
-`max_retries` times. `ratekeeper.RateLimited` from the sidecar itself is not
-retried: it reaches the caller, who can answer 503 with its `retry_after`.
+(other applications on the same key) releases the lease, forwards the answer's
+headers to the sidecar (which pauses the limit for every worker until the
+`retry-after`), waits that long, and tries again, up to `max_retries` times.
+The rate-limit headers of successful answers are forwarded too, at most every
+`feedback_interval` seconds, so the shared buckets follow the provider's
+`remaining` counts when other traffic uses the same key.
+`ratekeeper.RateLimited` from the sidecar itself is not retried: it reaches
+the caller, who can answer 503 with its `retry_after`.
 
 Works with `openai.OpenAI` and `openai.AsyncOpenAI` (with `ratekeeper.Client`
 and `ratekeeper.AsyncClient` respectively); everything other than
@@ -62,6 +66,9 @@ class LimitOptions:
     max_retries: int = 3
     #: Longest single wait for a 429, whatever the headers say.
     max_retry_wait: float = 60.0
+    #: Seconds between forwarding the rate-limit headers of successful answers
+    #: to the sidecar (0: every answer; None: forward nothing, not even 429s).
+    feedback_interval: Optional[float] = 0.25
     #: Client-side prompt estimate used while the daemon cannot count messages.
     estimate: Callable[..., int] = estimate_prompt_tokens
 
@@ -75,7 +82,8 @@ def wrap(
     """An OpenAI client whose chat completions are limited by `limiter` on `limit`.
 
     `options` are the fields of `LimitOptions`: `tenant`, `priority`,
-    `max_wait`, `default_max_tokens`, `max_retries`, `max_retry_wait`.
+    `max_wait`, `default_max_tokens`, `max_retries`, `max_retry_wait`,
+    `feedback_interval`.
     """
     settings = LimitOptions(limit=limit, **options)
     is_async = inspect.iscoroutinefunction(inspect.unwrap(client.chat.completions.create))

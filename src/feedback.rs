@@ -1,0 +1,266 @@
+//! What a provider's answer says about its rate limits, read from its
+//! headers: how long to pause after a 429, and how many requests and tokens
+//! it still has for this API key. Pure: the service decides what to do.
+//!
+//! OpenAI: `x-ratelimit-remaining-requests`, `x-ratelimit-remaining-tokens`
+//! (and `-limit-`, `-reset-`); Anthropic:
+//! `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining`;
+//! both: `retry-after` (seconds, or an HTTP date) and OpenAI's
+//! `retry-after-ms`.
+
+use std::time::{Duration, SystemTime};
+
+use crate::proto::Header;
+
+/// How long a 429 without any retry header pauses the limit.
+pub const DEFAULT_PAUSE: Duration = Duration::from_secs(1);
+
+/// The longest pause a provider's header may impose.
+pub const MAX_PAUSE: Duration = Duration::from_secs(600);
+
+/// What a provider counts, as its headers name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dimension {
+    Requests,
+    /// All tokens together (OpenAI's only token limit; Anthropic's
+    /// most restrictive one).
+    Tokens,
+    InputTokens,
+    OutputTokens,
+}
+
+/// The provider's view of its limits after one answer.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProviderView {
+    /// After a 429: how long every worker should wait.
+    pub pause: Option<Duration>,
+    /// What the provider still has, per dimension it reported.
+    pub remaining: Vec<(Dimension, u64)>,
+    /// The provider's limit per minute, per dimension it reported.
+    pub limits: Vec<(Dimension, u64)>,
+}
+
+/// Reads an answer's `status` and `headers` (names in any case) at `now`
+/// (the clock that HTTP-date `retry-after` values are measured against).
+pub fn read(status: u16, headers: &[Header], now: SystemTime) -> ProviderView {
+    let value = |name: &str| {
+        headers
+            .iter()
+            .find(|header| header.name.eq_ignore_ascii_case(name))
+            .map(|header| header.value.trim())
+    };
+    let pause = (status == 429).then(|| {
+        let retry_ms = value("retry-after-ms")
+            .and_then(|ms| ms.parse::<f64>().ok())
+            .and_then(|ms| capped_seconds(ms / 1000.0));
+        let retry = || value("retry-after").and_then(|after| retry_after(after, now));
+        retry_ms
+            .or_else(retry)
+            .unwrap_or(DEFAULT_PAUSE)
+            .min(MAX_PAUSE)
+    });
+    let counts = |kind: &str| {
+        let mut found: Vec<(Dimension, u64)> = Vec::new();
+        for (dimension, openai, anthropic) in DIMENSIONS {
+            let names = [
+                openai.map(|openai| format!("x-ratelimit-{kind}-{openai}")),
+                Some(format!("anthropic-ratelimit-{anthropic}-{kind}")),
+            ];
+            for name in names.iter().flatten() {
+                let Some(count) = value(name).and_then(|count| count.parse::<u64>().ok()) else {
+                    continue;
+                };
+                // Both providers' names for one dimension: the lower one counts.
+                match found.iter_mut().find(|(seen, _)| *seen == dimension) {
+                    Some((_, seen)) => *seen = (*seen).min(count),
+                    None => found.push((dimension, count)),
+                }
+            }
+        }
+        found
+    };
+    ProviderView {
+        pause,
+        remaining: counts("remaining"),
+        limits: counts("limit"),
+    }
+}
+
+/// Each dimension as OpenAI's headers name it (if they do) and Anthropic's.
+const DIMENSIONS: [(Dimension, Option<&str>, &str); 4] = [
+    (Dimension::Requests, Some("requests"), "requests"),
+    (Dimension::Tokens, Some("tokens"), "tokens"),
+    (Dimension::InputTokens, None, "input-tokens"),
+    (Dimension::OutputTokens, None, "output-tokens"),
+];
+
+/// `retry-after`: whole or fractional seconds, or an HTTP date.
+fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    if let Ok(seconds) = value.parse::<f64>() {
+        return capped_seconds(seconds);
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// `seconds` as a pause of at most [`MAX_PAUSE`]; `None` if negative or NaN.
+fn capped_seconds(seconds: f64) -> Option<Duration> {
+    (seconds >= 0.0).then(|| Duration::from_secs_f64(seconds.min(MAX_PAUSE.as_secs_f64())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> Vec<Header> {
+        pairs
+            .iter()
+            .map(|(name, value)| Header {
+                name: name.to_string(),
+                value: value.to_string(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn headers_become_a_pause_and_remaining_counts() {
+        let now = httpdate::parse_http_date("Tue, 01 Dec 2026 00:00:00 GMT").unwrap();
+        let ms = Duration::from_millis;
+        use Dimension::*;
+        // (what, status, headers) → (pause, remaining)
+        type Case<'a> = (
+            &'a str,
+            u16,
+            Vec<(&'a str, &'a str)>,
+            Option<Duration>,
+            Vec<(Dimension, u64)>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "a 200 pauses nothing",
+                200,
+                vec![("retry-after", "5")],
+                None,
+                vec![],
+            ),
+            (
+                "OpenAI's remaining counts",
+                200,
+                vec![
+                    ("x-ratelimit-remaining-requests", "2999"),
+                    ("X-RateLimit-Remaining-Tokens", "149984"),
+                    ("x-ratelimit-reset-tokens", "6m0s"),
+                ],
+                None,
+                vec![(Requests, 2999), (Tokens, 149_984)],
+            ),
+            (
+                "retry-after-ms wins",
+                429,
+                vec![("retry-after", "3"), ("retry-after-ms", "1250")],
+                Some(ms(1250)),
+                vec![],
+            ),
+            (
+                "retry-after in seconds",
+                429,
+                vec![("retry-after", "3")],
+                Some(ms(3000)),
+                vec![],
+            ),
+            (
+                "retry-after as a date",
+                429,
+                vec![("retry-after", "Tue, 01 Dec 2026 00:00:07 GMT")],
+                Some(ms(7000)),
+                vec![],
+            ),
+            (
+                "a date in the past",
+                429,
+                vec![("retry-after", "Mon, 30 Nov 2026 23:00:00 GMT")],
+                Some(ms(0)),
+                vec![],
+            ),
+            (
+                "no header: the default",
+                429,
+                vec![("retry-after", "soon")],
+                Some(DEFAULT_PAUSE),
+                vec![],
+            ),
+            (
+                "an hour is capped",
+                429,
+                vec![("retry-after", "3600")],
+                Some(MAX_PAUSE),
+                vec![],
+            ),
+            (
+                "so is forever",
+                429,
+                vec![("retry-after", "1e300")],
+                Some(MAX_PAUSE),
+                vec![],
+            ),
+            (
+                "and infinity",
+                429,
+                vec![("retry-after-ms", "inf")],
+                Some(MAX_PAUSE),
+                vec![],
+            ),
+            (
+                "negative: the default",
+                429,
+                vec![("retry-after", "-5")],
+                Some(DEFAULT_PAUSE),
+                vec![],
+            ),
+            (
+                "NaN: the next header",
+                429,
+                vec![("retry-after-ms", "NaN"), ("retry-after", "2")],
+                Some(ms(2000)),
+                vec![],
+            ),
+            (
+                "Anthropic's dimensions",
+                429,
+                vec![
+                    ("retry-after", "2"),
+                    ("anthropic-ratelimit-requests-remaining", "0"),
+                    ("anthropic-ratelimit-input-tokens-remaining", "1200"),
+                    ("anthropic-ratelimit-output-tokens-remaining", "oops"),
+                    ("anthropic-ratelimit-tokens-remaining", "900"),
+                ],
+                Some(ms(2000)),
+                vec![(Requests, 0), (Tokens, 900), (InputTokens, 1200)],
+            ),
+        ];
+        for (what, status, pairs, pause, remaining) in cases {
+            let view = read(status, &headers(&pairs), now);
+            assert_eq!((view.pause, view.remaining), (pause, remaining), "{what}");
+        }
+    }
+
+    #[test]
+    fn limit_headers_are_read_per_dimension() {
+        let view = read(
+            200,
+            &headers(&[
+                ("x-ratelimit-limit-requests", "5000"),
+                ("x-ratelimit-limit-tokens", "800000"),
+                ("anthropic-ratelimit-output-tokens-limit", "16000"),
+                ("anthropic-ratelimit-tokens-limit", "900000"),
+            ]),
+            SystemTime::now(),
+        );
+        use Dimension::*;
+        assert_eq!(
+            view.limits,
+            vec![(Requests, 5000), (Tokens, 800_000), (OutputTokens, 16_000)]
+        );
+        assert!(view.remaining.is_empty());
+    }
+}

@@ -1,0 +1,259 @@
+//! `Feedback`: what the provider answered a call, applied to the shared
+//! buckets. A 429 pauses the limit for every worker until its
+//! `retry-after`; a `remaining` header lowers the matching bucket to the
+//! provider's view, less what this daemon granted since the answered call
+//! (requests the provider had not seen yet). Buckets are never raised.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::{Service, ServiceError};
+use crate::feedback::{self, Dimension};
+use crate::limiter::{BucketRole, Lowering};
+use crate::proto::{Feedback, Response};
+
+/// Most headers one `Feedback` may carry.
+pub const MAX_HEADERS: usize = 64;
+/// Longest header name or value, in bytes.
+pub const MAX_HEADER_LEN: usize = 256;
+
+/// The grants of one limit over the last [`WINDOW`], in slots of [`SLOT`].
+pub(super) struct RecentGrants {
+    slots: Mutex<Slots>,
+}
+
+/// How far back grants are remembered.
+const WINDOW: Duration = Duration::from_secs(10);
+/// The resolution of that memory.
+const SLOT: Duration = Duration::from_millis(100);
+const SLOTS: usize = (WINDOW.as_millis() / SLOT.as_millis()) as usize;
+
+struct Slots {
+    start: Instant,
+    /// Per slot: its number since `start`, and the grants in it.
+    counts: [(u64, Granted); SLOTS],
+}
+
+/// What some grants reserved in the limit's own buckets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Granted {
+    pub requests: u64,
+    /// The charge of the combined token bucket (`Granted.tokens`).
+    pub tokens: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl Granted {
+    fn add(&mut self, other: Granted) {
+        self.requests += other.requests;
+        self.tokens += other.tokens;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+    }
+
+    fn of(&self, dimension: Dimension) -> u64 {
+        match dimension {
+            Dimension::Requests => self.requests,
+            Dimension::Tokens => self.tokens,
+            Dimension::InputTokens => self.input_tokens,
+            Dimension::OutputTokens => self.output_tokens,
+        }
+    }
+}
+
+impl RecentGrants {
+    pub(super) fn new() -> Self {
+        RecentGrants {
+            slots: Mutex::new(Slots {
+                start: Instant::now(),
+                counts: [(u64::MAX, Granted::default()); SLOTS],
+            }),
+        }
+    }
+
+    /// Notes a grant made now.
+    pub(super) fn note(&self, granted: Granted) {
+        let mut slots = self.lock();
+        let slot = slots.slot_of(Instant::now());
+        let entry = &mut slots.counts[(slot % SLOTS as u64) as usize];
+        if entry.0 != slot {
+            *entry = (slot, Granted::default());
+        }
+        entry.1.add(granted);
+    }
+
+    /// The grants of the last `since` (at most the window), slot-rounded up.
+    pub(super) fn since(&self, since: Duration) -> Granted {
+        let slots = self.lock();
+        let now = slots.slot_of(Instant::now());
+        let span = (since.min(WINDOW).as_millis() / SLOT.as_millis()) as u64 + 1;
+        let first = now.saturating_sub(span - 1);
+        let mut total = Granted::default();
+        for (slot, granted) in &slots.counts {
+            if (first..=now).contains(slot) {
+                total.add(*granted);
+            }
+        }
+        total
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        // Plain counters: a poisoned lock holds whole values.
+        self.slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Slots {
+    fn slot_of(&self, at: Instant) -> u64 {
+        (at.duration_since(self.start).as_millis() / SLOT.as_millis()) as u64
+    }
+}
+
+/// The provider limits already warned about, per limit and dimension: one
+/// warning per value, not per answer.
+#[derive(Default)]
+pub(super) struct Warned(Mutex<HashMap<(String, Dimension), u64>>);
+
+/// Most entries [`Warned`] keeps before it forgets them all.
+const MAX_WARNED: usize = 1024;
+
+impl Warned {
+    /// True the first time `provider_limit` is seen for `limit`'s `dimension`.
+    fn first(&self, limit: &str, dimension: Dimension, provider_limit: u64) -> bool {
+        let mut warned = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if warned.len() >= MAX_WARNED {
+            warned.clear();
+        }
+        warned.insert((limit.to_string(), dimension), provider_limit) != Some(provider_limit)
+    }
+}
+
+impl Service {
+    pub(super) async fn feedback(&self, feedback: Feedback) -> Result<Response, ServiceError> {
+        check_headers(&feedback)?;
+        let snapshot = self.snapshot();
+        let limit = snapshot.planner.find_limit(&feedback.limit)?;
+        let view = feedback::read(feedback.status, &feedback.headers, SystemTime::now());
+        let unseen =
+            snapshot.grants[&limit.name].since(Duration::from_millis(feedback.since_grant_ms));
+        let mut lowerings: Vec<Lowering> = Vec::new();
+        let mut paused_any = false;
+        for (role, spec) in snapshot.planner.buckets(limit) {
+            let dimension = match role {
+                BucketRole::Requests => Dimension::Requests,
+                BucketRole::Tokens => Dimension::Tokens,
+                BucketRole::InputTokens => Dimension::InputTokens,
+                BucketRole::OutputTokens => Dimension::OutputTokens,
+                // The group's and tenants' buckets are ratekeeper's own.
+                _ => continue,
+            };
+            let provider_limit = view
+                .limits
+                .iter()
+                .find(|(reported, _)| *reported == dimension);
+            if let Some(&(_, provider_limit)) = provider_limit
+                && provider_limit < spec.per_minute
+                && self.warned.first(&limit.name, dimension, provider_limit)
+            {
+                tracing::warn!(
+                    limit = limit.name.as_str(),
+                    bucket = role.name(),
+                    configured_per_minute = spec.per_minute,
+                    provider_per_minute = provider_limit,
+                    "the provider's limit is lower than the configured one: lower it in the config \
+                     (provider feedback keeps the bucket down meanwhile)"
+                );
+            }
+            let reported = view
+                .remaining
+                .iter()
+                .find(|(reported, _)| *reported == dimension)
+                .map(|(_, remaining)| *remaining);
+            // A 429 pauses the buckets the provider did not say have room
+            // left: they refill to empty only when the pause ends. One with
+            // room (the 429 was for another dimension, or for a request
+            // larger than the room) is placed by its count alone.
+            let paused = view
+                .pause
+                .filter(|_| reported.is_none_or(|count| count == 0))
+                .map(|pause| {
+                    let refill = spec.per_minute as u128 * pause.as_millis() / 60_000;
+                    -(refill.min(i64::MAX as u128) as i64)
+                });
+            let provider =
+                reported.map(|count| (count as i64).saturating_sub(unseen.of(dimension) as i64));
+            if paused.is_some() {
+                paused_any = true;
+            }
+            if let Some(level) = paused.into_iter().chain(provider).min() {
+                lowerings.push(Lowering {
+                    bucket: spec.clone(),
+                    level,
+                });
+            }
+        }
+        let lowered = match self.store.lower(&lowerings).await {
+            Ok(()) => lowerings.len() as u32,
+            Err(store_error) => {
+                tracing::debug!(limit = limit.name.as_str(), %store_error, "provider feedback not applied");
+                0
+            }
+        };
+        let pause = view.pause.filter(|_| paused_any);
+        if let Some(pause) = pause {
+            tracing::info!(
+                limit = limit.name.as_str(),
+                pause_ms = pause.as_millis() as u64,
+                "the provider answered 429: the limit is paused for every worker"
+            );
+        }
+        Ok(Response::Noted {
+            paused_ms: pause.map_or(0, |pause| pause.as_millis() as u64),
+            lowered,
+        })
+    }
+}
+
+fn check_headers(feedback: &Feedback) -> Result<(), ServiceError> {
+    let too_long = feedback
+        .headers
+        .iter()
+        .any(|header| header.name.len() > MAX_HEADER_LEN || header.value.len() > MAX_HEADER_LEN);
+    if feedback.headers.len() > MAX_HEADERS || too_long {
+        return Err(ServiceError::FeedbackTooLarge {
+            headers: feedback.headers.len(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_grants_sum_the_window_asked_for() {
+        let recent = RecentGrants::new();
+        let one = Granted {
+            requests: 1,
+            tokens: 10,
+            input_tokens: 4,
+            output_tokens: 6,
+        };
+        recent.note(one);
+        recent.note(one);
+        let seen = recent.since(Duration::from_millis(0));
+        assert_eq!(seen.of(Dimension::Requests), 2);
+        assert_eq!(seen.of(Dimension::Tokens), 20);
+        assert_eq!(seen.of(Dimension::OutputTokens), 12);
+        // Longer than the window: still only what was noted.
+        assert_eq!(recent.since(Duration::from_secs(3600)), seen);
+    }
+}
