@@ -163,6 +163,13 @@ pub fn preload_tokenizers(config: &Config) -> Result<(), AppError> {
     Ok(())
 }
 
+/// Logs the advice `check-config` prints about a valid config.
+fn log_warnings(config: &Config) {
+    for warning in config.warnings() {
+        tracing::warn!("config: {warning}");
+    }
+}
+
 /// Loads the config file (or the defaults) with the process environment's
 /// overrides, validated exactly as `check-config` does.
 pub fn load_config(path: Option<&Path>) -> Result<Config, ConfigError> {
@@ -172,6 +179,7 @@ pub fn load_config(path: Option<&Path>) -> Result<Config, ConfigError> {
 impl App {
     /// Assembles a daemon for `config`, which was loaded from `config_path`.
     pub fn new(config: Config, config_path: Option<PathBuf>) -> Result<App, AppError> {
+        log_warnings(&config);
         preload_tokenizers(&config)?;
         let metrics = Arc::new(Metrics::new());
         let stores = build_stores(&config, &metrics)?;
@@ -347,6 +355,7 @@ impl App {
 /// before their limits apply, and hands it to `service`.
 async fn reload(service: &Service, path: Option<&Path>) -> Result<usize, AppError> {
     let config = load_config(path)?;
+    log_warnings(&config);
     let config = tokio::task::spawn_blocking(move || preload_tokenizers(&config).map(|()| config))
         .await
         .map_err(|failed| AppError::TokenizerTask(failed.to_string()))??;

@@ -233,6 +233,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::CheckConfig { file } => {
             let config = load_config(Some(&file))?;
             print!("{}", config.to_effective_toml());
+            for warning in config.warnings() {
+                say(&format!("{}: warning: {warning}", file.display()));
+            }
             say(&format!("{}: valid", file.display()));
             Ok(ExitCode::SUCCESS)
         }

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{
-    Config, DEFAULT_KEY_PREFIX, LimitConfig, MAX_WAIT_MS, PriorityClass, TokenBuckets, TokenRate,
+    BucketKind, Config, DEFAULT_KEY_PREFIX, LimitConfig, MAX_WAIT_MS, PriorityClass, TokenBuckets,
+    TokenRate,
 };
 use crate::leases::{Reserved, Settle};
 use crate::limiter::redis::{BucketOwner, bucket_key};
@@ -324,8 +325,18 @@ impl LimitBuckets {
             };
             (role, spec)
         };
+        // The limit's own buckets mirror the provider's: their bursts keep
+        // the headroom for the delay before the provider sees a call.
+        let own_bucket = |role: BucketRole, per_minute: u64, burst: u64| {
+            let kind = match role {
+                BucketRole::Requests => BucketKind::Requests,
+                _ => BucketKind::Tokens,
+            };
+            let capacity = limit.usable_burst(kind, per_minute, burst);
+            bucket(own, role, per_minute, capacity)
+        };
         let token_bucket =
-            |role: BucketRole, rate: TokenRate| bucket(own, role, rate.per_minute, rate.burst);
+            |role: BucketRole, rate: TokenRate| own_bucket(role, rate.per_minute, rate.burst);
         let mut fixed = match limit.token_buckets() {
             TokenBuckets::Combined(rate) => vec![token_bucket(BucketRole::Tokens, rate)],
             TokenBuckets::Split { input, output } => vec![
@@ -335,7 +346,7 @@ impl LimitBuckets {
         };
         if let Some(per_minute) = limit.requests_per_minute {
             let burst = limit.burst_requests.unwrap_or(per_minute);
-            fixed.push(bucket(own, BucketRole::Requests, per_minute, burst));
+            fixed.push(own_bucket(BucketRole::Requests, per_minute, burst));
         }
         if let Some(group) = group.and_then(|name| config.group(name)) {
             let owner = BucketOwner::Group { group: &group.name };

@@ -40,6 +40,22 @@ fn check_config_prints_the_effective_config_or_every_mistake() {
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     let effective = text(&output.stdout);
     assert!(effective.contains("burst_tokens = 1000"), "{effective}");
+    assert!(!text(&output.stderr).contains("warning"));
+
+    // Valid, but an OpenAI model under the generic preset: a warning.
+    let mismatched = dir.path().join("mismatched.toml");
+    std::fs::write(
+        &mismatched,
+        "[[limits]]\nname = \"a\"\nmodel = \"gpt-4o\"\ntokens_per_minute = 1000\n",
+    )
+    .unwrap();
+    let output = ratekeeper(&["check-config", mismatched.to_str().unwrap()], None);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("mismatched.toml: warning: limits[0] \"a\": model \"gpt-4o\" is OpenAI's"),
+        "{stderr}"
+    );
 
     let bad = dir.path().join("bad.toml");
     std::fs::write(
@@ -181,7 +197,8 @@ fn count_tokens_prints_the_prompt_and_the_reservation() {
     );
     assert_eq!(text(&output.stdout), expected);
 
-    // openai charges the larger figure; --max-tokens overrides the request's.
+    // openai charges the larger of its character rule and the output;
+    // --max-tokens overrides the request's.
     let output = count_tokens(
         &[
             "--model",
@@ -195,6 +212,10 @@ fn count_tokens_prints_the_prompt_and_the_reservation() {
     );
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     let stdout = text(&output.stdout);
+    assert!(
+        stdout.starts_with("counter: OpenAI's character rule (4 characters per token)\n"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("output_tokens: 5000 (--max-tokens)"),
         "{stdout}"
@@ -228,11 +249,6 @@ fn count_tokens_prints_the_prompt_and_the_reservation() {
             &["--model", "gpt-4o"][..],
             "{\"prompt\": \"hi\"}",
             "no \"messages\"",
-        ),
-        (
-            &["--model", "llama-3", "--provider", "openai"][..],
-            "[]",
-            "has no known tiktoken encoding",
         ),
     ] {
         let output = count_tokens(args, input);
@@ -286,7 +302,7 @@ async fn probes_leave_no_info_line() {
 fn redis_config(redis: &RedisServer, policy: &str) -> String {
     format!(
         "[redis]\nurl = \"{}\"\ntimeout_ms = 300\n{policy}\n\n\
-         [[limits]]\nname = \"gpt\"\ntokens_per_minute = 6000\ntenant_share = 0.5\n",
+         [[limits]]\nname = \"gpt\"\ntokens_per_minute = 6000\ntenant_share = 0.5\nburst_headroom_ms = 0\n",
         redis.url()
     )
 }

@@ -8,10 +8,15 @@ fn shipped(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
 }
 
+/// A shipped config, validated, with no warning: every limit uses the
+/// preset of its model's provider.
 fn load(relative: &str) -> Config {
     let path = shipped(relative);
     match config::load(Some(&path), |_| None) {
-        Ok(config) => config,
+        Ok(config) => {
+            assert_eq!(config.warnings(), Vec::<String>::new(), "{relative}");
+            config
+        }
         Err(err) => panic!("{relative} does not validate:\n{err}"),
     }
 }
@@ -25,7 +30,10 @@ fn assert_common_limits(config: &Config) {
     assert_eq!(mini.max_request_tokens, Some(16_000));
     assert_eq!(mini.tenant_share, None);
 
+    assert_eq!(mini.provider, ratekeeper::tokens::Provider::Openai);
+
     let gpt4o = config.limit("gpt-4o").expect("gpt-4o limit");
+    assert_eq!(gpt4o.provider, ratekeeper::tokens::Provider::Openai);
     assert_eq!(gpt4o.tenant_share, Some(0.25));
 
     let names: Vec<&str> = config.priorities.iter().map(|c| c.name.as_str()).collect();

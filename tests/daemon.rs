@@ -14,12 +14,14 @@ const TOLERANCE_MS: i64 = 15;
 
 /// `fast`: 10 tokens per ms, so waits are short but well above scheduling noise.
 /// `slow`: 1 token per second, so levels read by `status` barely move.
+/// `fast` keeps no burst headroom: its 3000 tokens are all usable.
 const CONFIG: &str = r#"
 [[limits]]
 name = "fast"
 tokens_per_minute = 600000
 burst_tokens = 3000
 requests_per_minute = 600000
+burst_headroom_ms = 0
 
 [[limits]]
 name = "slow"
@@ -425,4 +427,48 @@ async fn sighup_reloads_the_config_and_keeps_the_old_one_when_the_new_is_bad() {
     granted(&client.call(acquire("added", 10, 0)).await.unwrap());
     let unknown = client.call(acquire("broken", 1, 0)).await.unwrap();
     assert_eq!(error_code(&unknown), ErrorCode::UnknownLimit);
+}
+
+/// The burst keeps headroom for the delay before the provider sees a call:
+/// a full bucket holds the burst less 200 ms of refill by default, so a
+/// fleet emptying it at once cannot run ahead of the provider's bucket,
+/// which could not bank that refill. The rate is untouched.
+#[tokio::test]
+async fn the_burst_keeps_headroom_for_the_providers_delay() {
+    let daemon = Daemon::start(
+        "[[limits]]\nname = \"edge\"\ntokens_per_minute = 60000\nburst_tokens = 3000\n\
+         requests_per_minute = 3000\n\n\
+         [[limits]]\nname = \"wide\"\ntokens_per_minute = 60000\nburst_tokens = 3000\n\
+         burst_headroom_ms = 1000\n",
+    );
+    let client = daemon.client().await;
+    let status = client.call(Request::Status { limit: None }).await.unwrap();
+    let Response::Status { limits, .. } = status else {
+        panic!("expected status, got {status:?}");
+    };
+    let buckets: Vec<(&str, &str, u64, u64)> = limits
+        .iter()
+        .flat_map(|limit| {
+            limit.buckets.iter().map(|bucket| {
+                (
+                    limit.name.as_str(),
+                    bucket.name.as_str(),
+                    bucket.capacity,
+                    bucket.per_minute,
+                )
+            })
+        })
+        .collect();
+    assert_eq!(
+        buckets,
+        [
+            ("edge", "tokens", 2800, 60000),
+            ("edge", "requests", 2990, 3000),
+            ("wide", "tokens", 2000, 60000),
+        ]
+    );
+    // What the burst no longer holds cannot be granted at once.
+    let denied = client.call(acquire("edge", 2900, 0)).await.unwrap();
+    assert_eq!(error_code(&denied), ErrorCode::CostExceedsCapacity);
+    granted(&client.call(acquire("edge", 2800, 0)).await.unwrap());
 }

@@ -317,11 +317,12 @@ fn assert_shares_buckets_through(served: &Served, redis: &RedisServer) {
     assert_success(&output, "ratekeeper acquire");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("granted"), "{stdout}");
-    // One EVALSHA for the acquire and one for the report at least: the
-    // buckets live in the Redis named by RATEKEEPER_REDIS_URL, not in the
-    // config file's url (which points at a host that does not exist here).
+    // One EVALSHA for the acquire at least (under the openai preset the
+    // report keeps the charge and changes no bucket): the buckets live in
+    // the Redis named by RATEKEEPER_REDIS_URL, not in the config file's url
+    // (which points at a host that does not exist here).
     assert!(
-        redis.command_calls("evalsha") >= 2,
+        redis.command_calls("evalsha") >= 1,
         "the acquire did not reach Redis"
     );
 }

@@ -31,6 +31,7 @@ name = "gpt"
 tokens_per_minute = 600
 requests_per_minute = 600
 tenant_share = 0.5
+burst_headroom_ms = 0
 "#
     )
 }

@@ -41,12 +41,14 @@ name = "mini"
 group = "org"
 tokens_per_minute = 60000
 burst_tokens = 1000
+burst_headroom_ms = 0
 
 [[limits]]
 name = "nano"
 group = "org"
 tokens_per_minute = 60000
 burst_tokens = 1000
+burst_headroom_ms = 0
 "#
     )
 }

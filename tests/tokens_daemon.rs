@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ratekeeper::client::Client;
 use ratekeeper::proto::{Acquire, ChatMessage, ChatRequest, Cost, ErrorCode, Request, Response};
-use ratekeeper::tokens::{self, CharEstimator, Counter, PromptCount};
+use ratekeeper::tokens::{self, CharEstimator, Counter, OpenaiChars, PromptCount};
 use support::redis::RedisServer;
 use support::{Daemon, error_code, granted, level};
 
@@ -218,11 +218,12 @@ async fn acquire_by_messages_reserves_the_counted_prompt_plus_max_output() {
 async fn the_openai_preset_keeps_the_charge_but_refunds_the_tenant() {
     let daemon = Daemon::start(LIMITS);
     let client = daemon.client().await;
-    let tiktoken = Counter::for_model("gpt-4o", CharEstimator::default());
+    let openai_rule = Counter::OpenaiChars(OpenaiChars::default());
 
-    // Cost rule max: the charge is the larger of the prompt and max_tokens.
+    // Cost rule max: the charge is the larger of OpenAI's character
+    // estimate of the prompt and max_tokens.
     let request = chat(2048, Some(100));
-    let prompt = counted(tiktoken, &request).total;
+    let prompt = counted(openai_rule, &request).total;
     assert!(prompt > 100, "the prompt must be the larger figure here");
     let estimate = estimated(
         &client

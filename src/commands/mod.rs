@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use ratekeeper::client::Client;
 use ratekeeper::config;
 use ratekeeper::proto::{Acquire, ErrorCode, Request, Response};
-use ratekeeper::tokens::{self, CharEstimator};
+use ratekeeper::tokens::{self, Counter};
 use ratekeeper::tokens::{CostRule, Provider};
 
 /// Exit code of `acquire` when the request was denied (rate limited).
@@ -99,13 +99,7 @@ pub fn count_tokens(
         .context("cannot read stdin")?;
     let request = tokens::openai::chat_request_from_json(&text)
         .context("cannot read the chat request on stdin")?;
-    let Ok(tokenizer) = provider.auto_tokenizer(Some(model)) else {
-        bail!(
-            "model {model:?} has no known tiktoken encoding, so the openai preset cannot count it; \
-             use an OpenAI model name, or --provider generic for the character estimate"
-        );
-    };
-    let counter = tokenizer.counter(CharEstimator::default());
+    let counter = provider.auto_tokenizer(Some(model)).counter(None, None)?;
     let prompt = tokens::count_messages(counter, &request)?;
     let (output, output_source) = match (max_tokens, request.max_output_tokens) {
         (Some(given), _) => (given, "--max-tokens"),
@@ -116,12 +110,16 @@ pub fn count_tokens(
     let reserved = rule
         .charge(prompt.total, output)
         .context("the reservation overflows 64 bits")?;
-    let counted_with = match tokenizer.encoding() {
-        Some(encoding) => format!("{encoding} (tiktoken)"),
-        None => format!(
-            "the character estimate ({} chars per token x {})",
-            CharEstimator::DEFAULT_CHARS_PER_TOKEN,
-            CharEstimator::DEFAULT_SAFETY_FACTOR
+    let counted_with = match counter {
+        Counter::Tiktoken(encoding) => format!("{encoding} (tiktoken)"),
+        Counter::Chars(estimator) => format!(
+            "the character estimate ({} bytes per token x {})",
+            estimator.chars_per_token(),
+            estimator.safety_factor()
+        ),
+        Counter::OpenaiChars(rule) => format!(
+            "OpenAI's character rule ({} characters per token)",
+            rule.chars_per_token()
         ),
     };
     let rule_text = match rule {

@@ -19,6 +19,13 @@ pub const DEFAULT_KEY_PREFIX: &str = "ratekeeper";
 /// limit sets no `default_max_output_tokens`.
 pub const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 1024;
 
+/// How long, by default, a limit's bursts are held back from: the time
+/// between a grant and the provider seeing the call (see
+/// [`LimitConfig::usable_burst`]).
+pub const DEFAULT_BURST_HEADROOM_MS: u64 = 200;
+/// Largest `burst_headroom_ms`.
+pub const MAX_BURST_HEADROOM_MS: u64 = 60_000;
+
 /// Largest `tokens_per_minute` / `requests_per_minute`.
 pub const MAX_RATE_PER_MINUTE: u64 = 1_000_000_000;
 /// Largest `burst_tokens` / `burst_requests`.
@@ -326,6 +333,16 @@ pub struct LimitConfig {
     /// Replace `default_max_output_tokens` by a high percentile of the
     /// output tokens recently reported for the model.
     pub learn_max_output: bool,
+    /// How much of each own bucket's burst is held back, in milliseconds
+    /// of its refill (see [`LimitConfig::usable_burst`]).
+    pub burst_headroom_ms: u64,
+}
+
+/// What a bucket counts, for [`LimitConfig::usable_burst`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketKind {
+    Tokens,
+    Requests,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -385,17 +402,33 @@ impl LimitConfig {
         }
     }
 
+    /// The capacity of one of the limit's own buckets (`per_minute`,
+    /// `burst`): the burst less `burst_headroom_ms` of refill, but never
+    /// less than half the burst nor, for a token bucket, less than
+    /// `max_request_tokens` (which the config holds within the burst).
+    ///
+    /// A call granted now reaches the provider some milliseconds later
+    /// (connection set-up, latency). While both buckets are full, the
+    /// provider's cannot bank the refill of that delay, ours already spent
+    /// it: a fleet that empties a full bucket at once runs ahead of the
+    /// provider by `rate × delay`, which is the 429s at the burst edge. The
+    /// headroom takes that off the burst and leaves the rate alone, so the
+    /// steady state loses nothing.
+    pub fn usable_burst(&self, role: BucketKind, per_minute: u64, burst: u64) -> u64 {
+        let held = u128::from(per_minute) * u128::from(self.burst_headroom_ms) / 60_000;
+        let floor = match (role, self.max_request_tokens) {
+            (BucketKind::Tokens, Some(max_request)) => (burst / 2).max(max_request.min(burst)),
+            _ => burst / 2,
+        };
+        burst - (held.min(u128::from(burst - floor)) as u64)
+    }
+
     /// What counts this limit's messages.
     pub fn counter(&self) -> Counter {
-        let estimator = CharEstimator::new(
-            self.chars_per_token
-                .unwrap_or(CharEstimator::DEFAULT_CHARS_PER_TOKEN),
-            self.safety_factor
-                .unwrap_or(CharEstimator::DEFAULT_SAFETY_FACTOR),
-        )
-        // Validated when the config was loaded.
-        .unwrap_or_default();
-        self.tokenizer.counter(estimator)
+        self.tokenizer
+            .counter(self.chars_per_token, self.safety_factor)
+            // Validated when the config was loaded.
+            .unwrap_or(Counter::Chars(CharEstimator::default()))
     }
 }
 

@@ -115,6 +115,7 @@ pub(super) struct RawLimit {
     pub cost_rule: Option<Spanned<CostRule>>,
     pub settle: Option<Spanned<SettleRule>>,
     pub learn_max_output: Option<Spanned<bool>>,
+    pub burst_headroom_ms: Option<Spanned<i64>>,
 }
 
 /// One `[[priorities]]` entry.
@@ -135,6 +136,7 @@ pub(super) enum RawTokenizer {
     O200kBase,
     Cl100kBase,
     Chars,
+    OpenaiChars,
 }
 
 impl RawTokenizer {
@@ -145,6 +147,7 @@ impl RawTokenizer {
             RawTokenizer::O200kBase => Some(Tokenizer::O200kBase),
             RawTokenizer::Cl100kBase => Some(Tokenizer::Cl100kBase),
             RawTokenizer::Chars => Some(Tokenizer::Chars),
+            RawTokenizer::OpenaiChars => Some(Tokenizer::OpenaiChars),
         }
     }
 }

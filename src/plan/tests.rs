@@ -4,11 +4,31 @@
 use super::*;
 use crate::config::from_toml_str;
 
+/// Every limit but the `edge` ones keeps no burst headroom, so that the
+/// capacities below are the bursts as written.
 const CONFIG: &str = r#"
 default_priority = "interactive"
 
 [[limits]]
+name = "edge"
+tokens_per_minute = 60000
+burst_tokens = 3000
+requests_per_minute = 600
+burst_requests = 600
+burst_headroom_ms = 500
+
+[[limits]]
+name = "edge_floors"
+tokens_per_minute = 60000
+burst_tokens = 1000
+max_request_tokens = 900
+requests_per_minute = 600
+burst_requests = 4
+burst_headroom_ms = 1000
+
+[[limits]]
 name = "sum"
+burst_headroom_ms = 0
 tokens_per_minute = 6000
 burst_tokens = 1000
 requests_per_minute = 60
@@ -17,6 +37,7 @@ max_request_tokens = 900
 
 [[limits]]
 name = "openai"
+burst_headroom_ms = 0
 provider = "openai"
 model = "gpt-4o-mini"
 tokens_per_minute = 6000
@@ -24,17 +45,20 @@ burst_tokens = 2000
 
 [[limits]]
 name = "split"
+burst_headroom_ms = 0
 input_tokens_per_minute = 600
 output_tokens_per_minute = 300
 tenant_share = 0.5
 
 [[limits]]
 name = "grouped"
+burst_headroom_ms = 0
 tokens_per_minute = 1000
 group = "org"
 
 [[limits]]
 name = "group"
+burst_headroom_ms = 0
 tokens_per_minute = 1000
 group = "org"
 
@@ -121,6 +145,18 @@ fn draws(plan: &AcquirePlan) -> String {
 fn costs_become_one_draw_per_bucket() {
     // (what, acquire) → (Granted.tokens, the draws)
     let cases: Vec<(&str, Ask, u64, &str)> = vec![
+        (
+            "the burst keeps headroom for the delay before the provider sees a call",
+            ask("edge", 100, 0),
+            100,
+            "tokens 100+0 Total/2500, requests 1+0 Never/595",
+        ),
+        (
+            "but never less than max_request_tokens, or half the burst",
+            ask("edge_floors", 100, 0),
+            100,
+            "tokens 100+0 Total/900, requests 1+0 Never/2",
+        ),
         (
             "sum: tokens take input + output and settle to the total; one request",
             ask("sum", 300, 200),
@@ -274,7 +310,7 @@ fn names_classes_and_waits_are_checked() {
             None,
             Err(PlanError::UnknownLimit {
                 name: "nope".into(),
-                configured: "sum, openai, split, grouped, group".into(),
+                configured: "edge, edge_floors, sum, openai, split, grouped, group".into(),
             }),
         ),
         (

@@ -53,16 +53,19 @@ impl Counting {
         cancel: &CancellationToken,
     ) -> Result<PromptCount, ServiceError> {
         Bounds::DEFAULT.check(&request)?;
-        if let Counter::Chars(_) = counter {
-            // The estimate only adds up string lengths (a few µs within the
-            // bounds): the hop to a blocking thread would cost more.
+        let large = text_bytes(&request) > LARGE_PROMPT_BYTES;
+        let inline = match counter {
+            // Adds up string lengths: a few µs within the bounds, less
+            // than the hop to a blocking thread.
+            Counter::Chars(_) => true,
+            // Counts characters: as cheap up to a large prompt's size.
+            Counter::OpenaiChars(_) => !large,
+            Counter::Tiktoken(_) => false,
+        };
+        if inline {
             return Ok(tokens::count_messages(counter, &request)?);
         }
-        let lane = if text_bytes(&request) > LARGE_PROMPT_BYTES {
-            &self.large
-        } else {
-            &self.small
-        };
+        let lane = if large { &self.large } else { &self.small };
         let _slot = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Err(TokenError::Cancelled.into()),

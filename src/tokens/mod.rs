@@ -4,7 +4,8 @@
 //! configuration needs: [`preload`]), the model → encoding map
 //! ([`encoding_for_model`]), OpenAI's per-message and per-tool framing
 //! ([`openai`]), a character estimate for models with no public tokenizer
-//! ([`CharEstimator`]), the input bounds that keep counting finite
+//! ([`CharEstimator`]), OpenAI's character rule for its rate limits
+//! ([`OpenaiChars`]), the input bounds that keep counting finite
 //! ([`Bounds`]), a learned default for max output tokens
 //! ([`OutputTokenLearner`]), and the provider presets ([`preset`]): which
 //! counter, cost rule and settlement rule mirror a provider's accounting.
@@ -38,6 +39,7 @@ mod chars;
 mod encoding;
 mod learned;
 pub mod openai;
+mod openai_chars;
 pub mod preset;
 
 pub use chars::CharEstimator;
@@ -45,7 +47,8 @@ pub use encoding::{
     Encoding, Preloaded, encoding_for_model, encodings_for_models, preload, preload_encodings,
 };
 pub use learned::{LearnerSettings, OutputTokenLearner};
-pub use preset::{CostRule, PresetError, Provider, SettleRule, Tokenizer};
+pub use openai_chars::OpenaiChars;
+pub use preset::{CostRule, Provider, SettleRule, Tokenizer};
 
 use crate::proto::{ChatRequest, MAX_FRAME_LEN};
 
@@ -154,6 +157,8 @@ pub enum Counter {
     Tiktoken(Encoding),
     /// The character estimate, for models without a public tokenizer.
     Chars(CharEstimator),
+    /// OpenAI's rate-limit rule: characters ÷ a divisor, nothing added.
+    OpenaiChars(OpenaiChars),
 }
 
 impl Counter {
@@ -230,6 +235,7 @@ pub fn count_messages_until(
             })
         }
         Counter::Chars(estimator) => Ok(estimator.count_request(request)),
+        Counter::OpenaiChars(rule) => Ok(rule.count_request(request)),
     }
 }
 
@@ -245,6 +251,7 @@ pub fn count_text(counter: Counter, text: &str) -> Result<u64, TokenError> {
             Ok(openai::TextCounter::new(encoding.encoder()?, &|| false).count(text))
         }
         Counter::Chars(estimator) => Ok(estimator.estimate(text.len() as u64, 0)),
+        Counter::OpenaiChars(rule) => Ok(rule.estimate(text.chars().count() as u64)),
     }
 }
 

@@ -8,14 +8,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{CharEstimator, Counter, Encoding, encoding_for_model};
+use super::{CharEstimator, Counter, Encoding, OpenaiChars, TokenError, encoding_for_model};
 
 /// Whose rate-limit accounting a limit mirrors: a preset of tokenizer, cost
 /// rule and settlement rule (README, "Token counting and cost").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Provider {
-    /// tiktoken by model; charge `max(input, output)`; the charge is kept.
+    /// OpenAI's character rule; charge `max(input, output)`; the charge is kept.
     Openai,
     /// Character estimate; charge `input + output`; settled to usage.
     Anthropic,
@@ -25,6 +25,28 @@ pub enum Provider {
 }
 
 impl Provider {
+    /// The provider whose model `model` is, when its name says so: OpenAI's
+    /// (every family tiktoken's model map knows, `gpt-*`, `o<digits>`,
+    /// fine-tunes) or Anthropic's (`claude*`).
+    pub fn of_model(model: &str) -> Option<Provider> {
+        if encoding_for_model(model).is_some() {
+            Some(Provider::Openai)
+        } else if model.trim().to_ascii_lowercase().starts_with("claude") {
+            Some(Provider::Anthropic)
+        } else {
+            None
+        }
+    }
+
+    /// The provider's name in prose.
+    pub fn display_name(self) -> &'static str {
+        match self {
+            Provider::Openai => "OpenAI",
+            Provider::Anthropic => "Anthropic",
+            Provider::Generic => "no single provider",
+        }
+    }
+
     /// The preset's name in the config (`provider = "openai"`).
     pub fn name(self) -> &'static str {
         match self {
@@ -33,21 +55,6 @@ impl Provider {
             Provider::Generic => "generic",
         }
     }
-}
-
-/// Why a preset has no counter for a model (`tokenizer = "auto"`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PresetError {
-    /// The OpenAI preset counts with tiktoken, and the model has no encoding.
-    #[error(
-        "provider = \"openai\" counts with tiktoken, but model {model:?} has no known encoding; set tokenizer = \"o200k_base\" or \"cl100k_base\" (or \"chars\" for an estimate)"
-    )]
-    NoEncodingForModel { model: String },
-    /// The OpenAI preset counts with the model's encoding, and no model is named.
-    #[error(
-        "provider = \"openai\" counts with the model's tiktoken encoding: set model (e.g. \"gpt-4o-mini\") or tokenizer"
-    )]
-    NoModel,
 }
 
 impl Provider {
@@ -67,19 +74,14 @@ impl Provider {
         }
     }
 
-    /// The counter of `tokenizer = "auto"` for `model`, or why there is none.
-    pub fn auto_tokenizer(self, model: Option<&str>) -> Result<Tokenizer, PresetError> {
-        let encoding = model.and_then(encoding_for_model);
-        match (self, encoding) {
-            (Provider::Anthropic, _) => Ok(Tokenizer::Chars),
-            (_, Some(encoding)) => Ok(Tokenizer::from(encoding)),
-            (Provider::Generic, None) => Ok(Tokenizer::Chars),
-            (Provider::Openai, None) => Err(match model {
-                Some(model) => PresetError::NoEncodingForModel {
-                    model: model.to_string(),
-                },
-                None => PresetError::NoModel,
-            }),
+    /// The counter of `tokenizer = "auto"` for `model`.
+    pub fn auto_tokenizer(self, model: Option<&str>) -> Tokenizer {
+        match (self, model.and_then(encoding_for_model)) {
+            // OpenAI charges its rate limits by characters, not by tiktoken.
+            (Provider::Openai, _) => Tokenizer::OpenaiChars,
+            (Provider::Anthropic, _) => Tokenizer::Chars,
+            (Provider::Generic, Some(encoding)) => Tokenizer::from(encoding),
+            (Provider::Generic, None) => Tokenizer::Chars,
         }
     }
 }
@@ -94,6 +96,8 @@ pub enum Tokenizer {
     Cl100kBase,
     /// The character estimate (`chars_per_token`, `safety_factor`).
     Chars,
+    /// OpenAI's rate-limit rule: characters ÷ `chars_per_token` (4).
+    OpenaiChars,
 }
 
 impl From<Encoding> for Tokenizer {
@@ -106,20 +110,48 @@ impl From<Encoding> for Tokenizer {
 }
 
 impl Tokenizer {
-    /// The counter of this tokenizer, with `estimator` for `chars`.
-    pub fn counter(self, estimator: CharEstimator) -> Counter {
-        match self.encoding() {
-            Some(encoding) => Counter::Tiktoken(encoding),
-            None => Counter::Chars(estimator),
-        }
+    /// The counter of this tokenizer with `chars_per_token` and
+    /// `safety_factor` where it takes them (the defaults where `None`), or
+    /// why a parameter is out of range.
+    pub fn counter(
+        self,
+        chars_per_token: Option<f64>,
+        safety_factor: Option<f64>,
+    ) -> Result<Counter, TokenError> {
+        Ok(match self {
+            Tokenizer::O200kBase => Counter::Tiktoken(Encoding::O200kBase),
+            Tokenizer::Cl100kBase => Counter::Tiktoken(Encoding::Cl100kBase),
+            Tokenizer::Chars => Counter::Chars(CharEstimator::new(
+                chars_per_token.unwrap_or(CharEstimator::DEFAULT_CHARS_PER_TOKEN),
+                safety_factor.unwrap_or(CharEstimator::DEFAULT_SAFETY_FACTOR),
+            )?),
+            Tokenizer::OpenaiChars => Counter::OpenaiChars(OpenaiChars::new(
+                chars_per_token.unwrap_or(OpenaiChars::DEFAULT_CHARS_PER_TOKEN),
+            )?),
+        })
     }
 
-    /// The tiktoken encoding, or `None` for the estimate.
+    /// The tiktoken encoding, or `None` for a character count.
     pub fn encoding(self) -> Option<Encoding> {
         match self {
             Tokenizer::O200kBase => Some(Encoding::O200kBase),
             Tokenizer::Cl100kBase => Some(Encoding::Cl100kBase),
-            Tokenizer::Chars => None,
+            Tokenizer::Chars | Tokenizer::OpenaiChars => None,
+        }
+    }
+
+    /// Whether `safety_factor` applies (only the character estimate's).
+    pub fn takes_safety_factor(self) -> bool {
+        self == Tokenizer::Chars
+    }
+
+    /// The config's name (`tokenizer = "openai_chars"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Tokenizer::O200kBase => "o200k_base",
+            Tokenizer::Cl100kBase => "cl100k_base",
+            Tokenizer::Chars => "chars",
+            Tokenizer::OpenaiChars => "openai_chars",
         }
     }
 }

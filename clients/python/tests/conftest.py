@@ -52,7 +52,8 @@ limits = ["basic"]
 """
 
 #: A limit that barely refills (one token a minute), so levels can be asserted
-#: exactly; a fresh daemon per test keeps them independent.
+#: exactly, and one whose waits are exact (no burst headroom: its 1000 tokens
+#: are all usable); a fresh daemon per test keeps them independent.
 EXACT_CONFIG = """
 [[limits]]
 name = "exact"
@@ -63,6 +64,7 @@ burst_tokens = 1000000
 name = "metered"
 tokens_per_minute = 60000
 burst_tokens = 1000
+burst_headroom_ms = 0
 """
 
 

@@ -8,7 +8,7 @@ use crate::tokens::{CharEstimator, CostRule, Counter, Encoding, Provider, Settle
 fn config_provider_presets_and_overrides() {
     use CostRule::{Max, Sum};
     use SettleRule::{NoRefund, Refund};
-    use Tokenizer::{Chars, Cl100kBase, O200kBase};
+    use Tokenizer::{Chars, Cl100kBase, O200kBase, OpenaiChars};
     // (keys after name and tokens_per_minute) → (tokenizer, chars
     // per token and safety factor, cost rule, settlement rule)
     type Expected = (Tokenizer, Option<(f64, f64)>, CostRule, SettleRule);
@@ -20,12 +20,17 @@ fn config_provider_presets_and_overrides() {
             "model = \"claude-sonnet-4-5\"",
             (Chars, Some((3.5, 1.1)), Sum, Refund),
         ),
+        // OpenAI charges by characters, whatever the model's tokenizer.
         (
             "provider = \"openai\"\nmodel = \"gpt-4o\"",
-            (O200kBase, None, Max, NoRefund),
+            (OpenaiChars, Some((4.0, 0.0)), Max, NoRefund),
         ),
         (
-            "provider = \"openai\"\nmodel = \"gpt-3.5-turbo\"",
+            "provider = \"openai\"\nmodel = \"my-proxy\"\nchars_per_token = 3.5",
+            (OpenaiChars, Some((3.5, 0.0)), Max, NoRefund),
+        ),
+        (
+            "provider = \"openai\"\nmodel = \"gpt-3.5-turbo\"\ntokenizer = \"cl100k_base\"",
             (Cl100kBase, None, Max, NoRefund),
         ),
         (
@@ -34,7 +39,7 @@ fn config_provider_presets_and_overrides() {
         ),
         (
             "provider = \"openai\"\nmodel = \"gpt-4o\"\ncost_rule = \"sum\"\nsettle = \"refund\"",
-            (O200kBase, None, Sum, Refund),
+            (OpenaiChars, Some((4.0, 0.0)), Sum, Refund),
         ),
         (
             "provider = \"anthropic\"",
@@ -64,7 +69,9 @@ fn config_provider_presets_and_overrides() {
         let limit = &config.limits[0];
         assert_eq!(limit.tokenizer, *tokenizer, "{keys}");
         assert_eq!(
-            limit.chars_per_token.zip(limit.safety_factor),
+            limit
+                .chars_per_token
+                .map(|chars| (chars, limit.safety_factor.unwrap_or(0.0))),
             *estimate,
             "{keys}"
         );
@@ -170,13 +177,19 @@ fn config_example_commented_anthropic_limit_is_valid() {
     assert!(matches!(limit.token_buckets(), TokenBuckets::Split { .. }));
     assert_eq!(limit.tokenizer, Tokenizer::Chars);
     // The commented keys of the first limit are its defaults.
-    let uncommented: String = example
+    let first_limit_end = example
+        .match_indices("[[limits]]")
+        .nth(1)
+        .expect("a second limit")
+        .0;
+    let uncommented: String = example[..first_limit_end]
         .lines()
         .map(|line| {
             let key = line.trim_start_matches("# ");
             let is_default_key = [
-                "provider =",
+                "burst_headroom_ms =",
                 "tokenizer =",
+                "chars_per_token =",
                 "default_max_output_tokens =",
                 "cost_rule =",
                 "settle =",
@@ -186,6 +199,7 @@ fn config_example_commented_anthropic_limit_is_valid() {
             .any(|k| key.starts_with(k));
             if is_default_key { key } else { line }.to_string() + "\n"
         })
+        .chain(std::iter::once(example[first_limit_end..].to_string()))
         .collect();
     assert_eq!(
         parse_ok(&uncommented).limits[0],

@@ -376,19 +376,19 @@ const MISTAKES: &[(&str, &str, &str)] = &[
         "test.toml:5:22: limits[0] \"a\": the input and output buckets together (150) is below max_request_tokens (200)",
     ),
     (
-        "openai with a model tiktoken does not know",
-        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"openai\"\nmodel = \"my-proxy\"\n",
-        "test.toml:5:9: limits[0] \"a\": provider = \"openai\" counts with tiktoken, but model \"my-proxy\" has no known encoding; set tokenizer = \"o200k_base\" or \"cl100k_base\" (or \"chars\" for an estimate)",
+        "safety_factor with OpenAI's character rule",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"openai\"\nsafety_factor = 1.2\n",
+        "test.toml:5:17: limits[0] \"a\": safety_factor only applies to the character estimate (tokenizer = \"chars\"), but this limit counts with openai_chars",
     ),
     (
-        "openai without a model",
-        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"openai\"\n",
-        "test.toml:4:12: limits[0] \"a\": provider = \"openai\" counts with the model's tiktoken encoding: set model",
+        "OpenAI's divisor out of range",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"openai\"\nchars_per_token = 40\n",
+        "test.toml:5:19: limits[0] \"a\": chars_per_token must be from 0.5 to 16 (got 40)",
     ),
     (
         "chars_per_token with a tiktoken model",
         "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nmodel = \"gpt-4o\"\nchars_per_token = 4.0\n",
-        "test.toml:5:19: limits[0] \"a\": chars_per_token only applies to the character estimate (tokenizer = \"chars\"), but this limit counts with o200k_base",
+        "test.toml:5:19: limits[0] \"a\": chars_per_token only applies to a character count (tokenizer = \"chars\" or \"openai_chars\"), but this limit counts with o200k_base",
     ),
     (
         "chars_per_token of zero",
@@ -399,6 +399,16 @@ const MISTAKES: &[(&str, &str, &str)] = &[
         "safety_factor below one",
         "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntokenizer = \"chars\"\nsafety_factor = 0.9\n",
         "test.toml:5:17: limits[0] \"a\": safety_factor must be from 1 to 10 (got 0.9)",
+    ),
+    (
+        "negative burst_headroom_ms",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nburst_headroom_ms = -1\n",
+        "test.toml:4:21: limits[0] \"a\": burst_headroom_ms must not be negative (got -1)",
+    ),
+    (
+        "burst_headroom_ms above a minute",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nburst_headroom_ms = 60001\n",
+        "test.toml:4:21: limits[0] \"a\": burst_headroom_ms must be at most 60000 (got 60001)",
     ),
     (
         "negative default_max_output_tokens",

@@ -10,7 +10,10 @@ use toml::Spanned;
 use crate::config::diagnostics::{
     DeclaredNames, Diagnostics, check_int, check_reference, declared_list,
 };
-use crate::config::model::{DEFAULT_MAX_OUTPUT_TOKENS, GroupConfig, LimitConfig, MAX_BURST};
+use crate::config::model::{
+    DEFAULT_BURST_HEADROOM_MS, DEFAULT_MAX_OUTPUT_TOKENS, GroupConfig, LimitConfig, MAX_BURST,
+    MAX_BURST_HEADROOM_MS,
+};
 use crate::config::raw::{RawGroup, RawLimit};
 use crate::tokens::Provider;
 
@@ -66,6 +69,10 @@ fn resolve_limit(
     d: &mut Diagnostics,
 ) -> Option<LimitConfig> {
     // Every step runs, so that one pass reports every problem.
+    let burst_headroom_ms = match &limit.burst_headroom_ms {
+        Some(v) => check_int(d, context, "burst_headroom_ms", v, 0, MAX_BURST_HEADROOM_MS),
+        None => Some(DEFAULT_BURST_HEADROOM_MS),
+    };
     let buckets = buckets::resolve_buckets(limit, context, entry_at, d);
     let provider = limit
         .provider
@@ -108,5 +115,6 @@ fn resolve_limit(
             .learn_max_output
             .as_ref()
             .is_some_and(|learn| *learn.get_ref()),
+        burst_headroom_ms: burst_headroom_ms?,
     })
 }
