@@ -13,14 +13,15 @@
 -- ARGV[1]    "" to read the clock with Redis TIME (always, in production),
 --            or a time in ms (tests drive the script and the Rust store in lockstep)
 -- ARGV[2]    how long the record is kept, in ms
--- ARGV[3]    the number of operations; then each operation:
+-- ARGV[3]    the number of operations; then each operation, every amount in
+--            the bucket's units and every rate in units per ms:
 --   "a", max wait ms, n, and n times: key index (into KEYS), capacity,
---        refill per minute, cost, floor (tokens kept for higher classes)
---   "s", n, and n times: key index, capacity, refill per minute, tokens to
---        add (negative: to take)
---   "l", n, and n times: key index, capacity, refill per minute, a level in
---        tokens that the bucket is lowered to if it is above it (provider
---        feedback; never raises)
+--        refill rate, cost, floor (kept for higher classes)
+--   "s", n, and n times: key index, capacity, refill rate, units to add
+--        (negative: to take)
+--   "l", n, and n times: key index, capacity, refill rate, a level that the
+--        bucket is lowered to if it is above it (provider feedback; never
+--        raises)
 --
 -- Reply, integers only: {{status}, one reply per operation...}
 --   status 1: ran now; 2: ran before, these are its replies; 0: cancelled
@@ -57,13 +58,13 @@ local count = tonumber(ARGV[3])
 -- Each touched bucket: level and time, read once; the net change (units)
 -- of those the batch changed, which are written once at the end.
 local level, updated, capacity, rate, delta = {}, {}, {}, {}, {}
-local function touch(index, capacity_tokens, per_minute)
-  capacity[index] = capacity_tokens * UNITS
-  rate[index] = per_minute
+local function touch(index, capacity_units, units_per_ms)
+  capacity[index] = capacity_units
+  rate[index] = units_per_ms
   if level[index] == nil then
-    level[index], updated[index] = read_bucket(KEYS[index], capacity[index], per_minute, now)
+    level[index], updated[index] = read_bucket(KEYS[index], capacity_units, units_per_ms, now)
   elseif now > updated[index] then
-    level[index] = math.min(capacity[index], level[index] + (now - updated[index]) * per_minute)
+    level[index] = math.min(capacity_units, level[index] + (now - updated[index]) * units_per_ms)
     updated[index] = now
   end
 end
@@ -98,17 +99,17 @@ for _ = 1, count do
     for draw = 1, n do
       local base = first + 5 * (draw - 1)
       local index = tonumber(ARGV[base])
-      local capacity_tokens, per_minute = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+      local capacity_units, units_per_ms = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
       local cost, floor = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
-      if cost + floor > capacity_tokens then
+      if cost + floor > capacity_units then
         reply = {-1, draw}
         break
       end
-      touch(index, capacity_tokens, per_minute)
-      local missing = (cost + floor) * UNITS - level[index]
+      touch(index, capacity_units, units_per_ms)
+      local missing = cost + floor - level[index]
       local wait = 0
       if missing > 0 then
-        wait = ceil_div(missing, per_minute)
+        wait = ceil_div(missing, units_per_ms)
       end
       if wait > longest then
         longest, longest_draw = wait, draw
@@ -120,7 +121,7 @@ for _ = 1, count do
       else
         for draw = 1, n do
           local base = first + 5 * (draw - 1)
-          add(tonumber(ARGV[base]), -tonumber(ARGV[base + 3]) * UNITS)
+          add(tonumber(ARGV[base]), -tonumber(ARGV[base + 3]))
         end
         reply = {1, longest}
       end
@@ -132,15 +133,15 @@ for _ = 1, count do
       local base = at + 2 + 4 * (change - 1)
       local index = tonumber(ARGV[base])
       touch(index, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]))
-      local tokens = tonumber(ARGV[base + 3])
+      local units = tonumber(ARGV[base + 3])
       if kind == 'l' then
         -- Only ever down, to the level asked for.
-        local down = tokens * UNITS - level[index]
+        local down = units - level[index]
         if down < 0 then
           add(index, down)
         end
       else
-        add(index, tokens * UNITS)
+        add(index, units)
       end
     end
     if kind == 'l' then

@@ -3,10 +3,11 @@
 -- the benchmarks), since a Redis script cannot load another.
 --
 -- A bucket is a hash: field l = level in units, t = time of l in ms.
--- One token is 60000 units, so R tokens per minute refill exactly R units per
--- ms; every number stays an integer far below 2^53, exact in a double.
--- src/limiter/bucket.rs is the same arithmetic in Rust.
-local UNITS = 60000
+-- Every figure a script gets is already in the bucket's units, which the
+-- daemon chose so that a millisecond refills a whole number of them (for a
+-- rate per minute, 60000 units a token and R units a ms); every number stays
+-- an integer below 2^53, exact in a double. src/limiter/bucket.rs is the
+-- same arithmetic in Rust.
 
 -- The script's clock in ms: Redis TIME (argument ""), or a test time.
 local function clock(arg)

@@ -12,7 +12,7 @@
 -- ARGV[1]    "" to read the clock with Redis TIME, or a time in ms (tests)
 -- ARGV[2]    how long the tombstone is kept, in ms
 -- ARGV[1 + 2(i-1)] .. ARGV[2 + 2(i-1)]  for KEYS[i], i >= 2: capacity and
---            refill per minute, in tokens
+--            refill rate, in the bucket's units (per ms)
 --
 -- Reply: 1 the call had run and is undone; 0 it had not run, and now never
 -- will; -1 it was cancelled already.
@@ -31,7 +31,7 @@ local changes = string.match(previous, '|(.*)$') or ''
 for index, units in string.gmatch(changes, '(%d+):(%-?%d+)') do
   index = tonumber(index)
   local base = 1 + 2 * (index - 1)
-  local capacity = tonumber(ARGV[base]) * UNITS
+  local capacity = tonumber(ARGV[base])
   local rate = tonumber(ARGV[base + 1])
   local level, updated = read_bucket(KEYS[index], capacity, rate, now)
   write_bucket(KEYS[index], math.min(capacity, level - tonumber(units)), updated, capacity, rate)

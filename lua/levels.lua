@@ -1,17 +1,18 @@
--- ratekeeper levels: the whole tokens available now in each bucket, for
+-- ratekeeper levels: the units available now in each bucket, for
 -- `status`. Reads only. (Runs after bucket.lua.)
 --
 -- KEYS[i]  the hash of bucket i
 -- ARGV[1]  "" to use Redis TIME, or a time in ms (tests only)
--- ARGV[2 + 2(i-1)] .. ARGV[3 + 2(i-1)]  bucket i: capacity, refill per minute
+-- ARGV[2 + 2(i-1)] .. ARGV[3 + 2(i-1)]  bucket i: capacity and refill rate,
+--          in its units (per ms)
 --
--- Reply: one integer per bucket, rounded down (negative while reservations wait).
+-- Reply: one integer per bucket, its level in units (negative while
+-- reservations wait); the daemon turns it into whole tokens.
 local now = clock(ARGV[1])
 
 local reply = {}
 for i, key in ipairs(KEYS) do
   local base = 2 + 2 * (i - 1)
-  local level = read_bucket(key, tonumber(ARGV[base]) * UNITS, tonumber(ARGV[base + 1]), now)
-  reply[i] = math.floor(level / UNITS)
+  reply[i] = read_bucket(key, tonumber(ARGV[base]), tonumber(ARGV[base + 1]), now)
 end
 return reply

@@ -301,11 +301,11 @@ impl Planner {
             group: limit.group.as_deref(),
             tenant,
         };
-        Some(BucketSpec {
-            key: bucket_key(&self.prefix, owner, BucketRole::Tenant).into(),
-            capacity: scaled(total.burst),
-            per_minute: scaled(total.per_minute),
-        })
+        Some(BucketSpec::per_minute(
+            bucket_key(&self.prefix, owner, BucketRole::Tenant),
+            scaled(total.burst),
+            scaled(total.per_minute),
+        ))
     }
 }
 
@@ -317,13 +317,8 @@ impl LimitBuckets {
             group,
         };
         let bucket = |owner: BucketOwner, role: BucketRole, per_minute: u64, burst: u64| {
-            let key = bucket_key(prefix, owner, role).into();
-            let spec = BucketSpec {
-                key,
-                capacity: burst,
-                per_minute,
-            };
-            (role, spec)
+            let key = bucket_key(prefix, owner, role);
+            (role, BucketSpec::per_minute(key, burst, per_minute))
         };
         // The limit's own buckets mirror the provider's: their bursts keep
         // the headroom for the delay before the provider sees a call.

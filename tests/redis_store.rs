@@ -7,7 +7,7 @@ mod support;
 use proptest::prelude::*;
 use ratekeeper::app::redis_settings;
 use ratekeeper::config::RedisConfig;
-use ratekeeper::limiter::bucket::{BucketSpec, Draw};
+use ratekeeper::limiter::bucket::{BucketSpec, Draw, Refill, Window};
 use ratekeeper::limiter::embedded::Clock;
 use ratekeeper::limiter::redis::BatchOp;
 use ratekeeper::limiter::{
@@ -22,11 +22,7 @@ fn store(server: &RedisServer) -> RedisStore {
 }
 
 fn bucket(key: &str, capacity: u64, per_minute: u64) -> BucketSpec {
-    BucketSpec {
-        key: key.into(),
-        capacity,
-        per_minute,
-    }
+    BucketSpec::per_minute(key, capacity, per_minute)
 }
 
 fn draw(bucket: &BucketSpec, cost: u64) -> Draw {
@@ -182,12 +178,16 @@ enum Step {
     Batch(Vec<Op>),
 }
 
+/// The buckets of each sequence: per minute (fast, slow and odd), per
+/// second, and per day (units of their own, see `Refill`).
+const BUCKETS: usize = 5;
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (
             // Now and then a cost that can never fit.
-            prop::collection::vec(prop_oneof![12 => 0u64..=60, 1 => Just(101u64)], 3),
-            prop::collection::vec(prop_oneof![3 => Just(0u64), 1 => 0u64..30], 3),
+            prop::collection::vec(prop_oneof![12 => 0u64..=60, 1 => Just(101u64)], BUCKETS),
+            prop::collection::vec(prop_oneof![3 => Just(0u64), 1 => 0u64..30], BUCKETS),
             prop_oneof![Just(0u64), 0u64..60_000],
         )
             .prop_map(|(cost_percent, floor_percent, max_wait_ms)| Op::Acquire {
@@ -195,8 +195,8 @@ fn op() -> impl Strategy<Value = Op> {
                 floor_percent,
                 max_wait_ms
             }),
-        1 => (0usize..3, -500i64..500).prop_map(|(bucket, tokens)| Op::Adjust { bucket, tokens }),
-        1 => (0usize..3, -2_000i64..1_500).prop_map(|(bucket, level)| Op::Lower { bucket, level }),
+        1 => (0usize..BUCKETS, -500i64..500).prop_map(|(bucket, tokens)| Op::Adjust { bucket, tokens }),
+        1 => (0usize..BUCKETS, -2_000i64..1_500).prop_map(|(bucket, level)| Op::Lower { bucket, level }),
     ]
 }
 
@@ -239,10 +239,12 @@ fn lua_batches_and_rust_give_the_same_answers() {
     };
     proptest!(config, |(steps in prop::collection::vec(step(), 1..30))| {
         let case = case.fetch_add(1, Ordering::SeqCst);
-        let buckets = [
+        let buckets: [BucketSpec; BUCKETS] = [
             bucket(&format!("p{case}:{{x}}:tokens"), 1_000, 600),
             bucket(&format!("p{case}:{{x}}:requests"), 7, 13),
             bucket(&format!("p{case}:{{x}}:tenant"), 1_200, 60_000),
+            BucketSpec::new(format!("p{case}:{{x}}:second"), 30, Refill::new(30, Window::Second, 30)),
+            BucketSpec::new(format!("p{case}:{{x}}:day"), 5_000, Refill::new(5_000, Window::Day, 5_000)),
         ];
         let clock = Arc::new(StepClock(AtomicI64::new(1_700_000_000_000)));
         let embedded = EmbeddedStore::with_clock(clock.clone());

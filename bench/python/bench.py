@@ -79,7 +79,9 @@ def script_args() -> Callable[[], tuple[list[str], list]]:
     """The keys and arguments of successive sidecar acquires of TOKENS tokens on
     LIMIT, each a call of its own with a fresh call id."""
     prefix = f"pybench:{{{LIMIT}}}"
-    bucket = [CAPACITY, PER_MINUTE, TOKENS, 0]
+    # In the bucket's units, as the sidecar sends them: 60000 a token for a
+    # rate per minute, which refills PER_MINUTE units a millisecond.
+    bucket = [CAPACITY * 60_000, PER_MINUTE, TOKENS * 60_000, 0]
     args = ["", 10_000, 1, "a", 0, 2, 2, *bucket, 3, *bucket]
     calls = itertools.count()
     pid = os.getpid()

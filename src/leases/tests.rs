@@ -7,11 +7,7 @@ fn reserved(role: BucketRole, cost: u64, settle: Settle) -> Reserved {
     Reserved {
         role,
         draw: Draw {
-            bucket: BucketSpec {
-                key: role.name().into(),
-                capacity: 10_000,
-                per_minute: 60,
-            },
+            bucket: BucketSpec::per_minute(role.name(), 10_000, 60),
             cost,
             floor: 0,
         },

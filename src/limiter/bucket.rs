@@ -1,15 +1,139 @@
 //! The bucket arithmetic of DESIGN.md, as pure functions of state and time.
 //!
-//! Levels are kept in integer *units*: one token is [`UNITS_PER_TOKEN`] units,
-//! so one millisecond of refill adds exactly `per_minute` units and no
-//! fraction is ever rounded away. `lua/` does the same arithmetic on Redis;
-//! property tests hold the two to the same answers.
+//! Levels are kept in integer *units*, chosen per bucket so that one
+//! millisecond of refill adds a whole number of units and no fraction is
+//! ever rounded away ([`Refill`]): a bucket of `R` tokens per minute counts
+//! 60 000 units a token and refills `R` units a millisecond. `lua/` does the
+//! same arithmetic on Redis, in the units this module hands it; property
+//! tests hold the two to the same answers.
 
 use std::sync::Arc;
 
-/// Units per token: 60 000 makes a rate of `R` per minute exactly `R` units
-/// per millisecond.
+/// Units per token of a bucket refilled per minute: 60 000 makes a rate of
+/// `R` per minute exactly `R` units per millisecond.
 pub const UNITS_PER_TOKEN: i64 = 60_000;
+
+/// Largest level, in units, that a bucket may hold: the Lua scripts count in
+/// doubles, exact up to 2^53; half of it leaves room below zero.
+const MAX_EXACT_UNITS: u128 = 1 << 52;
+
+/// The span a rate is given over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Window {
+    Second,
+    Minute,
+    Hour,
+    Day,
+}
+
+impl Window {
+    /// Every window, shortest first.
+    pub const ALL: [Window; 4] = [Window::Second, Window::Minute, Window::Hour, Window::Day];
+
+    /// The window in milliseconds.
+    pub fn ms(self) -> u64 {
+        match self {
+            Window::Second => 1_000,
+            Window::Minute => 60_000,
+            Window::Hour => 3_600_000,
+            Window::Day => 86_400_000,
+        }
+    }
+
+    /// Its name in settings and bucket names (`tokens_per_day`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Window::Second => "second",
+            Window::Minute => "minute",
+            Window::Hour => "hour",
+            Window::Day => "day",
+        }
+    }
+}
+
+/// A refill rate, `amount` tokens every `window`, as whole units: one
+/// token is `units_per_token` units and `units_per_ms` units come back
+/// each millisecond.
+///
+/// The units are exact when they can be (`units_per_token = window /
+/// gcd(amount, window)`): always per minute (60 000 a token, as before
+/// windows existed, so stored levels keep their meaning) and per second, and
+/// per hour or day unless the burst is so large that its units would pass
+/// 2^52. Then a token is 60 000 units and the rate is rounded down, by less
+/// than a token per minute: the bucket refills a hair slow, never fast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Refill {
+    amount: u64,
+    window: Window,
+    units_per_token: u64,
+    units_per_ms: u64,
+}
+
+impl Refill {
+    /// `per_minute` tokens a minute.
+    pub fn per_minute(per_minute: u64) -> Refill {
+        Refill::new(per_minute, Window::Minute, 0)
+    }
+
+    /// `amount` tokens every `window`, for a bucket of `capacity` tokens.
+    pub fn new(amount: u64, window: Window, capacity: u64) -> Refill {
+        let window_ms = window.ms();
+        let exact_units_per_token = window_ms / gcd(amount, window_ms);
+        let fits =
+            u128::from(capacity.max(amount)) * u128::from(exact_units_per_token) <= MAX_EXACT_UNITS;
+        let units_per_token = if window == Window::Minute || !fits {
+            UNITS_PER_TOKEN as u64
+        } else {
+            exact_units_per_token
+        };
+        let units_per_ms = u128::from(amount) * u128::from(units_per_token) / u128::from(window_ms);
+        Refill {
+            amount,
+            window,
+            units_per_token,
+            // A bucket that refills must refill something each millisecond.
+            units_per_ms: (units_per_ms as u64).max(1),
+        }
+    }
+
+    /// Tokens per window.
+    pub fn amount(&self) -> u64 {
+        self.amount
+    }
+
+    pub fn window(&self) -> Window {
+        self.window
+    }
+
+    /// The rate in tokens per minute, rounded down (for display).
+    pub fn per_minute_rounded(&self) -> u64 {
+        (u128::from(self.amount) * 60_000 / u128::from(self.window.ms())) as u64
+    }
+
+    /// Units per token.
+    pub fn units_per_token(&self) -> i64 {
+        self.units_per_token as i64
+    }
+
+    /// Units refilled per millisecond.
+    pub fn units_per_ms(&self) -> i64 {
+        self.units_per_ms as i64
+    }
+
+    /// The same window with `amount` scaled by `share` (rounded down, at
+    /// least 1), for a bucket of `capacity` tokens.
+    pub fn scaled(&self, share: f64, capacity: u64) -> Refill {
+        let amount = ((self.amount as f64 * share).floor() as u64).max(1);
+        Refill::new(amount, self.window, capacity)
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a.max(1)
+}
 
 /// A bucket's identity and shape.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -19,8 +143,8 @@ pub struct BucketSpec {
     pub key: Arc<str>,
     /// Most tokens the bucket holds (the burst).
     pub capacity: u64,
-    /// Refill rate in tokens per minute.
-    pub per_minute: u64,
+    /// How fast it refills.
+    pub refill: Refill,
 }
 
 /// One bucket's level at a moment.
@@ -63,14 +187,52 @@ impl Draw {
 }
 
 impl BucketSpec {
+    /// A bucket of `capacity` tokens refilled by `refill`.
+    pub fn new(key: impl Into<Arc<str>>, capacity: u64, refill: Refill) -> BucketSpec {
+        BucketSpec {
+            key: key.into(),
+            capacity,
+            refill,
+        }
+    }
+
+    /// A bucket of `capacity` tokens refilled by `per_minute` a minute.
+    pub fn per_minute(key: impl Into<Arc<str>>, capacity: u64, per_minute: u64) -> BucketSpec {
+        BucketSpec::new(key, capacity, Refill::per_minute(per_minute))
+    }
+
     /// Capacity in units.
     pub fn capacity_units(&self) -> i64 {
-        tokens_to_units(self.capacity)
+        self.units(self.capacity)
     }
 
     /// Refill rate in units per millisecond.
     pub fn units_per_ms(&self) -> i64 {
-        self.per_minute as i64
+        self.refill.units_per_ms()
+    }
+
+    /// `tokens` in this bucket's units.
+    pub fn units(&self, tokens: u64) -> i64 {
+        i64::try_from(tokens)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(self.refill.units_per_token())
+    }
+
+    /// A signed number of tokens in this bucket's units.
+    pub fn signed_units(&self, tokens: i64) -> i64 {
+        tokens.saturating_mul(self.refill.units_per_token())
+    }
+
+    /// Whole tokens of `units`, rounded down (so negative levels round
+    /// away from zero).
+    pub fn whole_tokens(&self, units: i64) -> i64 {
+        units.div_euclid(self.refill.units_per_token())
+    }
+
+    /// Whole tokens that refill in `ms` milliseconds, rounded down.
+    pub fn refilled_in(&self, ms: u64) -> u64 {
+        let units = u128::from(ms) * u128::from(self.refill.units_per_ms);
+        (units / u128::from(self.refill.units_per_token)).min(u128::from(u64::MAX)) as u64
     }
 }
 
@@ -101,14 +263,14 @@ impl BucketState {
     }
 
     /// Whole tokens available (rounded down, so negative levels round away from zero).
-    pub fn tokens(self) -> i64 {
-        self.level.div_euclid(UNITS_PER_TOKEN)
+    pub fn tokens(self, spec: &BucketSpec) -> i64 {
+        spec.whole_tokens(self.level)
     }
 
     /// The state lowered to `tokens` if it holds more (never raised).
-    pub fn lowered_to(self, tokens: i64) -> Self {
+    pub fn lowered_to(self, spec: &BucketSpec, tokens: i64) -> Self {
         BucketState {
-            level: self.level.min(tokens.saturating_mul(UNITS_PER_TOKEN)),
+            level: self.level.min(spec.signed_units(tokens)),
             updated_ms: self.updated_ms,
         }
     }
@@ -118,7 +280,7 @@ impl BucketState {
         BucketState {
             level: self
                 .level
-                .saturating_add(tokens.saturating_mul(UNITS_PER_TOKEN))
+                .saturating_add(spec.signed_units(tokens))
                 .min(spec.capacity_units()),
             updated_ms: self.updated_ms,
         }
@@ -127,7 +289,7 @@ impl BucketState {
 
 /// Milliseconds until `state` (already refilled) can cover `draw`.
 fn wait_for(draw: &Draw, state: BucketState) -> u64 {
-    let needed = tokens_to_units(draw.cost) + tokens_to_units(draw.floor);
+    let needed = draw.bucket.units(draw.cost) + draw.bucket.units(draw.floor);
     let missing = needed - state.level;
     ceil_div(missing.max(0), draw.bucket.units_per_ms()) as u64
 }
@@ -165,16 +327,10 @@ pub fn commit(draws: &[Draw], states: &[BucketState]) -> Vec<BucketState> {
         .iter()
         .zip(states)
         .map(|(draw, state)| BucketState {
-            level: state.level - tokens_to_units(draw.cost),
+            level: state.level - draw.bucket.units(draw.cost),
             updated_ms: state.updated_ms,
         })
         .collect()
-}
-
-fn tokens_to_units(tokens: u64) -> i64 {
-    i64::try_from(tokens)
-        .unwrap_or(i64::MAX)
-        .saturating_mul(UNITS_PER_TOKEN)
 }
 
 fn ceil_div(numerator: i64, denominator: i64) -> i64 {
@@ -188,11 +344,7 @@ mod tests {
 
     /// 60 000 tokens per minute: one token per millisecond, easy to read.
     fn spec(capacity: u64) -> BucketSpec {
-        BucketSpec {
-            key: "k".into(),
-            capacity,
-            per_minute: 60_000,
-        }
+        BucketSpec::per_minute("k", capacity, 60_000)
     }
 
     fn at(level_tokens: i64) -> BucketState {
@@ -244,11 +396,7 @@ mod tests {
     #[test]
     fn waits_round_up_to_whole_milliseconds() {
         // 1 token per minute: one token takes 60 000 ms to refill.
-        let slow = BucketSpec {
-            key: "k".into(),
-            capacity: 10,
-            per_minute: 1,
-        };
+        let slow = BucketSpec::per_minute("k", 10, 1);
         let draw = Draw {
             bucket: slow,
             cost: 1,
@@ -294,8 +442,8 @@ mod tests {
     fn refill_is_continuous_and_capped() {
         let bucket = spec(1000);
         let state = at(-500);
-        assert_eq!(state.refilled(&bucket, 200).tokens(), -300);
-        assert_eq!(state.refilled(&bucket, 5_000).tokens(), 1000);
+        assert_eq!(state.refilled(&bucket, 200).tokens(&bucket), -300);
+        assert_eq!(state.refilled(&bucket, 5_000).tokens(&bucket), 1000);
         assert_eq!(state.refilled(&bucket, 200).ms_until_full(&bucket), 1300);
         // A clock that steps back refills nothing.
         let later = state.refilled(&bucket, 200);
@@ -316,6 +464,51 @@ mod tests {
             level: -1,
             updated_ms: 0,
         };
-        assert_eq!(state.tokens(), -1);
+        assert_eq!(state.tokens(&spec(10)), -1);
+    }
+
+    #[test]
+    fn windows_refill_in_exact_units_where_they_can() {
+        // (amount, window, capacity) → (units per token, units per ms)
+        let cases: &[(u64, Window, u64, (i64, i64))] = &[
+            // Per minute: 60 000 units a token, whatever the figures.
+            (500, Window::Minute, 500, (60_000, 500)),
+            (7, Window::Minute, 10_000_000_000, (60_000, 7)),
+            // Per second: 10 a second is 1 token = 100 units, 1 unit a ms.
+            (10, Window::Second, 10, (100, 1)),
+            (3, Window::Second, 3, (1_000, 3)),
+            // 10 000 a day: gcd 10 000, a token is 8 640 units.
+            (10_000, Window::Day, 10_000, (8_640, 1)),
+            // 1 000 003 a day (prime): exact, a token is a day of units.
+            (1_000_003, Window::Day, 1_000_003, (86_400_000, 1_000_003)),
+            // A burst whose exact units would pass 2^52: per-minute units, rate rounded down.
+            (100_000_007, Window::Day, 100_000_007, (60_000, 69_444)),
+        ];
+        for &(amount, window, capacity, expected) in cases {
+            let refill = Refill::new(amount, window, capacity);
+            assert_eq!(
+                (refill.units_per_token(), refill.units_per_ms()),
+                expected,
+                "{amount} per {window:?}"
+            );
+            assert_eq!(refill.amount(), amount);
+        }
+        // A day bucket refills a day's amount in a day, to the token.
+        let day = BucketSpec::new("k", 10_000, Refill::new(10_000, Window::Day, 10_000));
+        assert_eq!(day.refilled_in(Window::Day.ms()), 10_000);
+        assert_eq!(day.refilled_in(Window::Hour.ms()), 416);
+        let empty = BucketState {
+            level: 0,
+            updated_ms: 0,
+        };
+        assert_eq!(empty.ms_until_full(&day), 86_400_000);
+        // Rounded down: never faster than the configured rate.
+        let rounded = BucketSpec::new(
+            "k",
+            100_000_007,
+            Refill::new(100_000_007, Window::Day, 100_000_007),
+        );
+        assert!(rounded.refilled_in(Window::Day.ms()) <= 100_000_007);
+        assert!(rounded.refilled_in(Window::Day.ms()) > 100_000_007 - 1_440);
     }
 }

@@ -150,7 +150,7 @@ impl Store for EmbeddedStore {
         let mut buckets = self.lock();
         for lowering in lowerings {
             let current = buckets.current(&lowering.bucket, now);
-            let lowered = current.lowered_to(lowering.level);
+            let lowered = current.lowered_to(&lowering.bucket, lowering.level);
             if lowered != current {
                 buckets.store(&lowering.bucket, lowered);
             }
@@ -163,7 +163,7 @@ impl Store for EmbeddedStore {
         let buckets = self.lock();
         Ok(specs
             .iter()
-            .map(|spec| buckets.current(spec, now).tokens())
+            .map(|spec| buckets.current(spec, now).tokens(spec))
             .collect())
     }
 
@@ -196,11 +196,7 @@ mod tests {
     }
 
     fn bucket(key: &str, capacity: u64) -> BucketSpec {
-        BucketSpec {
-            key: key.into(),
-            capacity,
-            per_minute: 60_000,
-        }
+        BucketSpec::per_minute(key, capacity, 60_000)
     }
 
     fn draw(key: &str, capacity: u64, cost: u64) -> Draw {

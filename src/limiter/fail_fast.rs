@@ -194,11 +194,7 @@ mod tests {
 
     fn draw(cost: u64, floor: u64) -> Draw {
         Draw {
-            bucket: BucketSpec {
-                key: "tokens".into(),
-                capacity: 1000,
-                per_minute: 60,
-            },
+            bucket: BucketSpec::per_minute("tokens", 1000, 60),
             cost,
             floor,
         }

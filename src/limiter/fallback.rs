@@ -162,12 +162,13 @@ impl FallbackStore {
     /// The draw against this sidecar's share of the bucket.
     fn local_draw(&self, draw: &Draw) -> Draw {
         let scaled = |value: u64| ((value as f64 * self.local_share).floor() as u64).max(1);
+        let capacity = scaled(draw.bucket.capacity);
         Draw {
-            bucket: BucketSpec {
-                key: draw.bucket.key.clone(),
-                capacity: scaled(draw.bucket.capacity),
-                per_minute: scaled(draw.bucket.per_minute),
-            },
+            bucket: BucketSpec::new(
+                draw.bucket.key.clone(),
+                capacity,
+                draw.bucket.refill.scaled(self.local_share, capacity),
+            ),
             cost: draw.cost,
             floor: scaled(draw.floor).min(draw.floor),
         }
@@ -293,11 +294,7 @@ mod tests {
 
     fn draw(cost: u64) -> Draw {
         Draw {
-            bucket: BucketSpec {
-                key: "k".into(),
-                capacity: 1000,
-                per_minute: 60,
-            },
+            bucket: BucketSpec::per_minute("k", 1000, 60),
             cost,
             floor: 0,
         }

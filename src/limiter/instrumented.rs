@@ -97,11 +97,7 @@ mod tests {
         let store =
             InstrumentedStore::new(Arc::new(EmbeddedStore::new()), calls.clone(), Duration::MAX);
         assert_eq!(calls.since_last_success(), None);
-        let bucket = BucketSpec {
-            key: "k".into(),
-            capacity: 10,
-            per_minute: 60,
-        };
+        let bucket = BucketSpec::per_minute("k", 10, 60);
         let draw = Draw {
             bucket: bucket.clone(),
             cost: 11,

@@ -159,13 +159,13 @@ impl Service {
                 .iter()
                 .find(|(reported, _)| *reported == dimension);
             if let Some(&(_, provider_limit)) = provider_limit
-                && provider_limit < spec.per_minute
+                && provider_limit < spec.refill.per_minute_rounded()
                 && self.warned.first(&limit.name, dimension, provider_limit)
             {
                 tracing::warn!(
                     limit = limit.name.as_str(),
                     bucket = role.name(),
-                    configured_per_minute = spec.per_minute,
+                    configured_per_minute = spec.refill.per_minute_rounded(),
                     provider_per_minute = provider_limit,
                     "the provider's limit is lower than the configured one: lower it in the config \
                      (provider feedback keeps the bucket down meanwhile)"
@@ -184,8 +184,8 @@ impl Service {
                 .pause
                 .filter(|_| reported.is_none_or(|count| count == 0))
                 .map(|pause| {
-                    let refill = spec.per_minute as u128 * pause.as_millis() / 60_000;
-                    -(refill.min(i64::MAX as u128) as i64)
+                    let refill = spec.refilled_in(pause.as_millis() as u64);
+                    -(refill.min(i64::MAX as u64) as i64)
                 });
             let provider =
                 reported.map(|count| (count as i64).saturating_sub(unseen.of(dimension) as i64));

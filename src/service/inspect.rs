@@ -87,7 +87,7 @@ impl Service {
                 name: want.name.to_string(),
                 tenant: want.tenant,
                 capacity: spec.capacity,
-                per_minute: spec.per_minute,
+                per_minute: spec.refill.per_minute_rounded(),
                 level: levels.as_ref().map(|levels| levels[index]),
             });
         }

@@ -37,7 +37,7 @@ impl Service {
                         name: role.name().to_string(),
                         capacity: spec.capacity,
                         level,
-                        per_minute: spec.per_minute,
+                        per_minute: spec.refill.per_minute_rounded(),
                     })
                     .collect(),
             });

@@ -55,8 +55,9 @@ pub(super) enum CallReply {
 pub(super) struct Call {
     /// `KEYS[1]`, the record; then each bucket once, in order of first use.
     keys: Vec<Arc<str>>,
-    /// Capacity and rate of each bucket of `keys[1..]`, for the cancel.
-    shapes: Vec<(u64, u64)>,
+    /// Capacity and rate (units, units per ms) of each bucket of
+    /// `keys[1..]`, for the cancel.
+    shapes: Vec<(i64, i64)>,
     ops: Vec<BatchOp>,
     /// Per op and draw (or adjustment): its bucket's index into `keys`.
     indices: Vec<Vec<usize>>,
@@ -75,7 +76,7 @@ impl Call {
                 Some(at) => at + 2,
                 None => {
                     keys.push(bucket.key.clone());
-                    shapes.push((bucket.capacity, bucket.per_minute));
+                    shapes.push((bucket.capacity_units(), bucket.units_per_ms()));
                     keys.len()
                 }
             }
@@ -115,29 +116,32 @@ impl Call {
                 BatchOp::Acquire { draws, max_wait_ms } => {
                     cmd.arg("a").arg(*max_wait_ms).arg(draws.len());
                     for (draw, index) in draws.iter().zip(indices) {
+                        let bucket = &draw.bucket;
                         cmd.arg(*index)
-                            .arg(draw.bucket.capacity)
-                            .arg(draw.bucket.per_minute)
-                            .arg(draw.cost)
-                            .arg(draw.floor);
+                            .arg(bucket.capacity_units())
+                            .arg(bucket.units_per_ms())
+                            .arg(bucket.units(draw.cost))
+                            .arg(bucket.units(draw.floor));
                     }
                 }
                 BatchOp::Settle(adjustments) => {
                     cmd.arg("s").arg(adjustments.len());
                     for (adjustment, index) in adjustments.iter().zip(indices) {
+                        let bucket = &adjustment.bucket;
                         cmd.arg(*index)
-                            .arg(adjustment.bucket.capacity)
-                            .arg(adjustment.bucket.per_minute)
-                            .arg(adjustment.tokens);
+                            .arg(bucket.capacity_units())
+                            .arg(bucket.units_per_ms())
+                            .arg(bucket.signed_units(adjustment.tokens));
                     }
                 }
                 BatchOp::Lower(lowerings) => {
                     cmd.arg("l").arg(lowerings.len());
                     for (lowering, index) in lowerings.iter().zip(indices) {
+                        let bucket = &lowering.bucket;
                         cmd.arg(*index)
-                            .arg(lowering.bucket.capacity)
-                            .arg(lowering.bucket.per_minute)
-                            .arg(lowering.level);
+                            .arg(bucket.capacity_units())
+                            .arg(bucket.units_per_ms())
+                            .arg(bucket.signed_units(lowering.level));
                     }
                 }
             }
@@ -155,8 +159,8 @@ impl Call {
     ) -> Cmd {
         let mut cmd = evalsha(script, &self.keys);
         cmd.arg(clock).arg(tombstone_ttl_ms);
-        for (capacity, per_minute) in &self.shapes {
-            cmd.arg(*capacity).arg(*per_minute);
+        for (capacity, units_per_ms) in &self.shapes {
+            cmd.arg(*capacity).arg(*units_per_ms);
         }
         cmd
     }
@@ -232,11 +236,7 @@ mod tests {
     use super::*;
 
     fn bucket(key: &str) -> BucketSpec {
-        BucketSpec {
-            key: key.into(),
-            capacity: 100,
-            per_minute: 60,
-        }
+        BucketSpec::per_minute(key, 100, 60)
     }
 
     fn acquire(keys: &[&str], cost: u64) -> BatchOp {

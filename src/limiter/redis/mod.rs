@@ -141,18 +141,22 @@ impl RedisStore {
         let mut cmd = batch::evalsha(&self.inner.levels, &keys);
         cmd.arg(clock);
         for bucket in buckets {
-            cmd.arg(bucket.capacity).arg(bucket.per_minute);
+            cmd.arg(bucket.capacity_units()).arg(bucket.units_per_ms());
         }
-        let levels: Vec<i64> = self
+        let units: Vec<i64> = self
             .inner
             .pool
             .run(&cmd, &self.inner.levels, false)
             .await
             .map_err(Failure::into_error)?;
-        if levels.len() != buckets.len() {
-            return Err(batch::unexpected_reply(&levels));
+        if units.len() != buckets.len() {
+            return Err(batch::unexpected_reply(&units));
         }
-        Ok(levels)
+        Ok(buckets
+            .iter()
+            .zip(units)
+            .map(|(bucket, units)| bucket.whole_tokens(units))
+            .collect())
     }
 }
 
