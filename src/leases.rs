@@ -89,6 +89,9 @@ pub fn settle_usage(reserved: &[Reserved], input: u64, output: u64) -> Settlemen
         adjustments: Vec::new(),
         tokens_returned: 0,
     };
+    // A limit with tokens only over a longer window reports that bucket's.
+    let mut per_minute_seen = false;
+    let mut longer_window: Option<i64> = None;
     for reserved in reserved {
         let used = match reserved.settle {
             Settle::Never => continue,
@@ -103,7 +106,10 @@ pub fn settle_usage(reserved: &[Reserved], input: u64, output: u64) -> Settlemen
             .saturating_sub(as_i64(used))
             .max(-as_i64(reserved.draw.bucket.capacity));
         if reserved.role.is_limit_tokens() {
+            per_minute_seen = true;
             settlement.tokens_returned = settlement.tokens_returned.saturating_add(tokens);
+        } else if let BucketRole::TokensPer(_) = reserved.role {
+            longer_window.get_or_insert(tokens);
         }
         if tokens != 0 {
             settlement.adjustments.push(Adjustment {
@@ -111,6 +117,9 @@ pub fn settle_usage(reserved: &[Reserved], input: u64, output: u64) -> Settlemen
                 tokens,
             });
         }
+    }
+    if !per_minute_seen {
+        settlement.tokens_returned = longer_window.unwrap_or(0);
     }
     settlement
 }

@@ -13,7 +13,7 @@ use crate::config::{
 };
 use crate::leases::{Reserved, Settle};
 use crate::limiter::redis::{BucketOwner, bucket_key};
-use crate::limiter::{BucketRole, BucketSpec, Draw};
+use crate::limiter::{BucketRole, BucketSpec, Draw, Refill, Window};
 use crate::proto::MAX_NAME_LEN;
 use crate::tokens::SettleRule;
 
@@ -224,8 +224,10 @@ impl Planner {
         output: u64,
     ) -> Result<AcquirePlan, PlanError> {
         let CheckedAcquire { limit, class, .. } = checked;
+        let counts_tokens = limit.counts_tokens();
         let total = match input.checked_add(output) {
-            Some(0) => return Err(PlanError::ZeroCost),
+            // A limit of requests only takes any cost, even none.
+            Some(0) if counts_tokens => return Err(PlanError::ZeroCost),
             Some(total) => total,
             None => return Err(PlanError::CostOverflow),
         };
@@ -234,6 +236,8 @@ impl Planner {
         let tokens = match limit.token_buckets() {
             TokenBuckets::Combined(_) => charge,
             TokenBuckets::Split { .. } => total,
+            TokenBuckets::None if counts_tokens => charge,
+            TokenBuckets::None => 0,
         };
         if let Some(largest) = limit.max_request_tokens.filter(|&largest| tokens > largest) {
             return Err(PlanError::AboveMaxRequestTokens {
@@ -253,9 +257,10 @@ impl Planner {
             .iter()
             .map(|(role, bucket)| {
                 let (cost, settle) = match role {
-                    BucketRole::Tokens | BucketRole::GroupTokens => {
+                    BucketRole::Tokens | BucketRole::GroupTokens | BucketRole::TokensPer(_) => {
                         (charge, mirrors(Settle::Total))
                     }
+                    BucketRole::RequestsPer(_) => (1, Settle::Never),
                     BucketRole::InputTokens => (input, mirrors(Settle::Input)),
                     BucketRole::OutputTokens => (output, mirrors(Settle::Output)),
                     BucketRole::Tenant => (charge, Settle::Total),
@@ -322,26 +327,42 @@ impl LimitBuckets {
         };
         // The limit's own buckets mirror the provider's: their bursts keep
         // the headroom for the delay before the provider sees a call.
-        let own_bucket = |role: BucketRole, per_minute: u64, burst: u64| {
+        let own_bucket = |role: BucketRole, amount: u64, window: Window, burst: u64| {
             let kind = match role {
-                BucketRole::Requests => BucketKind::Requests,
+                BucketRole::Requests | BucketRole::RequestsPer(_) => BucketKind::Requests,
                 _ => BucketKind::Tokens,
             };
-            let capacity = limit.usable_burst(kind, per_minute, burst);
-            bucket(own, role, per_minute, capacity)
+            let refill = Refill::new(amount, window, burst);
+            let capacity = limit.usable_burst(kind, &refill, burst);
+            let key = bucket_key(prefix, own, role);
+            (role, BucketSpec::new(key, capacity, refill))
         };
-        let token_bucket =
-            |role: BucketRole, rate: TokenRate| own_bucket(role, rate.per_minute, rate.burst);
+        let token_bucket = |role: BucketRole, rate: TokenRate| {
+            own_bucket(role, rate.per_minute, Window::Minute, rate.burst)
+        };
         let mut fixed = match limit.token_buckets() {
             TokenBuckets::Combined(rate) => vec![token_bucket(BucketRole::Tokens, rate)],
             TokenBuckets::Split { input, output } => vec![
                 token_bucket(BucketRole::InputTokens, input),
                 token_bucket(BucketRole::OutputTokens, output),
             ],
+            TokenBuckets::None => Vec::new(),
         };
         if let Some(per_minute) = limit.requests_per_minute {
             let burst = limit.burst_requests.unwrap_or(per_minute);
-            fixed.push(own_bucket(BucketRole::Requests, per_minute, burst));
+            fixed.push(own_bucket(
+                BucketRole::Requests,
+                per_minute,
+                Window::Minute,
+                burst,
+            ));
+        }
+        for other in limit.other_windows() {
+            let (BucketRole::TokensPer(window) | BucketRole::RequestsPer(window)) = other.role
+            else {
+                continue;
+            };
+            fixed.push(own_bucket(other.role, other.amount, window, other.amount));
         }
         if let Some(group) = group.and_then(|name| config.group(name)) {
             let owner = BucketOwner::Group { group: &group.name };

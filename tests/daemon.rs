@@ -420,7 +420,7 @@ async fn sighup_reloads_the_config_and_keeps_the_old_one_when_the_new_is_bad() {
     daemon.send_signal("HUP");
     daemon.wait_for_log("configuration not reloaded").await;
     assert!(
-        daemon.log().contains("tokens_per_minute is required"),
+        daemon.log().contains("a limit needs a bucket"),
         "{}",
         daemon.log()
     );
@@ -471,4 +471,41 @@ async fn the_burst_keeps_headroom_for_the_providers_delay() {
     let denied = client.call(acquire("edge", 2900, 0)).await.unwrap();
     assert_eq!(error_code(&denied), ErrorCode::CostExceedsCapacity);
     granted(&client.call(acquire("edge", 2800, 0)).await.unwrap());
+}
+
+/// The limits people have: requests per second and per day at once, no
+/// token bucket. Any cost is accepted (a cost of none too), the tighter
+/// window holds each acquire back, and the day's figure denies at its end.
+#[tokio::test]
+async fn a_requests_only_limit_with_a_second_and_a_day_window() {
+    let daemon = Daemon::start(
+        "[[limits]]\nname = \"rps\"\nrequests_per_second = 5\nrequests_per_day = 7\n\
+         burst_headroom_ms = 0\n",
+    );
+    let client = daemon.client().await;
+    for _ in 0..5 {
+        let (_, tokens, waited) = granted(&client.call(acquire("rps", 0, 0)).await.unwrap());
+        assert_eq!((tokens, waited), (0, 0));
+    }
+    // The sixth and seventh each wait for a fifth of the second's refill.
+    let started = Instant::now();
+    for _ in 0..2 {
+        let (_, _, waited) = granted(&client.call(acquire("rps", 1, 1_000)).await.unwrap());
+        assert!((150..=200).contains(&waited), "{waited}");
+    }
+    assert!(started.elapsed() >= Duration::from_millis(380));
+    // The eighth meets the day's end: a day refills 7, one every 3.4 hours.
+    match client.call(acquire("rps", 1, 1_000)).await.unwrap() {
+        Response::Denied {
+            bucket,
+            retry_after_ms,
+        } => {
+            assert_eq!(bucket, "requests_per_day");
+            assert!(retry_after_ms > 12_000_000, "{retry_after_ms}");
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    let (_, buckets) = support::status_of(&client, "rps").await;
+    let names: Vec<&str> = buckets.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["requests_per_second", "requests_per_day"]);
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use crate::limiter::FailurePolicy;
+use crate::limiter::{BucketRole, Refill, Window};
 use crate::tokens::{CharEstimator, CostRule, Counter, Encoding, Provider, SettleRule, Tokenizer};
 
 /// Socket the daemon listens on when neither the file nor the environment
@@ -336,6 +337,23 @@ pub struct LimitConfig {
     /// How much of each own bucket's burst is held back, in milliseconds
     /// of its refill (see [`LimitConfig::usable_burst`]).
     pub burst_headroom_ms: u64,
+    /// Tokens and requests over windows other than a minute; each is a
+    /// bucket of its own whose burst is one window's worth.
+    pub tokens_per_second: Option<u64>,
+    pub tokens_per_hour: Option<u64>,
+    pub tokens_per_day: Option<u64>,
+    pub requests_per_second: Option<u64>,
+    pub requests_per_hour: Option<u64>,
+    pub requests_per_day: Option<u64>,
+}
+
+/// A bucket of a limit over a window other than a minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OtherWindow {
+    /// `TokensPer(window)` or `RequestsPer(window)`.
+    pub role: BucketRole,
+    /// Tokens or requests per window, and the burst.
+    pub amount: u64,
 }
 
 /// What a bucket counts, for [`LimitConfig::usable_burst`].
@@ -363,6 +381,9 @@ pub enum TokenBuckets {
     Combined(TokenRate),
     /// Separate input (prompt) and output (completion) buckets.
     Split { input: TokenRate, output: TokenRate },
+    /// No per-minute token bucket (requests only, or tokens over other
+    /// windows only).
+    None,
 }
 
 impl LimitConfig {
@@ -383,11 +404,51 @@ impl LimitConfig {
                     burst: self.burst_output_tokens.unwrap_or(output),
                 },
             },
+            (_, _, 0) => TokenBuckets::None,
             _ => TokenBuckets::Combined(TokenRate {
                 per_minute: self.tokens_per_minute,
                 burst: self.burst_tokens,
             }),
         }
+    }
+
+    /// The limit's buckets over windows other than a minute, shortest first.
+    pub fn other_windows(&self) -> Vec<OtherWindow> {
+        let figures = [
+            (
+                BucketRole::TokensPer(Window::Second),
+                self.tokens_per_second,
+            ),
+            (
+                BucketRole::RequestsPer(Window::Second),
+                self.requests_per_second,
+            ),
+            (BucketRole::TokensPer(Window::Hour), self.tokens_per_hour),
+            (
+                BucketRole::RequestsPer(Window::Hour),
+                self.requests_per_hour,
+            ),
+            (BucketRole::TokensPer(Window::Day), self.tokens_per_day),
+            (BucketRole::RequestsPer(Window::Day), self.requests_per_day),
+        ];
+        figures
+            .into_iter()
+            .filter_map(|(role, amount)| {
+                Some(OtherWindow {
+                    role,
+                    amount: amount?,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether any of the limit's buckets counts tokens (else it counts
+    /// requests only, and an acquire's cost does not matter).
+    pub fn counts_tokens(&self) -> bool {
+        !matches!(self.token_buckets(), TokenBuckets::None)
+            || self.tokens_per_second.is_some()
+            || self.tokens_per_hour.is_some()
+            || self.tokens_per_day.is_some()
     }
 
     /// The rate and capacity of all token buckets together: what a tenant's
@@ -399,11 +460,16 @@ impl LimitConfig {
                 per_minute: input.per_minute.saturating_add(output.per_minute),
                 burst: input.burst.saturating_add(output.burst),
             },
+            // Config validation keeps tenant shares off such limits.
+            TokenBuckets::None => TokenRate {
+                per_minute: 0,
+                burst: 0,
+            },
         }
     }
 
-    /// The capacity of one of the limit's own buckets (`per_minute`,
-    /// `burst`): the burst less `burst_headroom_ms` of refill, but never
+    /// The capacity of one of the limit's own buckets (refilled by
+    /// `refill`, `burst`): the burst less `burst_headroom_ms` of refill, but never
     /// less than half the burst nor, for a token bucket, less than
     /// `max_request_tokens` (which the config holds within the burst).
     ///
@@ -414,8 +480,9 @@ impl LimitConfig {
     /// provider by `rate × delay`, which is the 429s at the burst edge. The
     /// headroom takes that off the burst and leaves the rate alone, so the
     /// steady state loses nothing.
-    pub fn usable_burst(&self, role: BucketKind, per_minute: u64, burst: u64) -> u64 {
-        let held = u128::from(per_minute) * u128::from(self.burst_headroom_ms) / 60_000;
+    pub fn usable_burst(&self, role: BucketKind, refill: &Refill, burst: u64) -> u64 {
+        let held = u128::from(refill.amount()) * u128::from(self.burst_headroom_ms)
+            / u128::from(refill.window().ms());
         let floor = match (role, self.max_request_tokens) {
             (BucketKind::Tokens, Some(max_request)) => (burst / 2).max(max_request.min(burst)),
             _ => burst / 2,

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::model::{DisconnectRule, FailurePolicy};
+use crate::limiter::Window;
 use crate::tokens::{CostRule, Provider, SettleRule, Tokenizer};
 
 /// The whole file.
@@ -116,6 +117,27 @@ pub(super) struct RawLimit {
     pub settle: Option<Spanned<SettleRule>>,
     pub learn_max_output: Option<Spanned<bool>>,
     pub burst_headroom_ms: Option<Spanned<i64>>,
+    pub tokens_per_second: Option<Spanned<i64>>,
+    pub tokens_per_hour: Option<Spanned<i64>>,
+    pub tokens_per_day: Option<Spanned<i64>>,
+    pub requests_per_second: Option<Spanned<i64>>,
+    pub requests_per_hour: Option<Spanned<i64>>,
+    pub requests_per_day: Option<Spanned<i64>>,
+}
+
+impl RawLimit {
+    /// The windows other than a minute the limit sets, as written:
+    /// (counts requests, window, figure).
+    pub fn other_windows(&self) -> [(bool, Window, &Option<Spanned<i64>>); 6] {
+        [
+            (false, Window::Second, &self.tokens_per_second),
+            (false, Window::Hour, &self.tokens_per_hour),
+            (false, Window::Day, &self.tokens_per_day),
+            (true, Window::Second, &self.requests_per_second),
+            (true, Window::Hour, &self.requests_per_hour),
+            (true, Window::Day, &self.requests_per_day),
+        ]
+    }
 }
 
 /// One `[[priorities]]` entry.

@@ -15,7 +15,7 @@ pub mod replay;
 
 use async_trait::async_trait;
 
-pub use bucket::{BucketSpec, BucketState, Draw, Plan};
+pub use bucket::{BucketSpec, BucketState, Draw, Plan, Refill, Window};
 pub use embedded::EmbeddedStore;
 pub use fail_fast::FailFastStore;
 pub use fallback::{FailurePolicy, FallbackStore};
@@ -40,6 +40,11 @@ pub enum BucketRole {
     GroupTokens,
     /// The requests of the limit's group.
     GroupRequests,
+    /// The limit's tokens over a window other than a minute (per second,
+    /// hour or day), beside or instead of its per-minute buckets.
+    TokensPer(Window),
+    /// The limit's requests over a window other than a minute.
+    RequestsPer(Window),
 }
 
 impl BucketRole {
@@ -53,6 +58,18 @@ impl BucketRole {
             BucketRole::Tenant => "tenant",
             BucketRole::GroupTokens => "group_tokens",
             BucketRole::GroupRequests => "group_requests",
+            BucketRole::TokensPer(window) => match window {
+                Window::Second => "tokens_per_second",
+                Window::Minute => "tokens",
+                Window::Hour => "tokens_per_hour",
+                Window::Day => "tokens_per_day",
+            },
+            BucketRole::RequestsPer(window) => match window {
+                Window::Second => "requests_per_second",
+                Window::Minute => "requests",
+                Window::Hour => "requests_per_hour",
+                Window::Day => "requests_per_day",
+            },
         }
     }
 
@@ -66,12 +83,21 @@ impl BucketRole {
         }
     }
 
-    /// Whether the bucket is one of the limit's own token buckets, whose
-    /// settlement `Settled.tokens_returned` reports.
+    /// Whether the bucket is one of the limit's own per-minute token
+    /// buckets, whose settlement `Settled.tokens_returned` reports.
     pub fn is_limit_tokens(self) -> bool {
         matches!(
             self,
             BucketRole::Tokens | BucketRole::InputTokens | BucketRole::OutputTokens
+        )
+    }
+
+    /// Whether the bucket is one of the limit's own buckets (not a tenant's
+    /// or its group's): those that mirror the provider's.
+    pub fn is_limit_own(self) -> bool {
+        !matches!(
+            self,
+            BucketRole::Tenant | BucketRole::GroupTokens | BucketRole::GroupRequests
         )
     }
 }

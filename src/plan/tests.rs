@@ -62,6 +62,19 @@ burst_headroom_ms = 0
 tokens_per_minute = 1000
 group = "org"
 
+[[limits]]
+name = "windows"
+burst_headroom_ms = 0
+tokens_per_minute = 6000
+requests_per_minute = 60
+tokens_per_day = 100000
+requests_per_day = 1000
+
+[[limits]]
+name = "rps"
+burst_headroom_ms = 0
+requests_per_second = 5
+
 [[groups]]
 name = "org"
 tokens_per_minute = 5000
@@ -156,6 +169,19 @@ fn costs_become_one_draw_per_bucket() {
             ask("edge_floors", 100, 0),
             100,
             "tokens 100+0 Total/900, requests 1+0 Never/2",
+        ),
+        (
+            "windows beside the minute: each one bucket more, a window's worth each",
+            ask("windows", 300, 200),
+            500,
+            "tokens 500+0 Total/6000, requests 1+0 Never/60, \
+             tokens_per_day 500+0 Total/100000, requests_per_day 1+0 Never/1000",
+        ),
+        (
+            "requests only: any cost, even none, takes one request and no tokens",
+            ask("rps", 0, 0),
+            0,
+            "requests_per_second 1+0 Never/5",
         ),
         (
             "sum: tokens take input + output and settle to the total; one request",
@@ -310,7 +336,8 @@ fn names_classes_and_waits_are_checked() {
             None,
             Err(PlanError::UnknownLimit {
                 name: "nope".into(),
-                configured: "edge, edge_floors, sum, openai, split, grouped, group".into(),
+                configured: "edge, edge_floors, sum, openai, split, grouped, group, windows, rps"
+                    .into(),
             }),
         ),
         (

@@ -129,6 +129,8 @@ impl Service {
                 input_tokens,
                 output_tokens,
             } => Ok((input_tokens, output_tokens)),
+            // A limit of requests only: what the prompt costs does not matter.
+            Cost::Messages(_) if !limit.counts_tokens() => Ok((0, 0)),
             Cost::Messages(request) => {
                 let output = match request.max_output_tokens {
                     Some(given) => given,

@@ -60,11 +60,21 @@ limits = [\"gpt-4o\"]
     assert_eq!(gpt.requests_per_minute, Some(500));
     // 200 ms of refill held back from each own bucket's burst.
     assert_eq!(gpt.burst_headroom_ms, DEFAULT_BURST_HEADROOM_MS);
-    assert_eq!(gpt.usable_burst(BucketKind::Tokens, 30_000, 30_000), 29_900);
-    assert_eq!(gpt.usable_burst(BucketKind::Requests, 500, 500), 499);
+    let per_minute = crate::limiter::Refill::per_minute;
+    assert_eq!(
+        gpt.usable_burst(BucketKind::Tokens, &per_minute(30_000), 30_000),
+        29_900
+    );
+    assert_eq!(
+        gpt.usable_burst(BucketKind::Requests, &per_minute(500), 500),
+        499
+    );
     // max_request_tokens = burst: the token bucket keeps all of it.
     let embed = config.limit("embed").unwrap();
-    assert_eq!(embed.usable_burst(BucketKind::Tokens, 1000, 2000), 2000);
+    assert_eq!(
+        embed.usable_burst(BucketKind::Tokens, &per_minute(1000), 2000),
+        2000
+    );
     assert_eq!(gpt.burst_requests, Some(500));
     assert_eq!(gpt.tenant_share, None);
     assert_eq!(gpt.max_request_tokens, None);

@@ -51,9 +51,19 @@ const MISTAKES: &[(&str, &str, &str)] = &[
         "test.toml:3:21: limits[0] \"a\": tokens_per_minute must be at most 1000000000",
     ),
     (
-        "missing tokens_per_minute",
+        "no bucket at all",
         "[[limits]]\nname = \"a\"\n",
-        "test.toml:1:1: limits[0] \"a\": tokens_per_minute is required",
+        "test.toml:1:1: limits[0] \"a\": a limit needs a bucket: tokens_per_minute",
+    ),
+    (
+        "a tenant share of a limit without a per-minute token bucket",
+        "[[limits]]\nname = \"a\"\nrequests_per_minute = 10\ntenant_share = 0.5\n",
+        "test.toml:4:16: limits[0] \"a\": tenant_share is a share of the per-minute token bucket, and this limit has none",
+    ),
+    (
+        "a window figure of zero",
+        "[[limits]]\nname = \"a\"\nrequests_per_day = 0\n",
+        "test.toml:3:20: limits[0] \"a\": requests_per_day must be greater than zero (got 0)",
     ),
     (
         "zero requests_per_minute",

@@ -18,6 +18,9 @@ pub(super) struct BucketSettings {
     pub burst_requests: Option<u64>,
     pub tenant_share: Option<f64>,
     pub max_request_tokens: Option<u64>,
+    /// Figures over windows other than a minute, in the order of
+    /// [`RawLimit::other_windows`].
+    pub other_windows: [Option<u64>; 6],
 }
 
 /// The limit's bucket settings, or `None` (problems reported) when a value
@@ -30,6 +33,11 @@ pub(super) fn resolve_buckets(
 ) -> Option<BucketSettings> {
     let mut usable = check_token_bucket_kind(limit, context, entry_at, d);
     let rates = CheckedRates::check(limit, context, d);
+    let other_windows = limit.other_windows().map(|(requests, window, figure)| {
+        let unit = if requests { "requests" } else { "tokens" };
+        let field = format!("{unit}_per_{}", window.name());
+        check_positive(d, context, &field, figure, MAX_BURST)
+    });
     usable &= check_bursts_have_rates(limit, rates.split, context, d);
     let max_request_tokens = check_positive(
         d,
@@ -39,6 +47,14 @@ pub(super) fn resolve_buckets(
         MAX_BURST,
     );
     let tenant_share = check_tenant_share(limit, context, d);
+    if let (Some(share), None, false) = (&limit.tenant_share, &limit.tokens_per_minute, rates.split)
+    {
+        d.error(
+            share.span().start,
+            format!("{context}: tenant_share is a share of the per-minute token bucket, and this limit has none (set tokens_per_minute)"),
+        );
+        usable = false;
+    }
     if let (Some(capacity), Checked::Valid(max_request)) =
         (rates.token_capacity(), max_request_tokens)
     {
@@ -57,15 +73,21 @@ pub(super) fn resolve_buckets(
     if !usable {
         return None;
     }
+    let none = TokenRate {
+        per_minute: 0,
+        burst: 0,
+    };
     let (combined, input, output) = if rates.split {
-        let none = TokenRate {
-            per_minute: 0,
-            burst: 0,
-        };
         (none, Some(rates.input()?), Some(rates.output()?))
+    } else if limit.tokens_per_minute.is_none() {
+        (none, None, None)
     } else {
         (rates.combined()?, None, None)
     };
+    let mut resolved_windows = [None; 6];
+    for (resolved, checked) in resolved_windows.iter_mut().zip(other_windows) {
+        *resolved = checked.resolved()?;
+    }
     Some(BucketSettings {
         combined,
         input,
@@ -74,6 +96,7 @@ pub(super) fn resolve_buckets(
         burst_requests: rates.burst_requests.resolved()?.or(requests_per_minute),
         tenant_share: tenant_share.resolved()?,
         max_request_tokens: max_request_tokens.resolved()?,
+        other_windows: resolved_windows,
     })
 }
 
@@ -172,22 +195,28 @@ impl CheckedRates {
     }
 }
 
-/// Exactly one kind of token bucket: `tokens_per_minute`, or both
-/// `input_tokens_per_minute` and `output_tokens_per_minute`. Whether it is.
+/// At most one kind of token bucket: `tokens_per_minute`, or both
+/// `input_tokens_per_minute` and `output_tokens_per_minute`; and some
+/// bucket, of tokens or of requests. Whether it is so.
 fn check_token_bucket_kind(
     limit: &RawLimit,
     context: &str,
     entry_at: usize,
     d: &mut Diagnostics,
 ) -> bool {
+    let any_other_bucket = limit.requests_per_minute.is_some()
+        || limit
+            .other_windows()
+            .iter()
+            .any(|(_, _, figure)| figure.is_some());
     let (at, problem) = match (
         &limit.tokens_per_minute,
         &limit.input_tokens_per_minute,
         &limit.output_tokens_per_minute,
     ) {
-        (None, None, None) => (
+        (None, None, None) if !any_other_bucket => (
             entry_at,
-            "tokens_per_minute is required (or input_tokens_per_minute and output_tokens_per_minute, for separate input and output buckets)",
+            "a limit needs a bucket: tokens_per_minute (or input_tokens_per_minute and output_tokens_per_minute, for separate input and output buckets), requests_per_minute, or tokens or requests per second, hour or day",
         ),
         (Some(_), Some(split), _) | (Some(_), None, Some(split)) => (
             split.span().start,

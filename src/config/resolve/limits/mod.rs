@@ -116,5 +116,11 @@ fn resolve_limit(
             .as_ref()
             .is_some_and(|learn| *learn.get_ref()),
         burst_headroom_ms: burst_headroom_ms?,
+        tokens_per_second: buckets.other_windows[0],
+        tokens_per_hour: buckets.other_windows[1],
+        tokens_per_day: buckets.other_windows[2],
+        requests_per_second: buckets.other_windows[3],
+        requests_per_hour: buckets.other_windows[4],
+        requests_per_day: buckets.other_windows[5],
     })
 }
