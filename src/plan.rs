@@ -113,6 +113,13 @@ impl AcquirePlan {
     pub fn draws(&self) -> Vec<Draw> {
         self.reserved.iter().map(|r| r.draw.clone()).collect()
     }
+
+    /// A plan that reserves nothing: the lease of a shadow limit's grant
+    /// that its buckets denied.
+    pub const NOTHING: AcquirePlan = AcquirePlan {
+        tokens: 0,
+        reserved: Vec::new(),
+    };
 }
 
 impl Planner {

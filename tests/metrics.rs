@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ratekeeper::proto::{ErrorCode, Request, Response};
 use support::redis::RedisServer;
-use support::{Daemon, acquire, error_code, granted, http_get, metric, report};
+use support::{Daemon, acquire, error_code, granted, http_get, level, metric, report};
 
 /// A limit with tenant shares; `acme` gets labels of its own.
 fn config(redis: Option<(&RedisServer, &str)>) -> String {
@@ -399,4 +399,57 @@ async fn every_metric_is_documented_and_the_dashboard_uses_only_those() {
         unknown.is_empty(),
         "the dashboard uses unknown metrics: {unknown:?}"
     );
+}
+
+/// A shadow limit decides as an enforced one would, counts what it would
+/// have done, and grants every acquire at once: a denial reserves nothing,
+/// a wait keeps its reservation, a cost that could never fit is let through.
+#[tokio::test]
+async fn a_shadow_limit_grants_at_once_and_counts_what_it_would_have_done() {
+    let daemon = Daemon::start(
+        "[metrics]\nlisten = \"127.0.0.1:0\"\n\n\
+         [[limits]]\nname = \"watch\"\nmode = \"shadow\"\ntokens_per_minute = 60\n\
+         burst_tokens = 100\nburst_headroom_ms = 0\n",
+    );
+    let client = daemon.client().await;
+    let granted_at_once = |request| {
+        let client = &client;
+        async move {
+            let (lease, tokens, waited) = granted(&client.call(request).await.unwrap());
+            assert_eq!(waited, 0);
+            (lease, tokens)
+        }
+    };
+    granted_at_once(acquire("watch", 100, 0)).await;
+    // Empty bucket: would be denied; granted, nothing reserved.
+    let (denied_lease, _) = granted_at_once(acquire("watch", 50, 0)).await;
+    assert!(level(&client, "watch", "tokens").await <= 0);
+    // Would wait 50 s: granted now, the reservation kept.
+    granted_at_once(acquire("watch", 50, 60_000)).await;
+    assert!(level(&client, "watch", "tokens").await <= -49);
+    // Could never fit: granted too.
+    granted_at_once(acquire("watch", 1_000, 0)).await;
+    // Settling a lease that reserved nothing gives nothing back.
+    let released = client
+        .call(Request::Release {
+            lease: denied_lease,
+        })
+        .await
+        .unwrap();
+    assert_eq!(released, Response::Released { tokens_returned: 0 });
+    assert!(level(&client, "watch", "tokens").await <= -49);
+
+    let (_, text) = http_get(&daemon.metrics_address().await, "/metrics");
+    let decisions = |decision: &str| {
+        value(
+            &text,
+            &format!(
+                "ratekeeper_shadow_decisions_total{{limit=\"watch\",decision=\"{decision}\"}}"
+            ),
+        )
+    };
+    assert_eq!(decisions("granted"), 1.0);
+    assert_eq!(decisions("would_deny"), 1.0);
+    assert_eq!(decisions("would_wait"), 1.0);
+    assert_eq!(decisions("would_refuse"), 1.0);
 }

@@ -30,7 +30,7 @@ pub use env::{ENV_METRICS_LISTEN, ENV_REDIS_URL, ENV_SOCKET};
 pub use model::{
     BucketKind, Config, DEFAULT_BURST_HEADROOM_MS, DEFAULT_KEY_PREFIX, DEFAULT_MAX_OUTPUT_TOKENS,
     DEFAULT_SOCKET_PATH, DisconnectRule, FailurePolicy, GroupConfig, LeaseConfig, LimitConfig,
-    MAX_BURST, MAX_RATE_PER_MINUTE, MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, MAX_WAIT_MS,
+    LimitMode, MAX_BURST, MAX_RATE_PER_MINUTE, MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, MAX_WAIT_MS,
     MetricsConfig, PriorityClass, RedisConfig, SentinelMaster, ServerConfig, TokenBuckets,
     TokenRate,
 };

@@ -337,6 +337,9 @@ pub struct LimitConfig {
     /// How much of each own bucket's burst is held back, in milliseconds
     /// of its refill (see [`LimitConfig::usable_burst`]).
     pub burst_headroom_ms: u64,
+    /// Whether the limit holds acquires back (`enforce`), or only decides,
+    /// counts and logs while granting every acquire at once (`shadow`).
+    pub mode: LimitMode,
     /// Tokens and requests over windows other than a minute; each is a
     /// bucket of its own whose burst is one window's worth.
     pub tokens_per_second: Option<u64>,
@@ -345,6 +348,18 @@ pub struct LimitConfig {
     pub requests_per_second: Option<u64>,
     pub requests_per_hour: Option<u64>,
     pub requests_per_day: Option<u64>,
+}
+
+/// What a limit does with its decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitMode {
+    /// Holds acquires back and denies them as the buckets say.
+    #[default]
+    Enforce,
+    /// Decides, counts and logs as `enforce` would, but grants every
+    /// acquire at once: a limit rolled out to be watched before it binds.
+    Shadow,
 }
 
 /// A bucket of a limit over a window other than a minute.

@@ -9,7 +9,7 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::model::{DisconnectRule, FailurePolicy};
+use super::model::{DisconnectRule, FailurePolicy, LimitMode};
 use crate::limiter::Window;
 use crate::tokens::{CostRule, Provider, SettleRule, Tokenizer};
 
@@ -117,6 +117,7 @@ pub(super) struct RawLimit {
     pub settle: Option<Spanned<SettleRule>>,
     pub learn_max_output: Option<Spanned<bool>>,
     pub burst_headroom_ms: Option<Spanned<i64>>,
+    pub mode: Option<Spanned<LimitMode>>,
     pub tokens_per_second: Option<Spanned<i64>>,
     pub tokens_per_hour: Option<Spanned<i64>>,
     pub tokens_per_day: Option<Spanned<i64>>,

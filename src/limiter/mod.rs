@@ -48,6 +48,24 @@ pub enum BucketRole {
 }
 
 impl BucketRole {
+    /// Every role, each name once (a minute's window is `Tokens` and
+    /// `Requests`).
+    pub const ALL: [BucketRole; 13] = [
+        BucketRole::Tokens,
+        BucketRole::InputTokens,
+        BucketRole::OutputTokens,
+        BucketRole::Requests,
+        BucketRole::Tenant,
+        BucketRole::GroupTokens,
+        BucketRole::GroupRequests,
+        BucketRole::TokensPer(Window::Second),
+        BucketRole::TokensPer(Window::Hour),
+        BucketRole::TokensPer(Window::Day),
+        BucketRole::RequestsPer(Window::Second),
+        BucketRole::RequestsPer(Window::Hour),
+        BucketRole::RequestsPer(Window::Day),
+    ];
+
     /// The name clients see (`Denied.bucket`, `BucketStatus.name`).
     pub fn name(self) -> &'static str {
         match self {

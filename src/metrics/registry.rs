@@ -42,6 +42,14 @@ pub struct SettleLabels {
     pub outcome: &'static str,
 }
 
+/// A shadow limit's decision: `granted`, `would_wait`, `would_deny`,
+/// `would_refuse` (a cost that could never fit) or `store_unavailable`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShadowLabels {
+    pub limit: Name,
+    pub decision: &'static str,
+}
+
 /// Just the limit.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabel {
@@ -118,6 +126,7 @@ pub struct Metrics {
     pub(crate) connections_open: Gauge,
     pub(crate) in_flight: Gauge,
     pub(crate) reloads: Family<OutcomeLabel, Counter>,
+    pub(crate) shadow_decisions: Family<ShadowLabels, Counter>,
     /// Store calls, shared with the instrumented store.
     pub store: Arc<StoreCalls>,
 }
@@ -144,6 +153,7 @@ impl Metrics {
             connections_open: Gauge::default(),
             in_flight: Gauge::default(),
             reloads: Family::default(),
+            shadow_decisions: Family::default(),
             store: Arc::new(StoreCalls::default()),
             registry: Registry::default(),
         };
@@ -197,6 +207,11 @@ impl Metrics {
             "requests_in_flight",
             "Requests the service is answering now (waiting acquires included)",
             metrics.in_flight.clone(),
+        );
+        r.register(
+            "shadow_decisions",
+            "What shadow limits would have done with the acquires they granted at once, by decision (granted, would_wait, would_deny, would_refuse, store_unavailable)",
+            metrics.shadow_decisions.clone(),
         );
         r.register(
             "reloads",

@@ -9,13 +9,22 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::feedback::Granted;
-use super::{ConnectionId, Service, ServiceError};
-use crate::config::LimitConfig;
+use super::{ConnectionId, Service, ServiceError, Snapshot};
+use crate::config::{LimitConfig, LimitMode};
 use crate::leases::{Lease, refund_all};
-use crate::limiter::Decision;
-use crate::plan::check_name;
+use crate::limiter::{Decision, Origin};
+use crate::plan::{AcquirePlan, PlanError, check_name};
 use crate::proto::{Acquire, ChatRequest, Cost, Response};
 use crate::tokens::{Counter, PromptCount};
+
+/// What a shadow acquire needs besides its plan.
+struct ShadowAcquire<'a> {
+    connection: ConnectionId,
+    limit: &'a LimitConfig,
+    max_wait_ms: u64,
+    input: u64,
+    output: u64,
+}
 
 impl Service {
     pub(super) async fn acquire(
@@ -43,7 +52,18 @@ impl Service {
         if cancel.is_cancelled() {
             return Err(ServiceError::CancelledBeforeReserving);
         }
-        let plan = planner.plan_acquire(checked, tenant.as_deref(), input, output)?;
+        let plan = planner.plan_acquire(checked, tenant.as_deref(), input, output);
+        if limit.mode == LimitMode::Shadow {
+            let shadow = ShadowAcquire {
+                connection,
+                limit,
+                max_wait_ms: checked.max_wait_ms,
+                input,
+                output,
+            };
+            return self.shadow_acquire(&snapshot, shadow, plan).await;
+        }
+        let plan = plan?;
         let store_error = |source| ServiceError::Store {
             limit: limit.name.clone(),
             source,
@@ -80,13 +100,32 @@ impl Service {
                 ServiceError::CancelledWhileWaiting
             });
         }
+        let tokens = plan.tokens;
+        let lease = self.grant(&snapshot, connection, limit, (input, output), plan, origin);
+        Ok(Response::Granted {
+            lease,
+            tokens,
+            waited_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+
+    /// Notes a grant for provider feedback and opens its lease.
+    fn grant(
+        &self,
+        snapshot: &Snapshot,
+        connection: ConnectionId,
+        limit: &LimitConfig,
+        (input, output): (u64, u64),
+        plan: AcquirePlan,
+        origin: Origin,
+    ) -> u64 {
         snapshot.grants[&limit.name].note(Granted {
             requests: 1,
             tokens: plan.tokens,
             input_tokens: input,
             output_tokens: output,
         });
-        let lease = self.leases.insert(Lease {
+        self.leases.insert(Lease {
             owner: connection,
             origin,
             tokens: plan.tokens,
@@ -95,11 +134,65 @@ impl Service {
             learn_as: limit
                 .learn_max_output
                 .then(|| Arc::from(learning_key(limit))),
-        });
+        })
+    }
+
+    /// An acquire of a shadow limit: decided as `enforce` would, counted
+    /// and logged, and granted at once whatever the decision. A reservation
+    /// the decision made stays (so the buckets keep modelling the traffic
+    /// an enforced limit would have let through); a denial reserves nothing.
+    async fn shadow_acquire(
+        &self,
+        snapshot: &Snapshot,
+        shadow: ShadowAcquire<'_>,
+        plan: Result<AcquirePlan, PlanError>,
+    ) -> Result<Response, ServiceError> {
+        let ShadowAcquire {
+            connection,
+            limit,
+            max_wait_ms,
+            input,
+            output,
+        } = shadow;
+        // Granted.tokens is what an enforced grant would have reserved; the
+        // lease holds what this one did (nothing, for a denial).
+        let (decision, tokens, plan, origin) = match plan {
+            Ok(plan) => match self.store.acquire(&plan.draws(), max_wait_ms).await {
+                Ok(Decision::Granted { wait_ms, origin }) => {
+                    let decision = if wait_ms > 0 { "would_wait" } else { "granted" };
+                    (decision, plan.tokens, plan, origin)
+                }
+                Ok(Decision::Denied { .. }) => (
+                    "would_deny",
+                    plan.tokens,
+                    AcquirePlan::NOTHING,
+                    Origin::Unlimited,
+                ),
+                Err(_) => (
+                    "store_unavailable",
+                    plan.tokens,
+                    AcquirePlan::NOTHING,
+                    Origin::Unlimited,
+                ),
+            },
+            Err(PlanError::NeverFits { .. } | PlanError::AboveMaxRequestTokens { .. }) => {
+                let tokens = input.saturating_add(output);
+                (
+                    "would_refuse",
+                    tokens,
+                    AcquirePlan::NOTHING,
+                    Origin::Unlimited,
+                )
+            }
+            Err(invalid) => return Err(invalid.into()),
+        };
+        tracing::debug!(limit = limit.name.as_str(), decision, "shadow decision");
+        self.count_shadow(snapshot, limit, decision);
+        let lease = self.grant(snapshot, connection, limit, (input, output), plan, origin);
         Ok(Response::Granted {
             lease,
-            tokens: plan.tokens,
-            waited_ms: started.elapsed().as_millis() as u64,
+            tokens,
+            waited_ms: 0,
         })
     }
 

@@ -9,9 +9,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use super::{Call, Service, ServiceError, Snapshot};
+use crate::config::LimitConfig;
 use crate::leases::LeaseTag;
 use crate::limiter::BucketRole;
-use crate::metrics::registry::{AcquireLabels, SettleLabels};
+use crate::metrics::registry::{AcquireLabels, SettleLabels, ShadowLabels};
 use crate::metrics::{LimitMeters, Name, TenantLabel};
 use crate::proto::{Cost, MAX_NAME_LEN, Response};
 
@@ -302,16 +303,7 @@ impl Service {
 
 /// The `reason` label of a denial: the bucket's role name.
 fn bucket_label(bucket: &str) -> &'static str {
-    const ROLES: [BucketRole; 7] = [
-        BucketRole::Tokens,
-        BucketRole::InputTokens,
-        BucketRole::OutputTokens,
-        BucketRole::Requests,
-        BucketRole::Tenant,
-        BucketRole::GroupTokens,
-        BucketRole::GroupRequests,
-    ];
-    ROLES
+    BucketRole::ALL
         .iter()
         .map(|role| role.name())
         .find(|name| *name == bucket)
@@ -362,4 +354,21 @@ fn log_acquire(log: &AcquireLog, answer: &Result<Response, ServiceError>) {
         reason = reason.as_deref(),
         "decision"
     );
+}
+
+impl Service {
+    /// Counts a shadow limit's decision.
+    pub(super) fn count_shadow(
+        &self,
+        snapshot: &Snapshot,
+        limit: &LimitConfig,
+        decision: &'static str,
+    ) {
+        if !self.metered {
+            return;
+        }
+        let (limit, _) = snapshot.labels.limit(&limit.name);
+        let labels = ShadowLabels { limit, decision };
+        self.metrics.shadow_decisions.get_or_create(&labels).inc();
+    }
 }

@@ -116,6 +116,10 @@ fn resolve_limit(
             .as_ref()
             .is_some_and(|learn| *learn.get_ref()),
         burst_headroom_ms: burst_headroom_ms?,
+        mode: limit
+            .mode
+            .as_ref()
+            .map_or_else(Default::default, |mode| *mode.get_ref()),
         tokens_per_second: buckets.other_windows[0],
         tokens_per_hour: buckets.other_windows[1],
         tokens_per_day: buckets.other_windows[2],
