@@ -104,15 +104,18 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
         }
         let reading = state.out.len() < OUT_HIGH_WATER;
         let event = tokio::select! {
+            // Answers first, then writes, then reads; the daemon's own
+            // signals last, so a busy connection does not lock their
+            // tokens on every turn (they are seen once it has nothing to do).
             biased;
-            () = &mut closing => Event::Close,
-            () = &mut cancelling, if !cancelled_all => Event::CancelAll,
             Some((request_id, response)) = running.next(), if !running.is_empty() => {
                 Event::Answered(request_id, response)
             }
             ready = stream.writable(), if !state.out.is_empty() => Event::Writable(ready),
             ready = stream.readable(), if reading => Event::Readable(ready),
             () = &mut deadline, if armed.is_some() => Event::Deadline,
+            () = &mut closing => Event::Close,
+            () = &mut cancelling, if !cancelled_all => Event::CancelAll,
         };
         match event {
             Event::Close => break "the daemon is shutting down".to_string(),
