@@ -308,6 +308,14 @@ impl App {
             allowed_uids: config.server.allowed_uids.clone(),
             allowed_gids: config.server.allowed_gids.clone(),
             drain_timeout: Duration::from_millis(config.server.drain_timeout_ms),
+            bounds: server::Bounds {
+                max_connections: usize::try_from(config.server.max_connections)
+                    .unwrap_or(usize::MAX),
+                max_buffered_bytes: usize::try_from(config.server.max_buffered_bytes)
+                    .unwrap_or(usize::MAX),
+                hello_timeout: Duration::from_millis(config.server.hello_timeout_ms),
+                frame_timeout: Duration::from_millis(config.server.frame_timeout_ms),
+            },
         };
         tracing::info!(
             socket = %config.server.socket.display(),

@@ -7,7 +7,7 @@
 //! | [`app`] | assembly: config → store stack, tokenizers, service, socket, reloads |
 //! | [`config`] | the typed configuration: loading, validation, rendering |
 //! | [`proto`] | the wire protocol: frame bounds, messages, the framing codec; no I/O |
-//! | [`server`] | the Unix socket: bind, peer credentials, one task per connection, drain |
+//! | [`server`] | the Unix socket: bind, peer credentials, connection bounds, one task per connection driving its requests, drain |
 //! | [`service`] | the request handlers: acquire, report, release, estimate, status |
 //! | [`plan`] | pure planning: limits → buckets, cost rules, priority floors, capacity |
 //! | [`leases`] | granted reservations awaiting their report, and settlement arithmetic |

@@ -406,7 +406,8 @@ async fn an_unreachable_redis_at_start_is_reported_and_retried() {
     server.kill();
     let url = format!("redis://:hunter2@127.0.0.1:{}/0", server.port);
     let daemon = Daemon::start(&config(&format!("url = \"{url}\""), ""));
-    daemon.wait_for_log("Redis is not reachable at start").await;
+    // The warning comes before the socket is bound; wait for both lines.
+    daemon.wait_for_log("listening").await;
     let log = daemon.log();
     let warning = log
         .lines()

@@ -35,6 +35,17 @@ pub const MAX_BURST: u64 = 10_000_000_000;
 /// a lease's `disconnect_grace_ms` (one hour). Also bounds how far below
 /// zero a level can go, which keeps the Lua arithmetic exact in doubles.
 pub const MAX_WAIT_MS: u64 = 3_600_000;
+/// Default `server.max_connections`: room for every worker of a large pod,
+/// and with [`DEFAULT_MAX_BUFFERED_BYTES`] well inside the shipped 256 MiB
+/// pod limit (`k8s/deployment.yaml`).
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 1024;
+/// Default `server.max_buffered_bytes` (64 MiB): sixteen 4 MiB frames
+/// arriving at once.
+pub const DEFAULT_MAX_BUFFERED_BYTES: u64 = 64 * 1024 * 1024;
+/// Largest `server.max_connections` (file descriptors are the real bound).
+pub const MAX_CONNECTIONS: u64 = 1_000_000;
+/// Largest `server.max_buffered_bytes` (16 GiB).
+pub const MAX_BUFFERED_BYTES: u64 = 16 * 1024 * 1024 * 1024;
 /// Largest `server.socket_mode`.
 pub const MAX_SOCKET_MODE: u32 = 0o777;
 /// Longest socket path, in bytes (`sun_path` minus the terminating NUL).
@@ -114,6 +125,15 @@ pub struct ServerConfig {
     pub allowed_gids: Vec<u32>,
     /// How long `SIGTERM` waits for in-flight requests before exiting.
     pub drain_timeout_ms: u64,
+    /// Most connections open at once; the next is refused `Overloaded`.
+    pub max_connections: u64,
+    /// Most bytes all connections together may buffer for frames that
+    /// have not fully arrived, beyond each connection's first read chunk.
+    pub max_buffered_bytes: u64,
+    /// How long a new connection may take to send its `Hello`.
+    pub hello_timeout_ms: u64,
+    /// How long a frame may take to arrive, from its first byte to its last.
+    pub frame_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -124,6 +144,10 @@ impl Default for ServerConfig {
             allowed_uids: Vec::new(),
             allowed_gids: Vec::new(),
             drain_timeout_ms: 10_000,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
+            hello_timeout_ms: 10_000,
+            frame_timeout_ms: 10_000,
         }
     }
 }

@@ -47,6 +47,10 @@ pub(super) struct RawServer {
     pub allowed_uids: Option<Vec<Spanned<i64>>>,
     pub allowed_gids: Option<Vec<Spanned<i64>>>,
     pub drain_timeout_ms: Option<Spanned<i64>>,
+    pub max_connections: Option<Spanned<i64>>,
+    pub max_buffered_bytes: Option<Spanned<i64>>,
+    pub hello_timeout_ms: Option<Spanned<i64>>,
+    pub frame_timeout_ms: Option<Spanned<i64>>,
 }
 
 /// `[redis]`.

@@ -24,6 +24,10 @@ impl Config {
                 allowed_uids: &self.server.allowed_uids,
                 allowed_gids: &self.server.allowed_gids,
                 drain_timeout_ms: self.server.drain_timeout_ms,
+                max_connections: self.server.max_connections,
+                max_buffered_bytes: self.server.max_buffered_bytes,
+                hello_timeout_ms: self.server.hello_timeout_ms,
+                frame_timeout_ms: self.server.frame_timeout_ms,
             },
             redis: self.redis.as_ref().map(|redis| RedisConfig {
                 url: redis.url.as_deref().map(mask_redis_url),
@@ -89,6 +93,10 @@ struct EffectiveServer<'a> {
     allowed_uids: &'a [u32],
     allowed_gids: &'a [u32],
     drain_timeout_ms: u64,
+    max_connections: u64,
+    max_buffered_bytes: u64,
+    hello_timeout_ms: u64,
+    frame_timeout_ms: u64,
 }
 
 /// `url` with its password (if any) replaced by `****`: in the userinfo

@@ -114,12 +114,15 @@ impl ErrorCode {
         )
     }
 
-    /// Whether the daemon closes the connection after sending this error.
-    pub fn closes_connection(self) -> bool {
-        matches!(
-            self,
-            Self::UnsupportedVersion | Self::HelloRequired | Self::FrameTooLarge
-        )
+    /// Whether the daemon closes the connection after sending this error
+    /// with this request id: `Overloaded` closes it only on request id 0,
+    /// where it speaks of the connection rather than one request.
+    pub fn closes_connection(self, request_id: u64) -> bool {
+        match self {
+            Self::UnsupportedVersion | Self::HelloRequired | Self::FrameTooLarge => true,
+            Self::Overloaded => request_id == crate::proto::CONNECTION_REQUEST_ID,
+            _ => false,
+        }
     }
 }
 

@@ -62,7 +62,8 @@ pub fn split_frame(buffer: &[u8]) -> Result<Option<(&[u8], usize)>, FrameError> 
 
 /// The bytes read from one stream, cut into frames: the framing codec of
 /// both the server and the client. Pure: the caller reads into
-/// [`read_space`](Self::read_space) and takes payloads out.
+/// [`read_space`](Self::read_space) and takes payloads out. Nothing is
+/// allocated before the first read.
 #[derive(Debug, Default)]
 pub struct FrameReader {
     buffer: BytesMut,
@@ -70,14 +71,19 @@ pub struct FrameReader {
 
 impl FrameReader {
     pub fn new() -> Self {
-        FrameReader {
-            buffer: BytesMut::with_capacity(READ_CHUNK),
-        }
+        FrameReader::default()
     }
 
     /// The buffer the next read appends to, with room made for it.
     pub fn read_space(&mut self) -> &mut BytesMut {
         self.buffer.reserve(READ_CHUNK);
+        &mut self.buffer
+    }
+
+    /// The buffer as it is, for a caller that manages its room itself
+    /// ([`room`](Self::room), [`reclaim`](Self::reclaim),
+    /// [`reallocate`](Self::reallocate)).
+    pub fn buffer_mut(&mut self) -> &mut BytesMut {
         &mut self.buffer
     }
 
@@ -96,6 +102,41 @@ impl FrameReader {
     /// Bytes received but not yet taken as a frame.
     pub fn buffered(&self) -> usize {
         self.buffer.len()
+    }
+
+    /// Bytes the buffer can hold from the first byte not yet taken, without
+    /// growing.
+    pub fn room(&self) -> usize {
+        self.buffer.capacity()
+    }
+
+    /// Length prefix included, the size of the frame whose bytes are
+    /// arriving, once its prefix is in (and within [`MAX_FRAME_LEN`]); 0
+    /// before that.
+    pub fn incomplete_frame_len(&self) -> usize {
+        match self.buffer.first_chunk::<LENGTH_PREFIX_LEN>() {
+            Some(prefix) if u32::from_le_bytes(*prefix) <= MAX_FRAME_LEN => {
+                LENGTH_PREFIX_LEN + u32::from_le_bytes(*prefix) as usize
+            }
+            _ => 0,
+        }
+    }
+
+    /// Makes [`room`](Self::room) for `capacity` bytes inside the present
+    /// allocation (moving what is buffered to its front); false when it
+    /// cannot, without allocating.
+    pub fn reclaim(&mut self, capacity: usize) -> bool {
+        let additional = capacity.saturating_sub(self.buffer.len());
+        self.buffer.try_reclaim(additional)
+    }
+
+    /// Moves what is buffered into a new allocation of exactly `capacity`
+    /// bytes (at least what is buffered), letting the old one go: how a
+    /// buffer grows for one large frame, and gives the memory back after.
+    pub fn reallocate(&mut self, capacity: usize) {
+        let mut buffer = BytesMut::with_capacity(capacity.max(self.buffer.len()));
+        buffer.extend_from_slice(&self.buffer);
+        self.buffer = buffer;
     }
 }
 

@@ -1,42 +1,40 @@
-//! One client connection: a reader that decodes frames, answers the
-//! connection's own requests (`Hello`, `Ping`, `Cancel`) and starts one task
-//! per service call, and a writer that sends answers in the order they
-//! finish.
+//! One client connection, served by one task that does everything itself:
+//! it reads frames (into a buffer allocated when the first byte arrives,
+//! under the shared budget), drives every service call of the connection as
+//! a future of its own loop, and writes the answers as they finish. No task
+//! per request, no channel to a writer.
+//!
+//! Its bounds: a `Hello` within `hello_timeout`, each frame complete within
+//! `frame_timeout` of its first byte, answers taken by the client within
+//! `frame_timeout`, and no more read-ahead while answers pile up unread.
 
-use std::collections::HashMap;
-use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
 
-use futures_util::FutureExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::net::UnixStream;
-use tokio::net::unix::OwnedWriteHalf;
-use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::proto::{
-    self, CONNECTION_REQUEST_ID, ClientFrame, ErrorCode, FrameError, FrameReader, MAX_FRAME_LEN,
-    MAX_IN_FLIGHT, PROTOCOL_VERSION, Request, Response, ServerFrame,
-};
-use crate::service::{Call, ConnectionId, Service};
-
-/// The `Error` answer for `code`.
-fn error(code: ErrorCode, message: impl Into<String>) -> Response {
-    Response::error(code, message)
-}
-
-/// Bytes the writer makes room for before encoding its first answers.
-const WRITE_CHUNK: usize = 16 * 1024;
-
-/// How the daemon names itself in `Hello` and in messages.
-const SERVER: &str = concat!("ratekeeper ", env!("CARGO_PKG_VERSION"));
+use super::Bounds;
+use super::buffer::{BufferBudget, ConnectionBuffer};
+use super::requests::{Requests, answer_call, error};
+use crate::proto::{CONNECTION_REQUEST_ID, ErrorCode, Response};
+use crate::service::{ConnectionId, Service};
 
 /// The close reason of a connection that ended the way connections should.
 const CLOSED_BY_CLIENT: &str = "closed by the client";
 
-/// Unanswered requests of one connection, each with its cancellation.
-type InFlight = Arc<Mutex<HashMap<u64, CancellationToken>>>;
+/// Encoded answers above which the connection stops reading until the
+/// client takes them.
+const OUT_HIGH_WATER: usize = 64 * 1024;
+
+/// Output capacity kept between answers; a buffer grown past it for one
+/// large answer is given back.
+const OUT_KEEP: usize = 16 * 1024;
 
 /// Everything a connection needs from the server.
 pub(crate) struct ConnectionContext {
@@ -45,424 +43,300 @@ pub(crate) struct ConnectionContext {
     /// Fires when the connection must give up its waiting requests
     /// (the drain deadline passed).
     pub cancel: CancellationToken,
-    /// Tracks every request task of the daemon so shutdown can drain them.
+    /// Counts every request in flight in the daemon so shutdown can drain
+    /// them.
     pub requests: TaskTracker,
     /// Fires once the daemon has drained: stop reading, flush the answers
     /// already made, and close.
     pub close: CancellationToken,
+    pub budget: Arc<BufferBudget>,
+    pub bounds: Bounds,
 }
 
-/// Serves one connection until the client closes it or breaks the protocol.
+/// What woke the connection.
+enum Event {
+    Close,
+    CancelAll,
+    Answered(u64, Response),
+    Writable(io::Result<()>),
+    Readable(io::Result<()>),
+    Deadline,
+}
+
+/// Serves one connection until the client closes it, breaks the protocol or
+/// a bound, or the daemon closes it.
 pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
-    let (mut reader, writer) = stream.into_split();
-    let (answers, pending) = mpsc::channel::<ServerFrame>(MAX_IN_FLIGHT as usize + 16);
-    let writer_task = tokio::spawn(write_answers(writer, pending));
-    let mut connection = Connection {
-        context,
-        answers,
-        in_flight: Arc::new(Mutex::new(HashMap::new())),
-        tasks: TaskTracker::new(),
-        client_name: None,
-    };
-
-    let mut frames = FrameReader::new();
-    let close_reason = loop {
-        match connection.process_buffered(&mut frames).await {
-            Ok(()) => {}
-            Err(reason) => break reason,
-        }
-        let read = tokio::select! {
-            read = reader.read_buf(frames.read_space()) => read,
-            _ = connection.context.close.cancelled() => break "the daemon is shutting down".to_string(),
-        };
-        match read {
-            Ok(0) if frames.buffered() == 0 => break CLOSED_BY_CLIENT.to_string(),
-            Ok(0) => {
-                break format!(
-                    "closed by the client in the middle of a frame ({} bytes unread)",
-                    frames.buffered()
-                );
-            }
-            Ok(_) => {}
-            Err(io_error) => break format!("read failed: {io_error}"),
-        }
-    };
-    connection.close(close_reason).await;
-    drop(connection.answers);
-    let _ = writer_task.await;
-}
-
-struct Connection {
-    context: ConnectionContext,
-    answers: mpsc::Sender<ServerFrame>,
-    in_flight: InFlight,
-    /// This connection's request tasks, joined before its leases are dropped.
-    tasks: TaskTracker,
-    /// Set by `Hello`; `None` until then.
-    client_name: Option<String>,
-}
-
-impl Connection {
-    /// Handles every complete frame `frames` holds. An error means the
-    /// connection must close, with the reason to log.
-    async fn process_buffered(&mut self, frames: &mut FrameReader) -> Result<(), String> {
-        loop {
-            let payload = match frames.next_payload() {
-                Ok(Some(payload)) => payload,
-                Ok(None) => return Ok(()),
-                Err(frame_error) => {
-                    let reason = frame_error.to_string();
-                    self.answer(
-                        CONNECTION_REQUEST_ID,
-                        error(ErrorCode::FrameTooLarge, reason.clone()),
-                    )
-                    .await;
-                    return Err(reason);
-                }
-            };
-            let decoded = proto::decode_payload::<ClientFrame>(&payload);
-            let id_hint = proto::request_id_hint(&payload);
-            let version_hint = proto::hello_version_hint(&payload);
-            match decoded {
-                Ok(frame) => self.handle_frame(frame).await?,
-                Err(FrameError::Malformed(reason)) if self.client_name.is_some() => {
-                    let id = id_hint.unwrap_or(CONNECTION_REQUEST_ID);
-                    let answer = match proto::request_tag_hint(&payload) {
-                        // A request of a later protocol revision: the client
-                        // can tell that this daemon predates it (PROTOCOL.md §10).
-                        Some(tag) if tag >= Request::KNOWN_TAGS => {
-                            tracing::debug!(
-                                connection = self.context.id,
-                                client = self.client(),
-                                tag,
-                                "request of a later protocol revision"
-                            );
-                            error(
-                                ErrorCode::Unsupported,
-                                format!(
-                                    "request tag {tag} is not known to {SERVER}, which knows tags 0 to {}",
-                                    Request::KNOWN_TAGS - 1
-                                ),
-                            )
-                        }
-                        _ => {
-                            tracing::warn!(
-                                connection = self.context.id,
-                                client = self.client(),
-                                reason,
-                                "malformed message"
-                            );
-                            error(ErrorCode::MalformedMessage, reason)
-                        }
-                    };
-                    self.answer(id, answer).await;
-                }
-                Err(frame_error) => {
-                    if let Some(version) = version_hint.filter(|&v| v != PROTOCOL_VERSION) {
-                        let id = id_hint.unwrap_or(CONNECTION_REQUEST_ID);
-                        return Err(self.refuse_version(id, version).await);
-                    }
-                    // Before Hello we cannot trust the peer speaks our protocol.
-                    let reason = format!("first frame is not a valid Hello: {frame_error}");
-                    let id = id_hint.unwrap_or(CONNECTION_REQUEST_ID);
-                    self.answer(id, error(ErrorCode::HelloRequired, reason.clone()))
-                        .await;
-                    return Err(reason);
-                }
-            }
-        }
-    }
-
-    async fn handle_frame(&mut self, frame: ClientFrame) -> Result<(), String> {
-        let ClientFrame {
+    let ConnectionContext {
+        id,
+        service,
+        cancel,
+        requests,
+        close,
+        budget,
+        bounds,
+    } = context;
+    let start = |request_id, call, cancel| {
+        answer_call(
+            service.clone(),
+            id,
             request_id,
-            request,
-        } = frame;
-        if self.client_name.is_none() {
-            return self.handle_hello(request_id, request).await;
-        }
-        if request_id == CONNECTION_REQUEST_ID {
-            self.answer(
-                request_id,
-                error(ErrorCode::InvalidRequest, "request id 0 is reserved"),
-            )
-            .await;
-            return Ok(());
-        }
-        if self.lock_in_flight().contains_key(&request_id) {
-            self.answer(
-                request_id,
-                error(
-                    ErrorCode::DuplicateRequestId,
-                    format!("request id {request_id} is already in flight on this connection"),
-                ),
-            )
-            .await;
-            return Ok(());
-        }
-        match request {
-            Request::Ping => self.answer(request_id, Response::Pong).await,
-            Request::Hello { .. } => {
-                self.answer(
-                    request_id,
-                    error(
-                        ErrorCode::InvalidRequest,
-                        "Hello was already exchanged on this connection",
-                    ),
-                )
-                .await
-            }
-            Request::Cancel { request_id: target } => {
-                let token = self.lock_in_flight().get(&target).cloned();
-                if let Some(token) = &token {
-                    token.cancel();
-                }
-                self.answer(
-                    request_id,
-                    Response::Cancelled {
-                        found: token.is_some(),
-                    },
-                )
-                .await
-            }
-            Request::Acquire(acquire) => self.start_call(request_id, Call::Acquire(acquire)).await,
-            Request::Report {
-                lease,
-                input_tokens,
-                output_tokens,
-            } => {
-                let call = Call::Report {
-                    lease,
-                    input_tokens,
-                    output_tokens,
-                };
-                self.start_call(request_id, call).await
-            }
-            Request::Release { lease } => {
-                self.start_call(request_id, Call::Release { lease }).await
-            }
-            Request::Estimate { limit, cost } => {
-                self.start_call(request_id, Call::Estimate { limit, cost })
-                    .await
-            }
-            Request::Status { limit } => self.start_call(request_id, Call::Status { limit }).await,
-            Request::Health => self.start_call(request_id, Call::Health).await,
-            Request::Inspect { limit } => {
-                self.start_call(request_id, Call::Inspect { limit }).await
-            }
-            Request::Feedback(feedback) => {
-                self.start_call(request_id, Call::Feedback(feedback)).await
-            }
-        }
-        Ok(())
-    }
-
-    async fn handle_hello(&mut self, request_id: u64, request: Request) -> Result<(), String> {
-        match request {
-            Request::Hello {
-                protocol_version: PROTOCOL_VERSION,
-                client_name,
-            } if client_name.len() <= proto::MAX_NAME_LEN => {
-                tracing::debug!(
-                    connection = self.context.id,
-                    client = client_name.as_str(),
-                    "client said hello"
-                );
-                self.client_name = Some(client_name);
-                self.answer(
-                    request_id,
-                    Response::Hello {
-                        protocol_version: PROTOCOL_VERSION,
-                        server: SERVER.to_string(),
-                        max_frame_len: MAX_FRAME_LEN,
-                        max_in_flight: MAX_IN_FLIGHT,
-                    },
-                )
-                .await;
-                Ok(())
-            }
-            Request::Hello {
-                protocol_version: PROTOCOL_VERSION,
-                client_name,
-            } => {
-                let reason = format!(
-                    "client name of {} bytes exceeds the maximum of {}",
-                    client_name.len(),
-                    proto::MAX_NAME_LEN
-                );
-                self.answer(request_id, error(ErrorCode::InvalidRequest, reason.clone()))
-                    .await;
-                Err(reason)
-            }
-            Request::Hello {
-                protocol_version, ..
-            } => Err(self.refuse_version(request_id, protocol_version).await),
-            _ => {
-                let reason = "the first frame on a connection must be Hello".to_string();
-                self.answer(request_id, error(ErrorCode::HelloRequired, reason.clone()))
-                    .await;
-                Err(reason)
-            }
-        }
-    }
-
-    /// Answers a `Hello` of another protocol version; returns the reason to
-    /// close the connection.
-    async fn refuse_version(&self, request_id: u64, protocol_version: u16) -> String {
-        let reason = format!(
-            "protocol version {protocol_version} is not supported; this daemon speaks version {PROTOCOL_VERSION}"
-        );
-        self.answer(
-            request_id,
-            error(ErrorCode::UnsupportedVersion, reason.clone()),
+            call,
+            cancel,
+            requests.token(),
         )
-        .await;
-        reason
-    }
+    };
+    let mut running = FuturesUnordered::new();
+    let mut state = Requests::new(id);
+    let mut buffer = ConnectionBuffer::new(budget);
+    let mut timers = Timers::new(bounds);
+    let closing = close.cancelled();
+    let cancelling = cancel.cancelled();
+    let deadline = tokio::time::sleep_until(timers.next());
+    tokio::pin!(closing, cancelling, deadline);
+    let mut cancelled_all = false;
 
-    /// Registers the call as in flight and answers it from its own task,
-    /// so a long acquire wait holds up nothing behind it.
-    async fn start_call(&mut self, request_id: u64, call: Call) {
-        let admitted = {
-            let mut in_flight = self.lock_in_flight();
-            if in_flight.len() >= MAX_IN_FLIGHT as usize {
-                Err(error(
-                    ErrorCode::TooManyInFlight,
-                    format!("this connection already has {MAX_IN_FLIGHT} unanswered requests"),
-                ))
-            } else {
-                let token = self.context.cancel.child_token();
-                in_flight.insert(request_id, token.clone());
-                Ok(token)
+    let reason = loop {
+        let armed = timers.next_armed();
+        if let Some(at) = armed {
+            if deadline.deadline() != at {
+                deadline.as_mut().reset(at);
             }
-        };
-        let token = match admitted {
-            Ok(token) => token,
-            Err(refusal) => return self.answer(request_id, refusal).await,
-        };
-        let service = self.context.service.clone();
-        let in_flight = self.in_flight.clone();
-        let answers = self.answers.clone();
-        let connection = self.context.id;
-        let counted = service.metrics().request_started();
-        let task = async move {
-            let _counted = counted;
-            // A bug must cost one request an error, never leave it unanswered.
-            let response = AssertUnwindSafe(service.handle(connection, call, token))
-                .catch_unwind()
-                .await
-                .map(|answer| answer.unwrap_or_else(|failure| failure.into_response()))
-                .unwrap_or_else(|_| {
-                    tracing::error!(
-                        connection,
-                        request_id,
-                        "a request handler panicked; answered Internal"
-                    );
-                    error(
-                        ErrorCode::Internal,
-                        "the daemon failed while answering this request (a bug: please report it)",
-                    )
-                });
-            // Free the id before answering: a client may reuse it on receipt.
-            in_flight
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .remove(&request_id);
-            let _ = answers
-                .send(ServerFrame {
-                    request_id,
-                    response,
-                })
-                .await;
-        };
-        self.tasks.spawn(self.context.requests.track_future(task));
-    }
-
-    /// Returns the waiting reservations of this connection, then forgets its
-    /// unreported leases.
-    async fn close(&mut self, reason: String) {
-        let cancelled = {
-            let in_flight = self.lock_in_flight();
-            in_flight.values().for_each(CancellationToken::cancel);
-            in_flight.len()
-        };
-        self.tasks.close();
-        self.tasks.wait().await;
-        let forgotten = self.context.service.connection_closed(self.context.id);
-        // A connection that ended cleanly with nothing left behind (a probe,
-        // a CLI command, a worker that settled everything) is routine.
-        let routine = reason == CLOSED_BY_CLIENT && cancelled == 0 && forgotten == 0;
-        let (connection, client) = (self.context.id, self.client());
-        if routine {
-            tracing::debug!(connection, client, reason, "connection closed");
-        } else {
-            tracing::info!(
-                connection,
-                client,
-                reason,
-                cancelled_requests = cancelled,
-                unreported_leases = forgotten,
-                "connection closed"
-            );
         }
-    }
-
-    async fn answer(&self, request_id: u64, response: Response) {
-        if let Response::Error { code, message } = &response {
-            tracing::debug!(
-                connection = self.context.id,
-                client = self.client(),
-                request_id,
-                code,
-                message = message.as_str(),
-                "request failed"
-            );
+        let reading = state.out.len() < OUT_HIGH_WATER;
+        let event = tokio::select! {
+            // Answers first, then writes, then reads; the daemon's own
+            // signals last, so a busy connection does not lock their
+            // tokens on every turn (they are seen once it has nothing to do).
+            biased;
+            Some((request_id, response)) = running.next(), if !running.is_empty() => {
+                Event::Answered(request_id, response)
+            }
+            ready = stream.writable(), if !state.out.is_empty() => Event::Writable(ready),
+            ready = stream.readable(), if reading => Event::Readable(ready),
+            () = &mut deadline, if armed.is_some() => Event::Deadline,
+            () = &mut closing => Event::Close,
+            () = &mut cancelling, if !cancelled_all => Event::CancelAll,
+        };
+        match event {
+            Event::Close => break "the daemon is shutting down".to_string(),
+            Event::CancelAll => {
+                cancelled_all = true;
+                state.cancel_all();
+            }
+            Event::Answered(request_id, response) => state.finished(request_id, response),
+            Event::Writable(Err(io_error)) => break format!("write failed: {io_error}"),
+            Event::Writable(Ok(())) => match write_some(&stream, &mut state.out) {
+                Ok(true) => timers.write_progressed(!state.out.is_empty()),
+                Ok(false) => timers.write_blocked(),
+                Err(io_error) => break format!("write failed: {io_error}"),
+            },
+            Event::Readable(Err(io_error)) => break format!("read failed: {io_error}"),
+            Event::Readable(Ok(())) => {
+                let space = match buffer.read_space() {
+                    Ok(space) => space,
+                    Err(exhausted) => {
+                        break refuse(
+                            &mut state,
+                            format!(
+                                "no room for a frame of {} bytes: the daemon's buffer for \
+                                 incomplete frames (server.max_buffered_bytes) is in use",
+                                exhausted.frame_len
+                            ),
+                        );
+                    }
+                };
+                match stream.try_read_buf(space) {
+                    Ok(0) if buffer.buffered() == 0 => break CLOSED_BY_CLIENT.to_string(),
+                    Ok(0) => {
+                        break format!(
+                            "closed by the client in the middle of a frame ({} bytes unread)",
+                            buffer.buffered()
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(io_error) if io_error.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(io_error) => break format!("read failed: {io_error}"),
+                }
+                let taken = state.process_buffered(buffer.frames(), &mut running, &start);
+                buffer.shrink();
+                match taken {
+                    Ok(taken) => {
+                        timers.frames_read(taken > 0, buffer.buffered() > 0);
+                        if state.client_name.is_some() {
+                            timers.hello_received();
+                        }
+                    }
+                    Err(reason) => break reason,
+                }
+            }
+            Event::Deadline => {
+                let now = Instant::now();
+                if let Some(reason) = timers.expired(now, &mut state, buffer.buffered()) {
+                    break reason;
+                }
+            }
         }
-        let _ = self
-            .answers
-            .send(ServerFrame {
-                request_id,
-                response,
-            })
-            .await;
-    }
+    };
 
-    fn client(&self) -> &str {
-        self.client_name.as_deref().unwrap_or("?")
+    // Waiting acquires return their reservations, then the connection's
+    // unreported leases are forgotten.
+    let cancelled = state.in_flight.len();
+    state.cancel_all();
+    while let Some((request_id, response)) = running.next().await {
+        state.finished(request_id, response);
     }
-
-    fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<u64, CancellationToken>> {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    let forgotten = service.connection_closed(id);
+    flush(&stream, &mut state.out, bounds.frame_timeout).await;
+    // A connection that ended cleanly with nothing left behind (a probe,
+    // a CLI command, a worker that settled everything) is routine.
+    let routine = reason == CLOSED_BY_CLIENT && cancelled == 0 && forgotten == 0;
+    let client = state.client();
+    if routine {
+        tracing::debug!(connection = id, client, reason, "connection closed");
+    } else {
+        tracing::info!(
+            connection = id,
+            client,
+            reason,
+            cancelled_requests = cancelled,
+            unreported_leases = forgotten,
+            "connection closed"
+        );
     }
 }
 
-/// Encodes answers as they come, batching whatever is ready into one write.
-async fn write_answers(mut writer: OwnedWriteHalf, mut pending: mpsc::Receiver<ServerFrame>) {
-    let mut bytes = Vec::with_capacity(WRITE_CHUNK);
-    while let Some(frame) = pending.recv().await {
-        bytes.clear();
-        encode_answer(&frame, &mut bytes);
-        while let Ok(frame) = pending.try_recv() {
-            encode_answer(&frame, &mut bytes);
-        }
-        if let Err(io_error) = writer.write_all(&bytes).await {
-            tracing::debug!(%io_error, "could not write answers; the client is gone");
-            return;
-        }
-    }
-    let _ = writer.shutdown().await;
+/// Answers a connection-level refusal (`Overloaded`, request id 0) and
+/// returns the reason to close.
+fn refuse(state: &mut Requests, reason: String) -> String {
+    state.answer(
+        CONNECTION_REQUEST_ID,
+        error(ErrorCode::Overloaded, reason.clone()),
+    );
+    reason
 }
 
-fn encode_answer(frame: &ServerFrame, bytes: &mut Vec<u8>) {
-    if let Err(encode_error) = proto::encode_frame(frame, bytes) {
-        // Only a status listing too many limits could exceed the frame bound.
-        tracing::error!(%encode_error, request_id = frame.request_id, "answer could not be encoded");
-        let fallback = ServerFrame {
-            request_id: frame.request_id,
-            response: error(ErrorCode::Internal, encode_error.to_string()),
-        };
-        let _ = proto::encode_frame(&fallback, bytes);
+/// Writes what the socket takes now; `Ok(false)` when it took nothing.
+fn write_some(stream: &UnixStream, out: &mut Vec<u8>) -> io::Result<bool> {
+    match stream.try_write(out) {
+        Ok(written) => {
+            out.drain(..written);
+            if out.is_empty() && out.capacity() > OUT_KEEP {
+                *out = Vec::new();
+            }
+            Ok(written > 0)
+        }
+        Err(io_error) if io_error.kind() == io::ErrorKind::WouldBlock => Ok(false),
+        Err(io_error) => Err(io_error),
+    }
+}
+
+/// Writes the last answers, giving up after `timeout` or at an error.
+async fn flush(stream: &UnixStream, out: &mut Vec<u8>, timeout: Duration) {
+    let written = tokio::time::timeout(timeout, async {
+        while !out.is_empty() {
+            stream.writable().await?;
+            write_some(stream, out)?;
+        }
+        io::Result::Ok(())
+    });
+    match written.await {
+        Ok(Ok(())) => {}
+        Ok(Err(io_error)) => {
+            tracing::debug!(%io_error, "could not write answers; the client is gone")
+        }
+        Err(_) => tracing::debug!("the client did not take its last answers in time"),
+    }
+}
+
+/// The connection's deadlines: its `Hello`, the frame arriving, the answers
+/// being taken.
+struct Timers {
+    bounds: Bounds,
+    hello_by: Option<Instant>,
+    frame_by: Option<Instant>,
+    answers_taken_by: Option<Instant>,
+}
+
+impl Timers {
+    fn new(bounds: Bounds) -> Self {
+        Timers {
+            bounds,
+            hello_by: Some(Instant::now() + bounds.hello_timeout),
+            frame_by: None,
+            answers_taken_by: None,
+        }
+    }
+
+    /// The earliest armed deadline.
+    fn next_armed(&self) -> Option<Instant> {
+        [self.hello_by, self.frame_by, self.answers_taken_by]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The earliest armed deadline, or a far one.
+    fn next(&self) -> Instant {
+        self.next_armed()
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400))
+    }
+
+    fn hello_received(&mut self) {
+        self.hello_by = None;
+    }
+
+    /// After a read: a frame that started arriving must be complete within
+    /// the frame timeout of its first byte.
+    fn frames_read(&mut self, took_frames: bool, partial: bool) {
+        if !partial {
+            self.frame_by = None;
+        } else if took_frames || self.frame_by.is_none() {
+            self.frame_by = Some(Instant::now() + self.bounds.frame_timeout);
+        }
+    }
+
+    fn write_blocked(&mut self) {
+        if self.answers_taken_by.is_none() {
+            self.answers_taken_by = Some(Instant::now() + self.bounds.frame_timeout);
+        }
+    }
+
+    fn write_progressed(&mut self, more: bool) {
+        self.answers_taken_by = None;
+        if more {
+            self.write_blocked();
+        }
+    }
+
+    /// The reason to close if a deadline passed, after answering what can
+    /// still be answered.
+    fn expired(&self, now: Instant, state: &mut Requests, buffered: usize) -> Option<String> {
+        let ms = |timeout: Duration| timeout.as_millis();
+        if self.hello_by.is_some_and(|at| at <= now) {
+            let reason = format!(
+                "no Hello within {} ms of connecting (server.hello_timeout_ms)",
+                ms(self.bounds.hello_timeout)
+            );
+            let refusal = error(ErrorCode::HelloRequired, reason.clone());
+            state.answer(CONNECTION_REQUEST_ID, refusal);
+            return Some(reason);
+        }
+        if self.frame_by.is_some_and(|at| at <= now) {
+            return Some(refuse(
+                state,
+                format!(
+                    "a frame did not arrive within {} ms of its first byte \
+                     (server.frame_timeout_ms); {buffered} bytes of it came",
+                    ms(self.bounds.frame_timeout)
+                ),
+            ));
+        }
+        if self.answers_taken_by.is_some_and(|at| at <= now) {
+            return Some(format!(
+                "the client took no answer for {} ms (server.frame_timeout_ms)",
+                ms(self.bounds.frame_timeout)
+            ));
+        }
+        None
     }
 }

@@ -1,8 +1,11 @@
-//! The Unix-socket server: accepts connections, checks peer credentials,
-//! serves each connection in its own task and drains on shutdown.
+//! The Unix-socket server: accepts connections up to a cap, checks peer
+//! credentials, serves each connection in its own task (which drives that
+//! connection's requests itself) and drains on shutdown.
 
+mod buffer;
 mod connection;
 pub mod listener;
+mod requests;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -13,7 +16,9 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::proto::{self, CONNECTION_REQUEST_ID, ErrorCode, ServerFrame};
 use crate::service::Service;
+use buffer::BufferBudget;
 use connection::ConnectionContext;
 pub use listener::{BindError, bind};
 
@@ -29,6 +34,23 @@ pub struct ServerSettings {
     pub allowed_gids: Vec<u32>,
     /// How long in-flight requests may take to finish after `shutdown` fires.
     pub drain_timeout: Duration,
+    /// What one client, or all of them together, can make the daemon hold.
+    pub bounds: Bounds,
+}
+
+/// The resource bounds of the socket (`[server]` in the configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Connections open at once; the next is refused `Overloaded`.
+    pub max_connections: usize,
+    /// Bytes all connections together may buffer for frames still arriving,
+    /// beyond each connection's read chunk.
+    pub max_buffered_bytes: usize,
+    /// How long a connection may take to send `Hello`.
+    pub hello_timeout: Duration,
+    /// How long a frame may take to arrive from its first byte to its last,
+    /// and answers may wait for the client to take them.
+    pub frame_timeout: Duration,
 }
 
 /// Serves `listener` until `shutdown` completes, then drains: refuses new
@@ -45,6 +67,8 @@ pub async fn run(
     let cancel_all = CancellationToken::new();
     let close_all = CancellationToken::new();
     let connections = TaskTracker::new();
+    let budget = Arc::new(BufferBudget::new(settings.bounds.max_buffered_bytes));
+    let mut at_cap = false;
     let mut next_connection = 1u64;
     tokio::pin!(shutdown);
     loop {
@@ -65,12 +89,29 @@ pub async fn run(
         if !peer_allowed(&stream, &settings, id) {
             continue;
         }
+        let open = connections.len();
+        if open >= settings.bounds.max_connections {
+            if !at_cap {
+                tracing::warn!(
+                    open,
+                    "refusing connections: server.max_connections are open"
+                );
+            }
+            at_cap = true;
+            refuse_connection(&stream, id, open);
+            continue;
+        } else if at_cap {
+            tracing::info!(open, "accepting connections again");
+            at_cap = false;
+        }
         let context = ConnectionContext {
             id,
             service: service.clone(),
             cancel: cancel_all.child_token(),
             requests: requests.clone(),
-            close: close_all.clone(),
+            close: close_all.child_token(),
+            budget: budget.clone(),
+            bounds: settings.bounds,
         };
         let open = service.metrics().connection_opened();
         connections.spawn(async move {
@@ -107,6 +148,24 @@ pub async fn run(
         );
     }
     lease_sweeper.abort();
+}
+
+/// Tells a connection beyond the cap why it is closed: `Overloaded` on
+/// request id 0. A new connection's send buffer is empty, so the frame
+/// goes out without waiting; the connection is then dropped.
+fn refuse_connection(stream: &UnixStream, connection: u64, open: usize) {
+    let refusal = ServerFrame {
+        request_id: CONNECTION_REQUEST_ID,
+        response: requests::error(
+            ErrorCode::Overloaded,
+            format!("the daemon already serves {open} connections (server.max_connections)"),
+        ),
+    };
+    let mut bytes = Vec::new();
+    if proto::encode_frame(&refusal, &mut bytes).is_ok() {
+        let _ = stream.try_write(&bytes);
+    }
+    tracing::debug!(connection, open, "connection refused: too many open");
 }
 
 /// Waits for every task of `tracker` up to `timeout`; false if some are left.

@@ -3,8 +3,12 @@
 use std::path::PathBuf;
 
 use crate::config::diagnostics::{Diagnostics, check_int};
-use crate::config::model::{MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, ServerConfig};
+use crate::config::model::{
+    MAX_BUFFERED_BYTES, MAX_CONNECTIONS, MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, MAX_WAIT_MS,
+    ServerConfig,
+};
 use crate::config::raw::RawServer;
+use crate::proto::{LENGTH_PREFIX_LEN, MAX_FRAME_LEN};
 
 /// The `[server]` section over `out`; bad values are reported and left at
 /// their defaults.
@@ -48,6 +52,51 @@ pub(super) fn resolve_server(server: RawServer, out: &mut ServerConfig, d: &mut 
     if let Some(drain) = server.drain_timeout_ms {
         if let Some(v) = check_int(d, "server", "drain_timeout_ms", &drain, 0, i64::MAX as u64) {
             out.drain_timeout_ms = v;
+        }
+    }
+    // A budget smaller than one whole frame would refuse every large frame.
+    let one_frame = i64::from(MAX_FRAME_LEN) + LENGTH_PREFIX_LEN as i64;
+    for (field, value, min, max, target) in [
+        (
+            "max_connections",
+            server.max_connections,
+            1,
+            MAX_CONNECTIONS,
+            &mut out.max_connections,
+        ),
+        (
+            "max_buffered_bytes",
+            server.max_buffered_bytes,
+            one_frame,
+            MAX_BUFFERED_BYTES,
+            &mut out.max_buffered_bytes,
+        ),
+        (
+            "hello_timeout_ms",
+            server.hello_timeout_ms,
+            1,
+            MAX_WAIT_MS,
+            &mut out.hello_timeout_ms,
+        ),
+        (
+            "frame_timeout_ms",
+            server.frame_timeout_ms,
+            1,
+            MAX_WAIT_MS,
+            &mut out.frame_timeout_ms,
+        ),
+    ] {
+        let Some(value) = value else { continue };
+        if *value.get_ref() > 0 && *value.get_ref() < min {
+            d.error(
+                value.span().start,
+                format!(
+                    "server: {field} must be at least {min}, one frame of the largest size (got {})",
+                    value.get_ref()
+                ),
+            );
+        } else if let Some(v) = check_int(d, "server", field, &value, 1, max) {
+            *target = v;
         }
     }
 }

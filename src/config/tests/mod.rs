@@ -9,6 +9,7 @@ mod locations;
 mod metrics;
 mod mistakes;
 mod render;
+mod server;
 
 use super::*;
 

@@ -151,7 +151,7 @@ def connection_answer(response: p.Response) -> None:
     Raises the error when the daemon closes the connection after it (the
     connection then fails with it); anything else is logged and dropped.
     """
-    if isinstance(response, p.ErrorReply) and closes_connection(response.code):
+    if isinstance(response, p.ErrorReply) and closes_connection(response.code, 0):
         raise response.exception()
     log.warning("the sidecar sent a connection-level answer: %r", response)
 

@@ -231,8 +231,13 @@ def error_for_code(code: int, message: str) -> RatekeeperError:
     return cls(message)
 
 
-def closes_connection(code: int) -> bool:
-    """Whether the daemon closes the connection after sending this code."""
+def closes_connection(code: int, request_id: int) -> bool:
+    """Whether the daemon closes the connection after sending this code with this request id.
+
+    `OVERLOADED` closes it only on request id 0, where it speaks of the connection.
+    """
+    if code == ErrorCode.OVERLOADED:
+        return request_id == 0
     return code in (
         ErrorCode.UNSUPPORTED_VERSION,
         ErrorCode.HELLO_REQUIRED,
