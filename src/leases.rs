@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use crate::limiter::BucketRole;
-use crate::limiter::{Adjustment, Draw, Origin};
+use crate::limiter::{Adjustment, Draw, Origin, SlotGuard};
 
 /// Identifies the connection that owns a lease.
 pub type ConnectionId = u64;
@@ -55,6 +55,9 @@ pub struct Lease {
     /// The key under which the reported output tokens are learned, when
     /// the limit learns its default max output (`learn_max_output`).
     pub learn_as: Option<Arc<str>>,
+    /// The limit's concurrency slot this request holds (`max_concurrent`),
+    /// given back when the last copy of the lease is dropped.
+    pub slot: Option<Arc<SlotGuard>>,
 }
 
 /// Gives back every bucket's whole cost: a release, or a cancelled wait.

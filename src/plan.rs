@@ -12,8 +12,8 @@ use crate::config::{
     TokenRate,
 };
 use crate::leases::{Reserved, Settle};
-use crate::limiter::redis::{BucketOwner, bucket_key};
-use crate::limiter::{BucketRole, BucketSpec, Draw, Refill, Window};
+use crate::limiter::redis::{BucketOwner, bucket_key, slots_key};
+use crate::limiter::{BucketRole, BucketSpec, Draw, Refill, SlotSpec, Window};
 use crate::proto::MAX_NAME_LEN;
 use crate::tokens::SettleRule;
 
@@ -89,6 +89,8 @@ pub struct Planner {
 struct LimitBuckets {
     /// Token, request and group buckets; the tenant bucket is per acquire.
     fixed: Vec<(BucketRole, BucketSpec)>,
+    /// Its concurrency slots, with `max_concurrent`.
+    slots: Option<SlotSpec>,
 }
 
 /// An acquire whose names and wait are valid.
@@ -153,6 +155,11 @@ impl Planner {
     /// A limit's request-independent buckets, with their roles.
     pub fn buckets(&self, limit: &LimitConfig) -> &[(BucketRole, BucketSpec)] {
         &self.buckets[&limit.name].fixed
+    }
+
+    /// A limit's concurrency slots, if it has `max_concurrent`.
+    pub fn slots(&self, limit: &LimitConfig) -> Option<&SlotSpec> {
+        self.buckets[&limit.name].slots.as_ref()
     }
 
     /// Checks an acquire's names and wait: its limit, priority class and
@@ -382,7 +389,12 @@ impl LimitBuckets {
                 fixed.push(bucket(owner, BucketRole::GroupRequests, per_minute, burst));
             }
         }
-        LimitBuckets { fixed }
+        let slots = limit.max_concurrent.map(|max| SlotSpec {
+            key: Arc::from(slots_key(prefix, &limit.name, group)),
+            max,
+            timeout_ms: limit.concurrent_timeout_ms,
+        });
+        LimitBuckets { fixed, slots }
     }
 }
 

@@ -390,8 +390,9 @@ async fn a_denial_the_sidecar_can_prove_costs_redis_nothing() {
 async fn connections_and_scripts_are_ready_before_the_socket_appears() {
     let server = RedisServer::start();
     let daemon = Daemon::start(&single(&server));
-    // Three scripts on each of the four pooled connections, before any request.
-    assert_eq!(server.command_calls("script|load"), 12);
+    // Four scripts (batch, cancel, levels, slots) on each of the four
+    // pooled connections, before any request.
+    assert_eq!(server.command_calls("script|load"), 16);
     let client = daemon.client().await;
     lease_of(client.call(acquire("gpt", 1, 0)).await.unwrap());
     let errors = server.cli(&["INFO", "errorstats"]).unwrap();
@@ -524,4 +525,106 @@ async fn remaining_headers_lower_the_buckets_and_never_raise_them() {
         .unwrap();
     let after = levels(&client, "gpt").await;
     assert!(after[0].1 <= seen[0].1 + 3, "{after:?}");
+}
+
+fn concurrency_config(server: &RedisServer) -> String {
+    format!(
+        r#"
+[redis]
+url = "{}"
+timeout_ms = 300
+
+[[limits]]
+name = "local-llm"
+max_concurrent = 2
+
+[[limits]]
+name = "gpt"
+tokens_per_minute = 60
+burst_tokens = 3000
+max_concurrent = 1
+"#,
+        server.url()
+    )
+}
+
+/// Issue 11: at most `max_concurrent` requests in flight per limit across
+/// the fleet, each slot held from the grant to the report or release.
+#[tokio::test]
+async fn a_concurrency_limit_holds_across_sidecars_until_a_report_or_release() {
+    let server = RedisServer::start();
+    let first = Daemon::start(&concurrency_config(&server));
+    let second = Daemon::start(&concurrency_config(&server));
+    let a = first.client().await;
+    let b = second.client().await;
+    let one = lease_of(a.call(acquire("local-llm", 0, 0)).await.unwrap());
+    let two = lease_of(b.call(acquire("local-llm", 0, 0)).await.unwrap());
+    match a.call(acquire("local-llm", 0, 0)).await.unwrap() {
+        Response::Denied { bucket, .. } => assert_eq!(bucket, "concurrent"),
+        other => panic!("a third request in flight: {other:?}"),
+    }
+    let (_, buckets) = status_of(&b, "local-llm").await;
+    assert_eq!(buckets, vec![("concurrent".to_string(), 0)]);
+
+    // A waiting acquire on one sidecar gets the slot the other gives back.
+    let waiting = {
+        let a = first.client().await;
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let answer = a.call(acquire("local-llm", 0, 5000)).await.unwrap();
+            (answer, started.elapsed())
+        })
+    };
+    wait_for_waiters(&a, "local-llm", 1).await;
+    let released = Instant::now();
+    b.call(Request::Release { lease: two }).await.unwrap();
+    let (answer, waited) = waiting.await.unwrap();
+    lease_of(answer);
+    assert!(
+        released.elapsed() < Duration::from_millis(1000) && waited < Duration::from_millis(5000),
+        "granted {:?} after the release",
+        released.elapsed()
+    );
+
+    // A report gives the slot back too; so does a connection that closes.
+    a.call(report(one, 0)).await.unwrap();
+    let held_by_closed = {
+        let c = second.client().await;
+        lease_of(c.call(acquire("local-llm", 0, 0)).await.unwrap());
+        c
+    };
+    drop(held_by_closed);
+    lease_of(b.call(acquire("local-llm", 0, 3000)).await.unwrap());
+
+    // With token buckets too, a denied slot draws no tokens.
+    let gpt = lease_of(a.call(acquire("gpt", 1000, 0)).await.unwrap());
+    let (_, before) = status_of(&a, "gpt").await;
+    match b.call(acquire("gpt", 1000, 0)).await.unwrap() {
+        Response::Denied { bucket, .. } => assert_eq!(bucket, "concurrent"),
+        other => panic!("a second gpt request in flight: {other:?}"),
+    }
+    let tokens = |buckets: &[(String, i64)]| buckets[0].1;
+    assert!(tokens(&status_of(&a, "gpt").await.1) >= tokens(&before));
+    a.call(Request::Release { lease: gpt }).await.unwrap();
+    lease_of(b.call(acquire("gpt", 1000, 3000)).await.unwrap());
+}
+
+/// Waits until `status` shows `count` waiters on `limit`.
+async fn wait_for_waiters(client: &Client, limit: &str, count: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = Request::Status {
+            limit: Some(limit.into()),
+        };
+        if let Response::Status { limits, .. } = client.call(status).await.unwrap() {
+            if limits[0].waiters == count {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never {count} waiters on {limit}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

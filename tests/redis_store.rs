@@ -523,3 +523,56 @@ async fn a_sentinel_store_follows_a_failover() {
     let key_on_new_primary = set.replica.cli(&["EXISTS", &tokens.key]).unwrap();
     assert_eq!(key_on_new_primary, "1");
 }
+
+/// `lua/slots.lua` and the embedded store's slots agree, take for take,
+/// through gives, retried takes and holders presumed lost after the
+/// timeout.
+#[tokio::test]
+async fn lua_slots_and_rust_slots_give_the_same_answers() {
+    use ratekeeper::limiter::SlotSpec;
+
+    let server = RedisServer::start();
+    let redis = store(&server);
+    // Far ahead of Redis's own clock, which a give uses to drop lost holders.
+    let clock = Arc::new(StepClock(AtomicI64::new(4_000_000_000_000)));
+    let embedded = EmbeddedStore::with_clock(clock.clone());
+    let slots = SlotSpec {
+        key: Arc::from("rk:{l:s}:s:concurrent"),
+        max: 3,
+        timeout_ms: 1000,
+    };
+    // A fixed pseudo-random walk: steps of 0-399 ms, six holders.
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = |bound: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % bound
+    };
+    let (mut takes, mut refused) = (0, 0);
+    for _ in 0..400 {
+        clock.0.fetch_add(next(400) as i64, Ordering::SeqCst);
+        let now = clock.now_ms();
+        let holder = format!("holder-{}", next(6));
+        if next(3) == 0 {
+            redis
+                .give_slot(&slots, &holder, Origin::Store)
+                .await
+                .unwrap();
+            embedded
+                .give_slot(&slots, &holder, Origin::Store)
+                .await
+                .unwrap();
+            continue;
+        }
+        let in_redis = redis.take_slot_at(&slots, &holder, now).await.unwrap();
+        let in_rust = embedded.take_slot(&slots, &holder).await.unwrap().is_some();
+        assert_eq!(in_redis, in_rust, "take by {holder} at {now}");
+        takes += 1;
+        refused += usize::from(!in_rust);
+    }
+    assert!(
+        takes > 200 && refused > 20,
+        "{takes} takes, {refused} refused"
+    );
+}

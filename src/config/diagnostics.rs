@@ -170,7 +170,13 @@ pub(super) fn check_int(
 ) -> Option<u64> {
     let v = *value.get_ref();
     let at = value.span().start;
-    if min > 0 && v < min {
+    if min > 1 && v < min {
+        d.error(
+            at,
+            format!("{context}: {field} must be at least {min} (got {v})"),
+        );
+        None
+    } else if min == 1 && v < min {
         d.error(
             at,
             format!("{context}: {field} must be greater than zero (got {v})"),

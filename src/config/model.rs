@@ -27,6 +27,14 @@ pub const DEFAULT_BURST_HEADROOM_MS: u64 = 200;
 /// Largest `burst_headroom_ms`.
 pub const MAX_BURST_HEADROOM_MS: u64 = 60_000;
 
+/// Largest `max_concurrent`.
+pub const MAX_CONCURRENT: u64 = 1_000_000;
+/// Default `concurrent_timeout_ms`: ten minutes, the request timeout of the
+/// OpenAI and Anthropic SDKs, so no call stays in flight longer.
+pub const DEFAULT_CONCURRENT_TIMEOUT_MS: u64 = 600_000;
+/// Largest `concurrent_timeout_ms` (one day).
+pub const MAX_CONCURRENT_TIMEOUT_MS: u64 = 86_400_000;
+
 /// Largest `tokens_per_minute` / `requests_per_minute`.
 pub const MAX_RATE_PER_MINUTE: u64 = 1_000_000_000;
 /// Largest `burst_tokens` / `burst_requests`.
@@ -364,6 +372,12 @@ pub struct LimitConfig {
     /// Whether the limit holds acquires back (`enforce`), or only decides,
     /// counts and logs while granting every acquire at once (`shadow`).
     pub mode: LimitMode,
+    /// At most this many of the limit's requests in flight (granted, not
+    /// yet reported or released) across the fleet; `None`: no such limit.
+    pub max_concurrent: Option<u64>,
+    /// How long a request may hold its slot before it is presumed lost (a
+    /// crashed sidecar never gives its slots back).
+    pub concurrent_timeout_ms: u64,
     /// Tokens and requests over windows other than a minute; each is a
     /// bucket of its own whose burst is one window's worth.
     pub tokens_per_second: Option<u64>,

@@ -122,6 +122,8 @@ pub(super) struct RawLimit {
     pub learn_max_output: Option<Spanned<bool>>,
     pub burst_headroom_ms: Option<Spanned<i64>>,
     pub mode: Option<Spanned<LimitMode>>,
+    pub max_concurrent: Option<Spanned<i64>>,
+    pub concurrent_timeout_ms: Option<Spanned<i64>>,
     pub tokens_per_second: Option<Spanned<i64>>,
     pub tokens_per_hour: Option<Spanned<i64>>,
     pub tokens_per_day: Option<Spanned<i64>>,

@@ -23,6 +23,7 @@ fn lease(owner: ConnectionId, granted_at: Instant) -> Lease {
         reserved: vec![reserved(BucketRole::Tokens, 10, Settle::Total)],
         granted_at,
         learn_as: None,
+        slot: None,
     }
 }
 

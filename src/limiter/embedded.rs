@@ -8,6 +8,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use super::bucket::{self, BucketSpec, BucketState, Draw};
+use super::slots::{Holders, SlotSpec};
 use super::{Adjustment, Decision, Lowering, Origin, Store, StoreError, decision_from_plan};
 
 /// Milliseconds on some monotonic clock.
@@ -39,6 +40,9 @@ struct Entry {
 pub struct EmbeddedStore {
     clock: Arc<dyn Clock>,
     buckets: Mutex<Buckets>,
+    /// Holders of each limit's concurrency slots (one entry per limit
+    /// with `max_concurrent` at most, each at most `max` holders).
+    slots: Mutex<HashMap<Arc<str>, Holders>>,
 }
 
 struct Buckets {
@@ -60,6 +64,7 @@ impl EmbeddedStore {
                 states: HashMap::new(),
                 sweep_at: SWEEP_MIN_ENTRIES,
             }),
+            slots: Mutex::new(HashMap::new()),
         }
     }
 
@@ -67,6 +72,13 @@ impl EmbeddedStore {
     /// Redis expires their keys).
     pub fn bucket_count(&self) -> usize {
         self.lock().states.len()
+    }
+
+    fn lock_slots(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Holders>> {
+        // Every update is one insert or removal: a panic leaves no half state.
+        self.slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Buckets> {
@@ -165,6 +177,41 @@ impl Store for EmbeddedStore {
             .iter()
             .map(|spec| buckets.current(spec, now).tokens(spec))
             .collect())
+    }
+
+    async fn take_slot(
+        &self,
+        slots: &SlotSpec,
+        holder: &str,
+    ) -> Result<Option<Origin>, StoreError> {
+        let now = self.clock.now_ms();
+        let mut all = self.lock_slots();
+        let holders = all.entry(slots.key.clone()).or_default();
+        Ok(holders.take(slots, holder, now).then_some(Origin::Store))
+    }
+
+    async fn give_slot(
+        &self,
+        slots: &SlotSpec,
+        holder: &str,
+        _origin: Origin,
+    ) -> Result<(), StoreError> {
+        let mut all = self.lock_slots();
+        if let Some(holders) = all.get_mut(&slots.key) {
+            holders.give(holder);
+            if holders.is_empty() {
+                all.remove(&slots.key);
+            }
+        }
+        Ok(())
+    }
+
+    async fn slots_held(&self, slots: &SlotSpec) -> Result<u64, StoreError> {
+        let now = self.clock.now_ms();
+        let mut all = self.lock_slots();
+        Ok(all
+            .get_mut(&slots.key)
+            .map_or(0, |holders| holders.held(now)))
     }
 
     /// Nothing to prepare: the buckets are in this process.

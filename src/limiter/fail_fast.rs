@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::bucket::{BucketSpec, Draw};
-use super::{Adjustment, Decision, Lowering, Origin, Store, StoreError};
+use super::{Adjustment, Decision, Lowering, Origin, SlotSpec, Store, StoreError};
 
 /// Notes kept before expired ones are pruned.
 const PRUNE_AT: usize = 1024;
@@ -164,6 +164,27 @@ impl Store for FailFastStore {
     /// A lower level only lengthens waits: the notes stay true.
     async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError> {
         self.inner.lower(lowerings).await
+    }
+
+    async fn take_slot(
+        &self,
+        slots: &SlotSpec,
+        holder: &str,
+    ) -> Result<Option<Origin>, StoreError> {
+        self.inner.take_slot(slots, holder).await
+    }
+
+    async fn give_slot(
+        &self,
+        slots: &SlotSpec,
+        holder: &str,
+        origin: Origin,
+    ) -> Result<(), StoreError> {
+        self.inner.give_slot(slots, holder, origin).await
+    }
+
+    async fn slots_held(&self, slots: &SlotSpec) -> Result<u64, StoreError> {
+        self.inner.slots_held(slots).await
     }
 
     async fn warm_up(&self) -> Result<(), StoreError> {

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 
 use super::bucket::{BucketSpec, Draw};
 use super::replay::Replay;
-use super::{Adjustment, Decision, EmbeddedStore, Lowering, Origin, Store, StoreError};
+use super::{Adjustment, Decision, EmbeddedStore, Lowering, Origin, SlotSpec, Store, StoreError};
 use serde::{Deserialize, Serialize};
 
 /// What acquires get while the shared store is failing or too slow.
@@ -159,6 +159,14 @@ impl FallbackStore {
         .bucket
     }
 
+    /// This sidecar's share of a limit's slots, at least one.
+    fn local_slots(&self, slots: &SlotSpec) -> SlotSpec {
+        SlotSpec {
+            max: ((slots.max as f64 * self.local_share).floor() as u64).max(1),
+            ..slots.clone()
+        }
+    }
+
     /// The draw against this sidecar's share of the bucket.
     fn local_draw(&self, draw: &Draw) -> Draw {
         let scaled = |value: u64| ((value as f64 * self.local_share).floor() as u64).max(1);
@@ -252,6 +260,54 @@ impl Store for FallbackStore {
 
     async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
         self.shared.levels(buckets).await
+    }
+
+    /// While the shared store fails, the policy answers as for acquires;
+    /// `local` holds this sidecar's share of the slots (at least one).
+    async fn take_slot(
+        &self,
+        slots: &SlotSpec,
+        holder: &str,
+    ) -> Result<Option<Origin>, StoreError> {
+        let cause = match self.shared.take_slot(slots, holder).await {
+            Err(cause @ StoreError::Unavailable(_)) => cause,
+            answer => {
+                self.note_success();
+                return answer;
+            }
+        };
+        self.note_failure(&cause);
+        match self.policy {
+            FailurePolicy::FailClosed => Err(cause),
+            FailurePolicy::FailOpen => Ok(Some(Origin::Unlimited)),
+            FailurePolicy::Local => {
+                let local = self.local_slots(slots);
+                let taken = self.local.take_slot(&local, holder).await?;
+                Ok(taken.map(|_| Origin::Local))
+            }
+        }
+    }
+
+    /// A slot the shared store could not take back now stays held there
+    /// until its timeout; the caller may try again.
+    async fn give_slot(
+        &self,
+        slots: &SlotSpec,
+        holder: &str,
+        origin: Origin,
+    ) -> Result<(), StoreError> {
+        match origin {
+            Origin::Store => self.note(self.shared.give_slot(slots, holder, origin).await),
+            Origin::Local => {
+                let local = self.local_slots(slots);
+                self.local.give_slot(&local, holder, origin).await
+            }
+            Origin::Unlimited => Ok(()),
+        }
+    }
+
+    async fn slots_held(&self, slots: &SlotSpec) -> Result<u64, StoreError> {
+        self.shared.slots_held(slots).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

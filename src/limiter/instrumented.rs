@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::bucket::{BucketSpec, Draw};
-use super::{Adjustment, Decision, Lowering, Origin, Store, StoreError};
+use super::{Adjustment, Decision, Lowering, Origin, SlotSpec, Store, StoreError};
 use crate::metrics::StoreCalls;
 
 /// Times and counts the calls of `inner`.
@@ -71,6 +71,29 @@ impl Store for InstrumentedStore {
 
     async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
         self.timed("levels", self.inner.levels(buckets)).await
+    }
+
+    async fn take_slot(
+        &self,
+        slots: &SlotSpec,
+        holder: &str,
+    ) -> Result<Option<Origin>, StoreError> {
+        self.timed("take_slot", self.inner.take_slot(slots, holder))
+            .await
+    }
+
+    async fn give_slot(
+        &self,
+        slots: &SlotSpec,
+        holder: &str,
+        origin: Origin,
+    ) -> Result<(), StoreError> {
+        self.timed("give_slot", self.inner.give_slot(slots, holder, origin))
+            .await
+    }
+
+    async fn slots_held(&self, slots: &SlotSpec) -> Result<u64, StoreError> {
+        self.timed("slots_held", self.inner.slots_held(slots)).await
     }
 
     async fn warm_up(&self) -> Result<(), StoreError> {

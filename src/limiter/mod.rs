@@ -12,6 +12,7 @@ pub mod fallback;
 pub mod instrumented;
 pub mod redis;
 pub mod replay;
+pub mod slots;
 
 use async_trait::async_trait;
 
@@ -21,6 +22,7 @@ pub use fail_fast::FailFastStore;
 pub use fallback::{FailurePolicy, FallbackStore};
 pub use instrumented::InstrumentedStore;
 pub use redis::RedisStore;
+pub use slots::{SlotGuard, SlotKeeper, SlotSpec};
 
 /// The role of a bucket within a limit; its name is what `Denied` and
 /// `status` show.
@@ -193,6 +195,23 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whole tokens available now in each bucket, in order.
     async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError>;
+
+    /// Takes one of `slots` for `holder` unless every one is held (then
+    /// `None`); a holder that has one already keeps it, so a take can be
+    /// retried. The origin says where to give it back.
+    async fn take_slot(&self, slots: &SlotSpec, holder: &str)
+    -> Result<Option<Origin>, StoreError>;
+
+    /// Gives `holder`'s slot back to where it was taken.
+    async fn give_slot(
+        &self,
+        slots: &SlotSpec,
+        holder: &str,
+        origin: Origin,
+    ) -> Result<(), StoreError>;
+
+    /// How many of `slots` are held now.
+    async fn slots_held(&self, slots: &SlotSpec) -> Result<u64, StoreError>;
 
     /// Connects and prepares whatever the first request would otherwise
     /// wait for (connections, authentication, scripts).

@@ -12,10 +12,29 @@ use super::feedback::Granted;
 use super::{ConnectionId, Service, ServiceError, Snapshot};
 use crate::config::{LimitConfig, LimitMode};
 use crate::leases::{Lease, refund_all};
-use crate::limiter::{Decision, Origin};
+use crate::limiter::{Decision, Origin, SlotGuard, SlotSpec};
 use crate::plan::{AcquirePlan, PlanError, check_name};
 use crate::proto::{Acquire, ChatRequest, Cost, Response};
 use crate::tokens::{Counter, PromptCount};
+
+/// How often an acquire waiting for a concurrency slot asks the store
+/// again, for slots given back through other sidecars.
+const SLOT_POLL: Duration = Duration::from_millis(20);
+
+/// The name of a limit's concurrency slots in `Denied.bucket` and `status`.
+pub(super) const CONCURRENT: &str = "concurrent";
+
+/// How a wait for a slot ended, short of an error.
+enum SlotWait {
+    Taken(SlotGuard),
+    /// Every slot stayed held past the acquire's wait.
+    Denied(Response),
+}
+
+enum SlotWaitError {
+    Store(crate::limiter::StoreError),
+    Cancelled,
+}
 
 /// What a shadow acquire needs besides its plan.
 struct ShadowAcquire<'a> {
@@ -68,11 +87,35 @@ impl Service {
             limit: limit.name.clone(),
             source,
         };
-        let decision = self
-            .store
-            .acquire(&plan.draws(), checked.max_wait_ms)
-            .await
-            .map_err(store_error)?;
+        let started = Instant::now();
+        let mut max_wait_ms = checked.max_wait_ms;
+        // A slot first: the buckets are not drawn for a request that may
+        // wait for one past its deadline.
+        let slot = match snapshot.planner.slots(limit) {
+            Some(spec) => {
+                let waiters = &snapshot.waiters[&limit.name];
+                match self.take_slot(spec, max_wait_ms, waiters, &cancel).await {
+                    Ok(SlotWait::Taken(slot)) => Some(slot),
+                    Ok(SlotWait::Denied(denied)) => return Ok(denied),
+                    Err(SlotWaitError::Store(source)) => return Err(store_error(source)),
+                    Err(SlotWaitError::Cancelled) => return Err(self.cancelled_while_waiting()),
+                }
+            }
+            None => None,
+        };
+        max_wait_ms = max_wait_ms.saturating_sub(started.elapsed().as_millis() as u64);
+        let decision = if plan.reserved.is_empty() {
+            // A limit of concurrency only.
+            Decision::Granted {
+                wait_ms: 0,
+                origin: slot.as_ref().map_or(Origin::Store, |slot| slot.origin()),
+            }
+        } else {
+            self.store
+                .acquire(&plan.draws(), max_wait_ms)
+                .await
+                .map_err(store_error)?
+        };
         let (wait_ms, origin) = match decision {
             Decision::Granted { wait_ms, origin } => (wait_ms, origin),
             Decision::Denied {
@@ -85,7 +128,6 @@ impl Service {
                 });
             }
         };
-        let started = Instant::now();
         // Counted until the reservation is granted or given back, so that
         // status never shows a waiter gone while its tokens are still out.
         let _waiter = (wait_ms > 0).then(|| Waiter::enter(&snapshot.waiters[&limit.name]));
@@ -94,14 +136,17 @@ impl Service {
             if let Err(store_error) = self.store.adjust(&refunds, origin).await {
                 tracing::warn!(limit = %limit.name, %store_error, "could not return a cancelled reservation");
             }
-            return Err(if self.is_draining() {
-                ServiceError::ShutDownWhileWaiting
-            } else {
-                ServiceError::CancelledWhileWaiting
-            });
+            return Err(self.cancelled_while_waiting());
         }
         let tokens = plan.tokens;
-        let lease = self.grant(&snapshot, connection, limit, (input, output), plan, origin);
+        let lease = self.grant(
+            &snapshot,
+            connection,
+            limit,
+            (input, output),
+            (plan, origin),
+            slot,
+        );
         Ok(Response::Granted {
             lease,
             tokens,
@@ -116,8 +161,8 @@ impl Service {
         connection: ConnectionId,
         limit: &LimitConfig,
         (input, output): (u64, u64),
-        plan: AcquirePlan,
-        origin: Origin,
+        (plan, origin): (AcquirePlan, Origin),
+        slot: Option<SlotGuard>,
     ) -> u64 {
         snapshot.grants[&limit.name].note(Granted {
             requests: 1,
@@ -134,7 +179,56 @@ impl Service {
             learn_as: limit
                 .learn_max_output
                 .then(|| Arc::from(learning_key(limit))),
+            slot: slot.map(Arc::new),
         })
+    }
+
+    fn cancelled_while_waiting(&self) -> ServiceError {
+        if self.is_draining() {
+            ServiceError::ShutDownWhileWaiting
+        } else {
+            ServiceError::CancelledWhileWaiting
+        }
+    }
+
+    /// Takes one of a limit's concurrency slots, waiting up to
+    /// `max_wait_ms` for one: woken when this sidecar gives a slot back,
+    /// and asking the store again every [`SLOT_POLL`] for slots given back
+    /// elsewhere.
+    async fn take_slot(
+        &self,
+        spec: &SlotSpec,
+        max_wait_ms: u64,
+        waiters: &AtomicU64,
+        cancel: &CancellationToken,
+    ) -> Result<SlotWait, SlotWaitError> {
+        let holder = self.slots.new_holder();
+        let deadline = Instant::now() + Duration::from_millis(max_wait_ms);
+        let mut _waiter = None;
+        loop {
+            // Registered before asking, so a slot given back meanwhile wakes it.
+            let given_back = self.slots.given_back().notified();
+            tokio::pin!(given_back);
+            given_back.as_mut().enable();
+            let taken = self.slots.take(spec, &holder).await;
+            if let Some(slot) = taken.map_err(SlotWaitError::Store)? {
+                return Ok(SlotWait::Taken(slot));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(SlotWait::Denied(Response::Denied {
+                    retry_after_ms: SLOT_POLL.as_millis() as u64,
+                    bucket: CONCURRENT.to_string(),
+                }));
+            }
+            _waiter.get_or_insert_with(|| Waiter::enter(waiters));
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Err(SlotWaitError::Cancelled),
+                _ = given_back => {}
+                _ = tokio::time::sleep(SLOT_POLL.min(deadline - now)) => {}
+            }
+        }
     }
 
     /// An acquire of a shadow limit: decided as `enforce` would, counted
@@ -157,6 +251,7 @@ impl Service {
         // Granted.tokens is what an enforced grant would have reserved; the
         // lease holds what this one did (nothing, for a denial).
         let (decision, tokens, plan, origin) = match plan {
+            Ok(plan) if plan.reserved.is_empty() => ("granted", 0, plan, Origin::Store),
             Ok(plan) => match self.store.acquire(&plan.draws(), max_wait_ms).await {
                 Ok(Decision::Granted { wait_ms, origin }) => {
                     let decision = if wait_ms > 0 { "would_wait" } else { "granted" };
@@ -186,9 +281,29 @@ impl Service {
             }
             Err(invalid) => return Err(invalid.into()),
         };
+        // A slot is taken without waiting; had every one been held, an
+        // enforced acquire would have waited for one.
+        let (slot, decision) = match snapshot.planner.slots(limit) {
+            Some(spec) if decision != "would_refuse" => {
+                match self.slots.take(spec, &self.slots.new_holder()).await {
+                    Ok(Some(slot)) => (Some(slot), decision),
+                    Ok(None) if decision == "granted" => (None, "would_wait"),
+                    Ok(None) => (None, decision),
+                    Err(_) => (None, "store_unavailable"),
+                }
+            }
+            _ => (None, decision),
+        };
         tracing::debug!(limit = limit.name.as_str(), decision, "shadow decision");
         self.count_shadow(snapshot, limit, decision);
-        let lease = self.grant(snapshot, connection, limit, (input, output), plan, origin);
+        let lease = self.grant(
+            snapshot,
+            connection,
+            limit,
+            (input, output),
+            (plan, origin),
+            slot,
+        );
         Ok(Response::Granted {
             lease,
             tokens,

@@ -5,6 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::acquire::CONCURRENT;
 use super::{Service, ServiceError};
 use crate::config::LimitConfig;
 use crate::limiter::{BucketRole, BucketSpec};
@@ -90,6 +91,18 @@ impl Service {
                 per_minute: spec.refill.per_minute_rounded(),
                 level: levels.as_ref().map(|levels| levels[index]),
             });
+        }
+        for (limit, inspection) in limits.iter().zip(&mut inspected) {
+            if let Some(spec) = planner.slots(limit) {
+                let held = self.store.slots_held(spec).await.ok();
+                inspection.buckets.push(BucketInspection {
+                    name: CONCURRENT.to_string(),
+                    tenant: None,
+                    capacity: spec.max,
+                    per_minute: 0,
+                    level: held.map(|held| spec.max.saturating_sub(held) as i64),
+                });
+            }
         }
         Ok(Inspection {
             health: self.health(true),

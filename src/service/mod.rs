@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::leases::{LeaseCounters, LeaseTable};
-use crate::limiter::Store;
+use crate::limiter::{SlotKeeper, Store};
 use crate::metrics::health::StoreHealth;
 use crate::metrics::{Labels, Metrics};
 use crate::plan::Planner;
@@ -83,6 +83,9 @@ pub struct Service {
     recent: observe::RecentTenants,
     /// Provider limits below a configured one, already warned about.
     warned: feedback::Warned,
+    /// Takes and gives back the concurrency slots of limits with
+    /// `max_concurrent`.
+    slots: Arc<SlotKeeper>,
 }
 
 /// The configuration in force, planned, its metric labels, and the waiters
@@ -119,6 +122,7 @@ impl Service {
         Service {
             metered: config.metrics.listen.is_some(),
             snapshot: RwLock::new(Arc::new(Snapshot::first(config, &metrics))),
+            slots: SlotKeeper::new(store.clone()),
             store,
             leases,
             draining: AtomicBool::new(false),

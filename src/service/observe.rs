@@ -8,6 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
+use super::acquire::CONCURRENT;
 use super::{Call, Service, ServiceError, Snapshot};
 use crate::config::LimitConfig;
 use crate::leases::LeaseTag;
@@ -301,11 +302,13 @@ impl Service {
     }
 }
 
-/// The `reason` label of a denial: the bucket's role name.
+/// The `reason` label of a denial: the bucket's role name, or
+/// `concurrent` for a limit's slots.
 fn bucket_label(bucket: &str) -> &'static str {
     BucketRole::ALL
         .iter()
         .map(|role| role.name())
+        .chain([CONCURRENT])
         .find(|name| *name == bucket)
         .unwrap_or("other")
 }

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::acquire::CONCURRENT;
 use super::{Service, ServiceError};
 use crate::config::LimitConfig;
 use crate::limiter::BucketSpec;
@@ -27,19 +28,37 @@ impl Service {
                     limit: limit.name.clone(),
                     source,
                 })?;
+            let mut statuses_of_buckets: Vec<BucketStatus> = buckets
+                .iter()
+                .zip(levels)
+                .map(|((role, spec), level)| BucketStatus {
+                    name: role.name().to_string(),
+                    capacity: spec.capacity,
+                    level,
+                    per_minute: spec.refill.per_minute_rounded(),
+                })
+                .collect();
+            if let Some(spec) = planner.slots(limit) {
+                let held =
+                    self.store
+                        .slots_held(spec)
+                        .await
+                        .map_err(|source| ServiceError::Store {
+                            limit: limit.name.clone(),
+                            source,
+                        })?;
+                // Slots free now; a concurrency limit does not refill.
+                statuses_of_buckets.push(BucketStatus {
+                    name: CONCURRENT.to_string(),
+                    capacity: spec.max,
+                    level: spec.max.saturating_sub(held) as i64,
+                    per_minute: 0,
+                });
+            }
             statuses.push(LimitStatus {
                 name: limit.name.clone(),
                 waiters: snapshot.waiters[&limit.name].load(Ordering::Relaxed),
-                buckets: buckets
-                    .iter()
-                    .zip(levels)
-                    .map(|((role, spec), level)| BucketStatus {
-                        name: role.name().to_string(),
-                        capacity: spec.capacity,
-                        level,
-                        per_minute: spec.refill.per_minute_rounded(),
-                    })
-                    .collect(),
+                buckets: statuses_of_buckets,
             });
         }
         Ok(Response::Status {

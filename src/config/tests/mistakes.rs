@@ -411,6 +411,16 @@ const MISTAKES: &[(&str, &str, &str)] = &[
         "test.toml:5:17: limits[0] \"a\": safety_factor must be from 1 to 10 (got 0.9)",
     ),
     (
+        "no slots",
+        "[[limits]]\nname = \"a\"\nmax_concurrent = 0\n",
+        "test.toml:3:18: limits[0] \"a\": max_concurrent must be greater than zero (got 0)",
+    ),
+    (
+        "a slot timeout under a second",
+        "[[limits]]\nname = \"a\"\nmax_concurrent = 2\nconcurrent_timeout_ms = 999\n",
+        "test.toml:4:25: limits[0] \"a\": concurrent_timeout_ms must be at least 1000 (got 999)",
+    ),
+    (
         "negative burst_headroom_ms",
         "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nburst_headroom_ms = -1\n",
         "test.toml:4:21: limits[0] \"a\": burst_headroom_ms must not be negative (got -1)",

@@ -6,6 +6,7 @@
 //! PREFIX:{g:GROUP}:LIMIT:ROLE             a limit's own bucket in a group
 //! PREFIX:{g:GROUP}:ROLE                   a group's bucket, shared by its limits
 //! PREFIX:{TAG}:LIMIT:tenant:TENANT        a tenant's share of a limit
+//! PREFIX:{TAG}:LIMIT:concurrent           a limit's concurrency slots
 //! ```
 //!
 //! Every key of one acquire carries the same Redis Cluster hash tag (`{…}`),
@@ -41,6 +42,20 @@ pub enum BucketOwner<'a> {
 /// The key of `owner`'s bucket of `role` under `prefix` (which holds no
 /// braces: config validation refuses them).
 pub fn bucket_key(prefix: &str, owner: BucketOwner<'_>, role: BucketRole) -> String {
+    owned_key(prefix, owner, role.key_segment())
+}
+
+/// The key of a limit's concurrency slots (`lua/slots.lua`), in the slot
+/// of its buckets; no bucket role is named `concurrent`.
+pub fn slots_key(prefix: &str, limit: &str, group: Option<&str>) -> String {
+    owned_key(prefix, BucketOwner::Limit { limit, group }, SLOTS_SEGMENT)
+}
+
+/// The last segment of a limit's slots key.
+const SLOTS_SEGMENT: &str = "concurrent";
+
+/// `owner`'s key ending in `segment` (a tenant's ends in its name instead).
+fn owned_key(prefix: &str, owner: BucketOwner<'_>, segment: &str) -> String {
     let mut key = String::with_capacity(prefix.len() + 64);
     key.push_str(prefix);
     let (limit, group) = match owner {
@@ -65,7 +80,7 @@ pub fn bucket_key(prefix: &str, owner: BucketOwner<'_>, role: BucketRole) -> Str
         }
         BucketOwner::Limit { .. } | BucketOwner::Group { .. } => {
             key.push(':');
-            key.push_str(role.key_segment());
+            key.push_str(segment);
         }
     }
     key
@@ -238,6 +253,21 @@ mod tests {
             }
         }
         let mut seen: HashMap<String, (BucketOwner, BucketRole)> = HashMap::new();
+        for &group in &groups {
+            for limit in names {
+                let key = slots_key("ratekeeper", limit, group);
+                let owner = BucketOwner::Limit { limit, group };
+                assert!(
+                    BucketRole::ALL
+                        .iter()
+                        .all(|r| r.key_segment() != SLOTS_SEGMENT)
+                );
+                // Recorded under the role of no bucket it could be confused with.
+                if let Some(earlier) = seen.insert(key.clone(), (owner, BucketRole::Tenant)) {
+                    panic!("{key} names both {earlier:?} and {limit}'s slots");
+                }
+            }
+        }
         for (owner, role) in buckets {
             let key = bucket_key("ratekeeper", owner, role);
             if let Some(earlier) = seen.insert(key.clone(), (owner, role)) {

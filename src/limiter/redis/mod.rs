@@ -15,6 +15,7 @@ mod keys;
 mod lanes;
 mod pool;
 mod reconcile;
+mod slots;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -26,14 +27,15 @@ use redis::Script;
 use tokio::sync::oneshot;
 
 use super::bucket::{BucketSpec, Draw};
-use super::{Adjustment, Decision, Lowering, Origin, Store, StoreError};
+use super::{Adjustment, Decision, Lowering, Origin, SlotSpec, Store, StoreError};
 pub use batch::{BatchOp, OpResult};
 use batch::{Call, CallReply};
-pub use keys::{BucketOwner, bucket_key, slot_of};
+pub use keys::{BucketOwner, bucket_key, slot_of, slots_key};
 use lanes::{Lanes, Next, Pending};
 use pool::{Failure, Pool};
 pub use pool::{PrimaryAuth, RedisNodes, RedisSettings, RedisSetupError};
 use reconcile::Reconciler;
+use slots::SlotOp;
 
 /// Each script is the shared bucket library followed by its own body.
 const BATCH_LUA: &str = concat!(
@@ -72,6 +74,7 @@ struct Inner {
     batch: Script,
     cancel: Script,
     levels: Script,
+    slots: Script,
     lanes: Lanes,
     reconciler: Reconciler,
 }
@@ -98,6 +101,7 @@ impl RedisStore {
                 batch: Script::new(BATCH_LUA),
                 cancel: Script::new(CANCEL_LUA),
                 levels: Script::new(LEVELS_LUA),
+                slots: slots::script(),
                 lanes: Lanes::default(),
                 reconciler: Reconciler::default(),
             }),
@@ -125,6 +129,21 @@ impl RedisStore {
             Ok(results) => results,
             Err(error) => vec![Err(error); count],
         }
+    }
+
+    /// Takes a slot at a given script time (tests; see [`Self::batch_at`]):
+    /// whether it was taken.
+    pub async fn take_slot_at(
+        &self,
+        slots: &SlotSpec,
+        holder: &str,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let taken = self
+            .inner
+            .slots(slots, SlotOp::Take(holder), &now_ms.to_string())
+            .await?;
+        Ok(taken == 1)
     }
 
     /// [`Store::levels`] at a given script time (tests; see [`Self::batch_at`]).
@@ -339,11 +358,39 @@ impl Store for RedisStore {
         self.levels_at(buckets, None).await
     }
 
+    async fn take_slot(
+        &self,
+        slots: &SlotSpec,
+        holder: &str,
+    ) -> Result<Option<Origin>, StoreError> {
+        let taken = self
+            .inner
+            .slots(slots, SlotOp::Take(holder), REDIS_CLOCK)
+            .await?;
+        Ok((taken == 1).then_some(Origin::Store))
+    }
+
+    async fn give_slot(
+        &self,
+        slots: &SlotSpec,
+        holder: &str,
+        _origin: Origin,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .slots(slots, SlotOp::Give(holder), REDIS_CLOCK)
+            .await
+            .map(drop)
+    }
+
+    async fn slots_held(&self, slots: &SlotSpec) -> Result<u64, StoreError> {
+        self.inner.slots(slots, SlotOp::Held, REDIS_CLOCK).await
+    }
+
     async fn warm_up(&self) -> Result<(), StoreError> {
         let inner = &self.inner;
         inner
             .pool
-            .warm_up(&[&inner.batch, &inner.cancel, &inner.levels])
+            .warm_up(&[&inner.batch, &inner.cancel, &inner.levels, &inner.slots])
             .await
     }
 

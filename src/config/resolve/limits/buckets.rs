@@ -205,6 +205,7 @@ fn check_token_bucket_kind(
     d: &mut Diagnostics,
 ) -> bool {
     let any_other_bucket = limit.requests_per_minute.is_some()
+        || limit.max_concurrent.is_some()
         || limit
             .other_windows()
             .iter()
@@ -216,7 +217,7 @@ fn check_token_bucket_kind(
     ) {
         (None, None, None) if !any_other_bucket => (
             entry_at,
-            "a limit needs a bucket: tokens_per_minute (or input_tokens_per_minute and output_tokens_per_minute, for separate input and output buckets), requests_per_minute, or tokens or requests per second, hour or day",
+            "a limit needs a bucket: tokens_per_minute (or input_tokens_per_minute and output_tokens_per_minute, for separate input and output buckets), requests_per_minute, tokens or requests per second, hour or day, or max_concurrent",
         ),
         (Some(_), Some(split), _) | (Some(_), None, Some(split)) => (
             split.span().start,

@@ -11,8 +11,9 @@ use crate::config::diagnostics::{
     DeclaredNames, Diagnostics, check_int, check_reference, declared_list,
 };
 use crate::config::model::{
-    DEFAULT_BURST_HEADROOM_MS, DEFAULT_MAX_OUTPUT_TOKENS, GroupConfig, LimitConfig, MAX_BURST,
-    MAX_BURST_HEADROOM_MS,
+    DEFAULT_BURST_HEADROOM_MS, DEFAULT_CONCURRENT_TIMEOUT_MS, DEFAULT_MAX_OUTPUT_TOKENS,
+    GroupConfig, LimitConfig, MAX_BURST, MAX_BURST_HEADROOM_MS, MAX_CONCURRENT,
+    MAX_CONCURRENT_TIMEOUT_MS,
 };
 use crate::config::raw::{RawGroup, RawLimit};
 use crate::tokens::Provider;
@@ -73,6 +74,21 @@ fn resolve_limit(
         Some(v) => check_int(d, context, "burst_headroom_ms", v, 0, MAX_BURST_HEADROOM_MS),
         None => Some(DEFAULT_BURST_HEADROOM_MS),
     };
+    let max_concurrent = limit
+        .max_concurrent
+        .as_ref()
+        .map(|v| check_int(d, context, "max_concurrent", v, 1, MAX_CONCURRENT));
+    let concurrent_timeout_ms = match &limit.concurrent_timeout_ms {
+        Some(v) => check_int(
+            d,
+            context,
+            "concurrent_timeout_ms",
+            v,
+            1000,
+            MAX_CONCURRENT_TIMEOUT_MS,
+        ),
+        None => Some(DEFAULT_CONCURRENT_TIMEOUT_MS),
+    };
     let buckets = buckets::resolve_buckets(limit, context, entry_at, d);
     let provider = limit
         .provider
@@ -120,6 +136,8 @@ fn resolve_limit(
             .mode
             .as_ref()
             .map_or_else(Default::default, |mode| *mode.get_ref()),
+        max_concurrent: max_concurrent.map_or(Some(None), |checked| checked.map(Some))?,
+        concurrent_timeout_ms: concurrent_timeout_ms?,
         tokens_per_second: buckets.other_windows[0],
         tokens_per_hour: buckets.other_windows[1],
         tokens_per_day: buckets.other_windows[2],
