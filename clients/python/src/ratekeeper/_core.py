@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from . import _protocol as p
 from ._errors import (
@@ -27,6 +27,7 @@ from ._errors import (
     closes_connection,
 )
 from ._requests import AcquireRequest, AnyRequest
+from ._requests import MessageLike as MessageLike  # for the clients' signatures
 
 log = logging.getLogger("ratekeeper")
 
@@ -36,14 +37,15 @@ DEFAULT_SOCKET = "/tmp/ratekeeper.sock"
 ENV_SOCKET = "RATEKEEPER_SOCKET"
 #: Default for `timeout`: how long a call may spend on I/O beyond its own wait.
 DEFAULT_TIMEOUT = 5.0
+#: Default for `connect_timeout`: how long a restarting sidecar is retried.
+DEFAULT_CONNECT_TIMEOUT = 5.0
 
 #: Bytes asked of the socket per read.
 RECV_SIZE = 64 * 1024
 
-#: What `on_unavailable` accepts.
-ON_UNAVAILABLE = ("raise", "allow")
-
-#: A chat message as users hold it: an OpenAI-style dict, an SDK object, or ours.
+#: What `on_unavailable` accepts: raise `SidecarUnavailable`, or proceed unlimited.
+OnUnavailable = Literal["raise", "allow"]
+ON_UNAVAILABLE: tuple[OnUnavailable, ...] = ("raise", "allow")
 
 
 def socket_path(path: Optional[Union[str, os.PathLike]]) -> str:
@@ -59,10 +61,19 @@ def default_client_name() -> str:
     return f"{program or 'python'} pid={os.getpid()}"[: p.MAX_NAME_LEN]
 
 
-def check_on_unavailable(value: str) -> str:
+def check_on_unavailable(value: str) -> OnUnavailable:
     if value not in ON_UNAVAILABLE:
         raise ValueError(f"on_unavailable must be one of {ON_UNAVAILABLE}, got {value!r}")
-    return value
+    return value  # type: ignore[return-value]
+
+
+def check_seconds(name: str, value: float) -> float:
+    """A non-negative number of seconds (a timeout option), as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    if not value >= 0:
+        raise ValueError(f"{name} must not be negative, got {value}")
+    return float(value)
 
 
 class Session:
@@ -198,8 +209,21 @@ def reconnect_delays() -> Iterator[float]:
         delay = min(delay * 2, 0.25)
 
 
+def sidecar_restarting(error: BaseException) -> bool:
+    """Whether a failed connect looks like a restarting sidecar: worth retrying.
+
+    Refused (a socket file whose daemon is gone, until a successor binds it),
+    reset or closed during `Hello`, or a full accept queue. A missing socket
+    file is not: it fails at once unless the caller knows a daemon was there.
+    """
+    return isinstance(error, (ConnectionError, BlockingIOError, ConnectionLost))
+
+
 def unavailable(path: str, cause: Optional[BaseException]) -> SidecarUnavailable:
-    reason = f": {cause}" if cause else ""
+    if isinstance(cause, FileNotFoundError):
+        reason = ": no socket file there (is `ratekeeper serve` running on that socket?)"
+    else:
+        reason = f": {cause}" if cause else ""
     return SidecarUnavailable(f"the ratekeeper sidecar at {path} is unavailable{reason}")
 
 

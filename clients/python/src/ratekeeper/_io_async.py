@@ -301,6 +301,17 @@ class Slot:
         self.down = False
         self._connecting: Optional[asyncio.Task] = None
 
+    @property
+    def reconnecting(self) -> bool:
+        """Whether this loop's connection broke or was retired: its daemon may be restarting."""
+        conn = self.conn
+        if conn is None or conn.pid != os.getpid() or conn.usable:
+            return False
+        try:
+            return conn.loop is asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+
     def ready(self) -> Optional[Connection]:
         """The connection if it is usable now; otherwise `get` opens another."""
         conn = self.conn

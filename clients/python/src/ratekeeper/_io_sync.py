@@ -381,6 +381,12 @@ class Slot:
         weakref.finalize(owner, _close_slot, self, self._pid)
         _slots.add(self)
 
+    @property
+    def reconnecting(self) -> bool:
+        """Whether this process's connection broke or was retired: its daemon may be restarting."""
+        conn = self.conn
+        return conn is not None and conn.pid == os.getpid() and not conn.usable
+
     def ready(self) -> Optional[Connection]:
         """The connection if it is usable now; otherwise `get` opens another."""
         conn = self.conn
