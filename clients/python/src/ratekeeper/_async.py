@@ -16,12 +16,13 @@ clients/python; a test fails while `_sync.py` is stale.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
 import warnings
 from collections.abc import AsyncIterator, Iterable
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from . import _core as core
 from . import _protocol as p
@@ -33,9 +34,12 @@ from ._errors import (
     SidecarUnavailable,
     SidecarUnavailableWarning,
 )
-from ._io_async import Connection, Future, Slot, Timeout, sleep
+from ._io_async import COROUTINES, Connection, Future, Slot, Timeout, sleep
 
 log = logging.getLogger("ratekeeper")
+
+#: A function `limit` decorates; the decorated one has the same signature.
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class AsyncLease:
@@ -398,6 +402,70 @@ class AsyncClient:
         lease = await self.acquire(limit, tokens, **options)
         async with lease:
             yield lease
+
+    def limit(
+        self,
+        limit: str,
+        tokens: Union[int, Callable[..., int], None] = None,
+        *,
+        messages: Optional[Callable[..., Iterable[core.MessageLike]]] = None,
+        max_tokens: Optional[int] = None,
+        usage: Optional[Callable[[Any], core.Usage]] = None,
+        tenant: Optional[str] = None,
+        priority: Optional[str] = None,
+        max_wait: Optional[float] = None,
+    ) -> Callable[[F], F]:
+        """A decorator: every call of the function acquires first, then settles.
+
+            @limiter.limit("gpt-4o-mini", tokens=1200, max_tokens=300)
+            def summarize(text): ...
+
+        `tokens` is a count, or a function of the call's arguments returning
+        one; `messages` a function of the arguments returning the chat
+        messages for the daemon to count. If the function raises, the lease
+        is released; if it returns, the lease is reported with
+        `usage(result)` (a total, or `(input_tokens, output_tokens)`), or
+        settled as fully used without `usage` or when it returns None. A
+        denial raises `RateLimited` before the function is called. The
+        blocking `Client` decorates plain functions, `AsyncClient` coroutine
+        functions.
+        """
+        if tokens is not None and not callable(tokens):
+            req.token_count("tokens", tokens)
+        if max_tokens is not None:
+            req.token_count("max_tokens", max_tokens)
+
+        def decorate(function: F) -> F:
+            core.check_decorated(function, COROUTINES, type(self).__name__)
+
+            @functools.wraps(function)
+            async def limited(*args: Any, **kwargs: Any) -> Any:
+                cost = tokens(*args, **kwargs) if callable(tokens) else tokens
+                chat = None if messages is None else messages(*args, **kwargs)
+                lease = await self.acquire(
+                    limit,
+                    cost,
+                    messages=chat,
+                    max_tokens=max_tokens,
+                    tenant=tenant,
+                    priority=priority,
+                    max_wait=max_wait,
+                )
+                async with lease:
+                    result = await function(*args, **kwargs)
+                    try:
+                        used = None if usage is None else usage(result)
+                        counts = core.usage_counts(used)
+                    except Exception:
+                        await lease.settle_as_reserved()  # the call was made: keep its tokens
+                        raise
+                    if counts is not None:
+                        await lease.report(input_tokens=counts[0], output_tokens=counts[1])
+                return result
+
+            return cast(F, limited)
+
+        return decorate
 
     async def estimate(
         self,

@@ -28,6 +28,9 @@ from ._core import ConnectionLost
 
 log = logging.getLogger("ratekeeper")
 
+#: Whether this client's calls are awaited: `limit` decorates coroutine functions only.
+COROUTINES = True
+
 NEED_DATA = p.NEED_DATA
 
 #: What `Connection.submit` returns to wait on.

@@ -41,6 +41,9 @@ from ._errors import RatekeeperError, TooManyInFlight
 
 log = logging.getLogger("ratekeeper")
 
+#: Whether this client's calls are awaited: `limit` decorates plain functions only.
+COROUTINES = False
+
 NEED_DATA = p.NEED_DATA
 
 #: What `Connection.wait` raises at its deadline.

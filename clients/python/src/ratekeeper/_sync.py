@@ -18,12 +18,13 @@ clients/python; a test fails while `_sync.py` is stale.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from . import _core as core
 from . import _protocol as p
@@ -35,9 +36,12 @@ from ._errors import (
     SidecarUnavailable,
     SidecarUnavailableWarning,
 )
-from ._io_sync import Connection, Future, Slot, Timeout, sleep
+from ._io_sync import COROUTINES, Connection, Future, Slot, Timeout, sleep
 
 log = logging.getLogger("ratekeeper")
+
+#: A function `limit` decorates; the decorated one has the same signature.
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Lease:
@@ -400,6 +404,70 @@ class Client:
         lease = self.acquire(limit, tokens, **options)
         with lease:
             yield lease
+
+    def limit(
+        self,
+        limit: str,
+        tokens: Union[int, Callable[..., int], None] = None,
+        *,
+        messages: Optional[Callable[..., Iterable[core.MessageLike]]] = None,
+        max_tokens: Optional[int] = None,
+        usage: Optional[Callable[[Any], core.Usage]] = None,
+        tenant: Optional[str] = None,
+        priority: Optional[str] = None,
+        max_wait: Optional[float] = None,
+    ) -> Callable[[F], F]:
+        """A decorator: every call of the function acquires first, then settles.
+
+            @limiter.limit("gpt-4o-mini", tokens=1200, max_tokens=300)
+            def summarize(text): ...
+
+        `tokens` is a count, or a function of the call's arguments returning
+        one; `messages` a function of the arguments returning the chat
+        messages for the daemon to count. If the function raises, the lease
+        is released; if it returns, the lease is reported with
+        `usage(result)` (a total, or `(input_tokens, output_tokens)`), or
+        settled as fully used without `usage` or when it returns None. A
+        denial raises `RateLimited` before the function is called. The
+        blocking `Client` decorates plain functions, `Client` coroutine
+        functions.
+        """
+        if tokens is not None and not callable(tokens):
+            req.token_count("tokens", tokens)
+        if max_tokens is not None:
+            req.token_count("max_tokens", max_tokens)
+
+        def decorate(function: F) -> F:
+            core.check_decorated(function, COROUTINES, type(self).__name__)
+
+            @functools.wraps(function)
+            def limited(*args: Any, **kwargs: Any) -> Any:
+                cost = tokens(*args, **kwargs) if callable(tokens) else tokens
+                chat = None if messages is None else messages(*args, **kwargs)
+                lease = self.acquire(
+                    limit,
+                    cost,
+                    messages=chat,
+                    max_tokens=max_tokens,
+                    tenant=tenant,
+                    priority=priority,
+                    max_wait=max_wait,
+                )
+                with lease:
+                    result = function(*args, **kwargs)
+                    try:
+                        used = None if usage is None else usage(result)
+                        counts = core.usage_counts(used)
+                    except Exception:
+                        lease.settle_as_reserved()  # the call was made: keep its tokens
+                        raise
+                    if counts is not None:
+                        lease.report(input_tokens=counts[0], output_tokens=counts[1])
+                return result
+
+            return cast(F, limited)
+
+        return decorate
 
     def estimate(
         self,
