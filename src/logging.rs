@@ -27,6 +27,45 @@ pub struct LogFilterError {
     source: tracing_subscriber::filter::ParseError,
 }
 
+/// The environment variable naming the level of ratekeeper's own logs.
+pub const ENV_LOG_LEVEL: &str = "RATEKEEPER_LOG_LEVEL";
+
+/// The levels [`ENV_LOG_LEVEL`] accepts.
+const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// Why [`ENV_LOG_LEVEL`] was refused.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{ENV_LOG_LEVEL}={given:?} is not a level: use trace, debug, info, warn, error or off \
+     (RUST_LOG or --log-level take a full filter)"
+)]
+pub struct LogLevelError {
+    given: String,
+}
+
+/// The log filter when `RUST_LOG` is not set: `--log-level` when given,
+/// else [`ENV_LOG_LEVEL`] for ratekeeper's own logs (other crates at
+/// `info`, as `RUST_LOG=info,ratekeeper=LEVEL` would), else `info`.
+/// `RUST_LOG`, when set and valid, wins over all three ([`init`]).
+pub fn default_filter(
+    flag: Option<&str>,
+    log_level: Option<&str>,
+) -> Result<String, LogLevelError> {
+    if let Some(flag) = flag {
+        return Ok(flag.to_string());
+    }
+    let Some(given) = log_level.map(str::trim).filter(|level| !level.is_empty()) else {
+        return Ok("info".to_string());
+    };
+    let level = given.to_ascii_lowercase();
+    if !LEVELS.contains(&level.as_str()) {
+        return Err(LogLevelError {
+            given: given.to_string(),
+        });
+    }
+    Ok(format!("info,ratekeeper={level}"))
+}
+
 /// Installs the global subscriber: `RUST_LOG` if set, else `filter`.
 pub fn init(format: LogFormat, filter: &str) -> Result<(), LogFilterError> {
     let filter = EnvFilter::try_from_default_env()
@@ -67,5 +106,39 @@ impl Write for Stderr {
     fn flush(&mut self) -> io::Result<()> {
         let _ = io::stderr().flush();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_wins_then_the_level_variable_then_info() {
+        // (--log-level, RATEKEEPER_LOG_LEVEL) -> filter
+        let cases: &[(Option<&str>, Option<&str>, &str)] = &[
+            (None, None, "info"),
+            (None, Some(""), "info"),
+            (None, Some("debug"), "info,ratekeeper=debug"),
+            (None, Some(" WARN "), "info,ratekeeper=warn"),
+            (Some("ratekeeper=trace"), Some("debug"), "ratekeeper=trace"),
+            (Some("error"), None, "error"),
+        ];
+        for (flag, level, expected) in cases {
+            assert_eq!(
+                default_filter(*flag, *level).unwrap(),
+                *expected,
+                "{flag:?} {level:?}"
+            );
+            EnvFilter::try_new(expected).expect("a valid filter");
+        }
+        let refused = default_filter(None, Some("verbose"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.starts_with("RATEKEEPER_LOG_LEVEL=\"verbose\" is not a level"),
+            "{refused}"
+        );
+        assert!(default_filter(None, Some("ratekeeper=debug")).is_err());
     }
 }

@@ -19,7 +19,6 @@ use tokio::sync::{mpsc, oneshot};
 use ratekeeper::app::{self, App};
 use ratekeeper::config::{self, Config};
 use ratekeeper::logging;
-use ratekeeper::proto::{Acquire, Cost};
 use ratekeeper::tokens::Provider;
 
 const EXIT_CODES: &str = "Exit codes: 0 success, 1 failure (bad config, daemon unreachable, \
@@ -28,7 +27,7 @@ error answer), 2 usage error.";
 #[derive(Parser)]
 #[command(
     name = "ratekeeper",
-    version,
+    version = env!("RATEKEEPER_VERSION"),
     about = "One shared, exact rate limit for every worker that calls an LLM API.",
     long_about = "ratekeeper is a sidecar daemon: workers ask it over a Unix socket for tokens \
 before calling an LLM provider, and every sidecar draws from the same buckets in Redis \
@@ -105,41 +104,27 @@ Exit codes: 0 ready, 1 not ready or unreachable, 2 usage error."
     },
     /// Acquire tokens from a limit, for shell scripts and debugging.
     #[command(
-        after_help = "Prints the decision. Without --report or --release the reservation \
-is kept when the command exits, as for any worker that disconnects after its grant: use it \
-before a provider call made by the script itself.\n\n\
+        after_help = "Give the cost as --tokens (the total: prompt plus maximum output), \
+as --input and/or --output (each side on its own), or as --messages-file (a chat request in \
+JSON, counted by the daemon with the limit's tokenizer). Prints the decision. Without \
+--report, --report-input/--report-output or --release the reservation is kept when the \
+command exits, as for any worker that disconnects after its grant: use it before a provider \
+call made by the script itself.\n\n\
 Exit codes: 0 granted, 3 denied (rate limited), 1 error, 2 usage error."
     )]
     Acquire {
         #[command(flatten)]
         socket: SocketArgs,
-        /// The limit to draw from.
-        limit: String,
-        /// Tokens to reserve (prompt plus maximum output).
-        #[arg(long)]
-        tokens: u64,
-        /// Longest acceptable wait in milliseconds (default: the priority class's).
-        #[arg(long, value_name = "MS")]
-        max_wait: Option<u64>,
-        /// Also draw from this tenant's share.
-        #[arg(long)]
-        tenant: Option<String>,
-        /// Priority class (default: the configured default class).
-        #[arg(long)]
-        priority: Option<String>,
-        /// Settle the lease with this actual usage right after the grant.
-        #[arg(long, value_name = "USED")]
-        report: Option<u64>,
-        /// Give the reservation back right after the grant (a dry run).
-        #[arg(long, conflicts_with = "report")]
-        release: bool,
+        #[command(flatten)]
+        args: commands::AcquireArgs,
     },
     /// Count the prompt tokens of a chat request read on stdin, as the daemon would.
     #[command(after_help = count_tokens_help())]
     CountTokens {
-        /// Model whose tokenizer counts (e.g. gpt-4o-mini, gpt-4, claude-sonnet-4-5).
+        /// Model whose tokenizer counts (e.g. gpt-4o-mini, gpt-4, claude-sonnet-4-5);
+        /// default: the request's "model".
         #[arg(long)]
-        model: String,
+        model: Option<String>,
         /// Provider preset: the tokenizer and the cost rule.
         #[arg(long, value_enum, default_value_t = ProviderArg::Generic)]
         provider: ProviderArg,
@@ -147,12 +132,23 @@ Exit codes: 0 granted, 3 denied (rate limited), 1 error, 2 usage error."
         #[arg(long, value_name = "N")]
         max_tokens: Option<u64>,
     },
+    /// Print a shell completion script for ratekeeper.
+    #[command(after_help = "For example: `ratekeeper completions bash > \
+~/.local/share/bash-completion/completions/ratekeeper`, `ratekeeper completions zsh > \
+\"${fpath[1]}/_ratekeeper\"`, `ratekeeper completions fish > \
+~/.config/fish/completions/ratekeeper.fish`.")]
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
 }
 
 fn count_tokens_help() -> String {
     format!(
-        "Reads an OpenAI-shaped chat request on stdin: {{\"messages\": [...], \"tools\": [...], \
-\"max_tokens\": N}}, or just the messages array. Prints the prompt tokens (messages + tools), the \
+        "Reads an OpenAI request on stdin: Chat Completions ({{\"model\": M, \"messages\": \
+[...], \"tools\": [...], \"max_tokens\": N}}, or just the messages array) or Responses \
+({{\"model\": M, \"instructions\": S, \"input\": a string or a list of items, \"tools\": \
+[...], \"max_output_tokens\": N}}). --model, when given, overrides the request's model. Prints the prompt tokens (messages + tools), the \
 output tokens reserved (--max-tokens, else the request's max_tokens, else the default of {}) \
 and what an acquire reserves under the provider's preset: openai charges max(prompt, output), \
 anthropic and generic prompt + output. No daemon is needed.\n\n\
@@ -173,9 +169,11 @@ struct LoggingArgs {
     /// Log format on stderr.
     #[arg(long, env = "RATEKEEPER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
-    /// Log filter, e.g. `info` or `ratekeeper=debug` (overridden by RUST_LOG).
-    #[arg(long, default_value = "info")]
-    log_level: String,
+    /// Log filter, e.g. `info` or `ratekeeper=debug` [default: info, or
+    /// RATEKEEPER_LOG_LEVEL for ratekeeper's own logs]. RUST_LOG, when set,
+    /// overrides both.
+    #[arg(long, value_name = "FILTER")]
+    log_level: Option<String>,
 }
 
 /// `--provider` of count-tokens.
@@ -260,29 +258,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             model,
             provider,
             max_tokens,
-        } => commands::count_tokens(&model, provider.into(), max_tokens),
+        } => commands::count_tokens(model.as_deref(), provider.into(), max_tokens),
         Command::Ping { socket } => commands::ping(&socket.socket).await,
-        Command::Acquire {
-            socket,
-            limit,
-            tokens,
-            max_wait,
-            tenant,
-            priority,
-            report,
-            release,
-        } => {
-            let request = Acquire {
-                limit,
-                tenant,
-                priority,
-                cost: Cost::Tokens {
-                    input_tokens: tokens,
-                    output_tokens: 0,
-                },
-                max_wait_ms: max_wait,
-            };
-            commands::acquire(&socket.socket, request, report, release).await
+        Command::Acquire { socket, args } => commands::acquire(&socket.socket, args).await,
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut command = Cli::command();
+            clap_complete::generate(shell, &mut command, "ratekeeper", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
         }
     }
 }
@@ -346,6 +329,8 @@ fn init_logging(logging: &LoggingArgs) -> anyhow::Result<()> {
         LogFormat::Text => logging::LogFormat::Text,
         LogFormat::Json => logging::LogFormat::Json,
     };
-    logging::init(format, &logging.log_level).context("invalid --log-level")?;
+    let level = std::env::var(logging::ENV_LOG_LEVEL).ok();
+    let filter = logging::default_filter(logging.log_level.as_deref(), level.as_deref())?;
+    logging::init(format, &filter).context("invalid --log-level")?;
     Ok(())
 }

@@ -421,3 +421,424 @@ async fn status_watch_prints_again_and_again() {
     assert_eq!(health.status.code(), Some(0));
     assert_eq!(text(&health.stdout), "ready: the embedded store answers\n");
 }
+
+/// A limit with separate input and output buckets that barely refill (one
+/// token a second), so levels can be asserted within a token or two.
+const SIDES: &str = "[[limits]]\nname = \"sides\"\n\
+    input_tokens_per_minute = 60\nburst_input_tokens = 10000\n\
+    output_tokens_per_minute = 60\nburst_output_tokens = 10000\nburst_headroom_ms = 0\n";
+
+/// The level of each bucket of `limit`, from `status --json`.
+fn levels(socket: &std::path::Path, limit: &str) -> Vec<(String, i64)> {
+    let status = json(&ratekeeper(
+        &["status", "--json", "--limit", limit],
+        Some(socket),
+    ));
+    status["limits"][0]["buckets"]
+        .as_array()
+        .expect("buckets")
+        .iter()
+        .map(|bucket| {
+            let name = bucket["name"].as_str().expect("a name").to_string();
+            (name, bucket["level"].as_i64().expect("a level"))
+        })
+        .collect()
+}
+
+fn assert_near(levels: &[(String, i64)], expected: &[(&str, i64)]) {
+    assert_eq!(levels.len(), expected.len(), "{levels:?}");
+    for ((name, level), (want_name, want)) in levels.iter().zip(expected) {
+        assert_eq!(name, want_name, "{levels:?}");
+        assert!(
+            (*want..=want + 5).contains(level),
+            "{levels:?} vs {expected:?}"
+        );
+    }
+}
+
+/// Issue 12: the CLI could give neither side on its own nor settle both.
+#[tokio::test]
+async fn acquire_reserves_and_settles_each_side() {
+    let daemon = Daemon::start(SIDES);
+    let socket = daemon.socket.as_path();
+    let run = |args: &[&str]| ratekeeper(args, Some(socket));
+
+    let granted = run(&["acquire", "sides", "--input", "300", "--output", "200"]);
+    assert_eq!(granted.status.code(), Some(0), "{}", text(&granted.stderr));
+    assert!(
+        text(&granted.stdout).contains(" tokens=500 "),
+        "{}",
+        text(&granted.stdout)
+    );
+    let after_grant = [("input_tokens", 9700), ("output_tokens", 9800)];
+    assert_near(&levels(socket, "sides"), &after_grant);
+
+    let settled = run(&[
+        "acquire",
+        "sides",
+        "--input",
+        "300",
+        "--output",
+        "200",
+        "--report-input",
+        "250",
+        "--report-output",
+        "50",
+    ]);
+    assert_eq!(settled.status.code(), Some(0), "{}", text(&settled.stderr));
+    assert!(
+        text(&settled.stdout).contains("tokens_returned=200"),
+        "{}",
+        text(&settled.stdout)
+    );
+    assert_near(
+        &levels(socket, "sides"),
+        &[("input_tokens", 9450), ("output_tokens", 9750)],
+    );
+
+    // One side alone: the other is zero, on both ends.
+    let output_only = run(&[
+        "acquire",
+        "sides",
+        "--output",
+        "100",
+        "--report-output",
+        "40",
+    ]);
+    assert_eq!(
+        output_only.status.code(),
+        Some(0),
+        "{}",
+        text(&output_only.stderr)
+    );
+    assert!(text(&output_only.stdout).contains("tokens_returned=60"));
+    assert_near(
+        &levels(socket, "sides"),
+        &[("input_tokens", 9450), ("output_tokens", 9710)],
+    );
+
+    // What cannot be meant together is a usage error (exit 2), said clearly.
+    for args in [
+        &["acquire", "sides"][..],
+        &["acquire", "sides", "--tokens", "5", "--input", "5"],
+        &[
+            "acquire",
+            "sides",
+            "--input",
+            "5",
+            "--report",
+            "5",
+            "--report-input",
+            "5",
+        ],
+        &[
+            "acquire",
+            "sides",
+            "--input",
+            "5",
+            "--release",
+            "--report-output",
+            "5",
+        ],
+        &[
+            "acquire",
+            "sides",
+            "--input",
+            "5",
+            "--messages-file",
+            "x.json",
+        ],
+    ] {
+        let refused = run(args);
+        assert_eq!(refused.status.code(), Some(2), "{args:?}");
+        assert!(text(&refused.stderr).contains("error:"), "{args:?}");
+    }
+    let help = text(&run(&["acquire", "--help"]).stdout);
+    assert!(
+        help.contains("Tokens to reserve in total: the prompt plus the maximum output"),
+        "{help}"
+    );
+}
+
+/// A chat request in both of OpenAI's shapes, written to a file.
+fn write_requests(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let chat = dir.join("chat.json");
+    std::fs::write(
+        &chat,
+        r#"{"model": "gpt-4o", "max_tokens": 30, "messages": [
+            {"role": "system", "content": "Answer in one word."},
+            {"role": "user", "content": "What colour is the sky on a clear day?"}
+        ]}"#,
+    )
+    .unwrap();
+    let responses = dir.join("responses.json");
+    std::fs::write(
+        &responses,
+        r#"{"model": "gpt-4o", "max_output_tokens": 30,
+            "instructions": "Answer in one word.",
+            "input": [{"role": "user", "content": [
+                {"type": "input_text", "text": "What colour is the sky on a clear day?"}
+            ]}]}"#,
+    )
+    .unwrap();
+    (chat, responses)
+}
+
+/// The `reserved: N` figure of count-tokens.
+fn reserved(output: &Output) -> u64 {
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let stdout = text(&output.stdout);
+    let line = stdout
+        .lines()
+        .find(|line| line.starts_with("reserved: "))
+        .unwrap_or_else(|| panic!("no reserved line: {stdout}"));
+    line["reserved: ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn acquire_counts_a_messages_file_as_count_tokens_does() {
+    let daemon = Daemon::start(
+        "[[limits]]\nname = \"gpt\"\nmodel = \"gpt-4o\"\ntokens_per_minute = 600000\n",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (chat, responses) = write_requests(dir.path());
+    let counted = reserved(&count_tokens(&[], &std::fs::read_to_string(&chat).unwrap()));
+    assert!(counted > 30, "{counted}");
+
+    for file in [&chat, &responses] {
+        let granted = ratekeeper(
+            &[
+                "acquire",
+                "gpt",
+                "--messages-file",
+                file.to_str().unwrap(),
+                "--release",
+            ],
+            Some(&daemon.socket),
+        );
+        assert_eq!(granted.status.code(), Some(0), "{}", text(&granted.stderr));
+        let stdout = text(&granted.stdout);
+        assert!(
+            stdout.contains(&format!(" tokens={counted} ")),
+            "{file:?}: {stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("tokens_returned={counted}")),
+            "{stdout}"
+        );
+    }
+    // --output replaces the file's max_tokens.
+    let granted = ratekeeper(
+        &[
+            "acquire",
+            "gpt",
+            "--messages-file",
+            chat.to_str().unwrap(),
+            "--output",
+            "7",
+        ],
+        Some(&daemon.socket),
+    );
+    let stdout = text(&granted.stdout);
+    assert!(
+        stdout.contains(&format!(" tokens={} ", counted - 30 + 7)),
+        "{stdout}"
+    );
+
+    let missing = ratekeeper(
+        &[
+            "acquire",
+            "gpt",
+            "--messages-file",
+            "/nonexistent/request.json",
+        ],
+        Some(&daemon.socket),
+    );
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        text(&missing.stderr).contains("cannot read /nonexistent/request.json"),
+        "{}",
+        text(&missing.stderr)
+    );
+}
+
+/// Issue 12: count-tokens required --model even when the JSON named it, and
+/// refused the Responses API's `input`.
+#[test]
+fn count_tokens_reads_the_model_and_the_responses_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let (chat, responses) = write_requests(dir.path());
+    let chat = std::fs::read_to_string(chat).unwrap();
+    let responses = std::fs::read_to_string(responses).unwrap();
+
+    let from_json = count_tokens(&[], &chat);
+    assert!(text(&from_json.stdout).starts_with("counter: o200k_base (tiktoken)\n"));
+    // The Responses request says the same: the same figures.
+    let from_responses = count_tokens(&[], &responses);
+    assert_eq!(text(&from_responses.stdout), text(&from_json.stdout));
+    assert_eq!(reserved(&from_responses), reserved(&from_json));
+    // --model wins over the request's.
+    let overridden = count_tokens(&["--model", "gpt-4"], &chat);
+    assert!(text(&overridden.stdout).starts_with("counter: cl100k_base (tiktoken)\n"));
+    let plain = count_tokens(
+        &[],
+        r#"{"model": "gpt-4o", "input": "hello", "max_output_tokens": 5}"#,
+    );
+    assert!(text(&plain.stdout).contains("output_tokens: 5 (max_tokens)"));
+
+    for (input, message) in [
+        (
+            r#"[{"role": "user", "content": "hi"}]"#,
+            "no model to count for: give --model, or a \"model\" field",
+        ),
+        (
+            r#"{"model": "gpt-4o", "input": [{"type": "reasoning", "summary": []}]}"#,
+            "input[0]: items of type \"reasoning\" are not counted",
+        ),
+        (
+            r#"{"model": "gpt-4o", "input": 3}"#,
+            "\"input\" must be a string or a list",
+        ),
+    ] {
+        let output = count_tokens(&[], input);
+        assert_eq!(output.status.code(), Some(1), "{input}");
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains(message), "{input}: {stderr}");
+    }
+}
+
+#[test]
+fn completions_for_every_shell() {
+    for (shell, marker) in [
+        ("bash", "_ratekeeper()"),
+        ("zsh", "#compdef ratekeeper"),
+        ("fish", "complete -c ratekeeper"),
+        ("elvish", "ratekeeper"),
+        ("powershell", "ratekeeper"),
+    ] {
+        let output = ratekeeper(&["completions", shell], None);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{shell}: {}",
+            text(&output.stderr)
+        );
+        let script = text(&output.stdout);
+        assert!(script.contains(marker), "{shell}: {script}");
+        assert!(script.contains("count-tokens"), "{shell}");
+        assert!(script.contains("messages-file"), "{shell}");
+    }
+    let unknown = ratekeeper(&["completions", "tcsh"], None);
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(text(&unknown.stderr).contains("possible values"));
+}
+
+/// `--version` names the commit it was built from when built from a git
+/// checkout (or given RATEKEEPER_GIT_COMMIT), else the version alone.
+#[test]
+fn version_names_the_commit() {
+    let output = ratekeeper(&["--version"], None);
+    assert_eq!(output.status.code(), Some(0));
+    let version = text(&output.stdout);
+    let package = env!("CARGO_PKG_VERSION");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|output| output.status.success())
+            .map(|output| text(&output.stdout).trim().to_string())
+    };
+    let checkout = git(&["rev-parse", "--show-toplevel"])
+        .is_some_and(|top| std::fs::canonicalize(top).ok() == std::fs::canonicalize(root).ok());
+    let commit = option_env!("RATEKEEPER_GIT_COMMIT")
+        .map(str::to_string)
+        .or_else(|| {
+            checkout
+                .then(|| git(&["rev-parse", "--short", "HEAD"]))
+                .flatten()
+        });
+    match commit {
+        Some(commit) => assert_eq!(version, format!("ratekeeper {package} ({commit})\n")),
+        None => assert_eq!(version, format!("ratekeeper {package}\n")),
+    }
+}
+
+/// Issue 12: RATEKEEPER_LOG_LEVEL sets ratekeeper's own level; --log-level
+/// and RUST_LOG win over it, in that order.
+#[tokio::test]
+async fn log_level_comes_from_rust_log_then_the_flag_then_the_variable() {
+    const CONFIG: &str = "[[limits]]\nname = \"a\"\ntokens_per_minute = 60\n";
+    /// `serve` with `args` and `env` logs INFO lines if `info`, DEBUG lines if `debug`.
+    struct Case {
+        args: &'static [&'static str],
+        env: &'static [(&'static str, &'static str)],
+        info: bool,
+        debug: bool,
+    }
+    let case = |args, env, info, debug| Case {
+        args,
+        env,
+        info,
+        debug,
+    };
+    let cases = [
+        case(&[], &[], true, false),
+        case(&[], &[("RATEKEEPER_LOG_LEVEL", "debug")], true, true),
+        case(&[], &[("RATEKEEPER_LOG_LEVEL", "warn")], false, false),
+        case(
+            &["--log-level", "warn"],
+            &[("RATEKEEPER_LOG_LEVEL", "debug")],
+            false,
+            false,
+        ),
+        case(
+            &[],
+            &[("RUST_LOG", "info"), ("RATEKEEPER_LOG_LEVEL", "debug")],
+            true,
+            false,
+        ),
+    ];
+    for Case {
+        args,
+        env,
+        info,
+        debug,
+    } in cases
+    {
+        let mut daemon = Daemon::start_with_log_settings(CONFIG, args, env);
+        let ping = ratekeeper(&["ping"], Some(&daemon.socket));
+        assert_eq!(ping.status.code(), Some(0));
+        assert!(daemon.terminate().success());
+        let log = daemon.log();
+        assert_eq!(log.contains(" INFO "), info, "{args:?} {env:?}:\n{log}");
+        assert_eq!(log.contains(" DEBUG "), debug, "{args:?} {env:?}:\n{log}");
+        if debug {
+            assert!(log.contains("client said hello"), "{log}");
+        }
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ratekeeper.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .env("RATEKEEPER_SOCKET", dir.path().join("rk.sock"))
+        .env("RATEKEEPER_LOG_LEVEL", "verbose")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stderr).contains("RATEKEEPER_LOG_LEVEL=\"verbose\" is not a level"),
+        "{}",
+        text(&refused.stderr)
+    );
+}

@@ -7,8 +7,9 @@
 //! ([`CharEstimator`]), OpenAI's character rule for its rate limits
 //! ([`OpenaiChars`]), the input bounds that keep counting finite
 //! ([`Bounds`]), a learned default for max output tokens
-//! ([`OutputTokenLearner`]), and the provider presets ([`preset`]): which
-//! counter, cost rule and settlement rule mirror a provider's accounting.
+//! ([`OutputTokenLearner`]), the provider presets ([`preset`]): which
+//! counter, cost rule and settlement rule mirror a provider's accounting,
+//! and reading a request's JSON in OpenAI's shapes ([`request_json`]).
 //! It knows nothing of limits or buckets: the dispatcher turns a
 //! [`PromptCount`] into a cost with the limit's [`CostRule`].
 //!
@@ -41,6 +42,7 @@ mod learned;
 pub mod openai;
 mod openai_chars;
 pub mod preset;
+pub mod request_json;
 
 pub use chars::CharEstimator;
 pub use encoding::{

@@ -296,9 +296,14 @@ pub enum ChatJsonError {
 /// (images, audio, files), a missing role is `"user"`, and `tool_calls` (or
 /// a legacy `function_call`) and `tools` are kept as JSON text.
 pub fn chat_request_from_json(text: &str) -> Result<ChatRequest, ChatJsonError> {
-    let shape = |message: String| ChatJsonError::Shape(message);
     let parsed = serde_json::from_str::<Value>(text)
         .map_err(|syntax| ChatJsonError::Syntax(syntax.to_string()))?;
+    chat_request_from_value(parsed)
+}
+
+/// [`chat_request_from_json`] of JSON already parsed.
+pub(crate) fn chat_request_from_value(parsed: Value) -> Result<ChatRequest, ChatJsonError> {
+    let shape = |message: String| ChatJsonError::Shape(message);
     let (messages, tools, max_tokens) = match parsed {
         Value::Array(messages) => (messages, None, None),
         Value::Object(mut request) => {
@@ -343,7 +348,8 @@ pub fn chat_request_from_json(text: &str) -> Result<ChatRequest, ChatJsonError> 
     })
 }
 
-fn chat_message(message: Value) -> Result<ChatMessage, String> {
+/// One message of a chat request's JSON; a problem is said without its place.
+pub(crate) fn chat_message(message: Value) -> Result<ChatMessage, String> {
     let Value::Object(mut message) = message else {
         return Err("a message must be an object".into());
     };
@@ -393,7 +399,7 @@ fn chat_message(message: Value) -> Result<ChatMessage, String> {
 }
 
 /// A JSON string as its text, anything else as compact JSON.
-fn json_text(value: &Value) -> String {
+pub(crate) fn json_text(value: &Value) -> String {
     match value {
         Value::String(text) => text.clone(),
         other => other.to_string(),

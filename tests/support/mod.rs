@@ -37,6 +37,13 @@ impl Daemon {
         Daemon::spawn(config, env, None)
     }
 
+    /// As [`Daemon::start`], with `args` after `serve` instead of
+    /// `--log-level debug`, and `RUST_LOG` and `RATEKEEPER_LOG_LEVEL` only
+    /// as `env` gives them: for tests of how the log level is chosen.
+    pub fn start_with_log_settings(config: &str, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::spawn_with(config, args, env, None, true)
+    }
+
     /// As [`Daemon::start`], but its stderr is a pipe whose reading end is
     /// already closed, as when the log shipper behind it died.
     pub fn start_with_closed_stderr(config: &str) -> Daemon {
@@ -44,18 +51,33 @@ impl Daemon {
     }
 
     fn spawn(config: &str, env: &[(&str, &str)], stderr: Option<Stdio>) -> Daemon {
+        Daemon::spawn_with(config, &["--log-level", "debug"], env, stderr, false)
+    }
+
+    fn spawn_with(
+        config: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr: Option<Stdio>,
+        clean_log_env: bool,
+    ) -> Daemon {
         let dir = tempfile::tempdir().expect("temporary directory");
         let socket = dir.path().join("ratekeeper.sock");
         let config_path = dir.path().join("ratekeeper.toml");
         std::fs::write(&config_path, config).expect("write config");
         let log = std::fs::File::create(dir.path().join("daemon.log")).expect("log file");
         let closed_stderr = stderr.is_some();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
+        if clean_log_env {
+            command
+                .env_remove("RUST_LOG")
+                .env_remove("RATEKEEPER_LOG_LEVEL");
+        }
+        let mut child = command
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
-            .arg("--log-level")
-            .arg("debug")
+            .args(args)
             .env(ratekeeper::config::ENV_SOCKET, &socket)
             .env_remove("RATEKEEPER_REDIS_URL")
             .envs(env.iter().copied())

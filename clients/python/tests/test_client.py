@@ -279,12 +279,10 @@ def test_arguments_are_checked_before_sending(client):
     lease.release()
 
 
-def test_an_unreachable_sidecar_raises_within_the_timeout(tmp_path):
+def test_an_unreachable_sidecar_is_then_known_to_be_down(tmp_path):
     client = Client(str(tmp_path / "nobody.sock"), timeout=0.3)
-    started = time.monotonic()
     with pytest.raises(SidecarUnavailable) as caught:
         client.acquire("basic", 10, max_wait=0.2)
-    assert 0.3 <= time.monotonic() - started < 1.5
     assert caught.value.retryable
     # Known to be down now: the next call tries once and fails at once.
     started = time.monotonic()
@@ -334,3 +332,44 @@ def test_an_interrupted_acquire_is_cancelled_and_its_reservation_returned(make_d
         waiters = lambda: client.status("exact").limit("exact").waiters  # noqa: E731
         wait_for(lambda: waiters() == 0, 5, "the cancelled acquire to be dropped")
         assert level(client, "exact") >= 0
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda c: c.acquire("basic", 1200.7), "tokens must be an int.*float 1200.7"),
+        (lambda c: c.acquire("basic", 1200.0), "tokens must be an int.*float"),
+        (lambda c: c.acquire("basic", True), "tokens must be an int.*bool"),
+        (lambda c: c.acquire("basic", "100"), "tokens must be an int.*str"),
+        (lambda c: c.acquire("basic", 10, max_tokens=2.5), "max_tokens must be an int"),
+        (lambda c: c.estimate("basic", 10.5), "tokens must be an int"),
+    ],
+)
+def test_token_counts_must_be_ints(client, call, message):
+    with pytest.raises(TypeError, match=message):
+        call(client)
+
+
+def test_reported_counts_must_be_ints(client):
+    lease = client.acquire("basic", 10)
+    with pytest.raises(TypeError, match="used must be an int"):
+        lease.report(9.9)
+    with pytest.raises(TypeError, match=r"output_tokens must be an int.*float"):
+        lease.report(input_tokens=5, output_tokens=2.0)
+    assert not lease.settled
+    assert lease.report(input_tokens=5, output_tokens=5) == 0
+
+
+def test_int_likes_are_accepted():
+    class Count:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+        def __index__(self) -> int:
+            return self.value
+
+    from ratekeeper._requests import token_count
+
+    assert token_count("tokens", Count(12)) == 12
+    with pytest.raises(ValueError, match="must not be negative"):
+        token_count("tokens", -1)

@@ -123,7 +123,7 @@ def test_a_missing_sidecar_fails_within_the_deadline_then_recovers(make_daemon):
 
 def test_allow_mode_proceeds_while_down_and_limits_again_after(make_daemon):
     daemon = make_daemon(CONFIG)
-    client = Client(daemon.socket, timeout=0.3, on_unavailable="allow")
+    client = Client(daemon.socket, timeout=0.3, connect_timeout=0.3, on_unavailable="allow")
     assert not client.acquire("roomy", 5).unlimited
     daemon.kill()
     with warnings.catch_warnings(record=True) as caught:

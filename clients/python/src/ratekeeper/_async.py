@@ -16,12 +16,13 @@ clients/python; a test fails while `_sync.py` is stale.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
 import warnings
 from collections.abc import AsyncIterator, Iterable
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from . import _core as core
 from . import _protocol as p
@@ -33,9 +34,12 @@ from ._errors import (
     SidecarUnavailable,
     SidecarUnavailableWarning,
 )
-from ._io_async import Connection, Future, Slot, Timeout, sleep
+from ._io_async import COROUTINES, Connection, Future, Slot, Timeout, sleep
 
 log = logging.getLogger("ratekeeper")
+
+#: A function `limit` decorates; the decorated one has the same signature.
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class AsyncLease:
@@ -184,13 +188,18 @@ class AsyncClient:
     `socket` defaults to RATEKEEPER_SOCKET, else /tmp/ratekeeper.sock.
     `timeout` (seconds) bounds what a call spends beyond its own `max_wait`:
     connecting, reconnecting after the sidecar restarted, and waiting for an
-    answer that is not held back. `on_unavailable` says what `acquire` does when
-    the sidecar cannot be reached within that time: `"raise"` raises
-    `SidecarUnavailable`; `"allow"` warns and returns an unlimited no-op lease,
-    so the application keeps working without a shared limit.
+    answer that is not held back. `connect_timeout` (seconds, default 5)
+    bounds, within that, how long a call keeps retrying a sidecar that
+    refuses or resets its connections (a restarting daemon). A socket file
+    that does not exist fails at once (no daemon was started there), unless a
+    connection of this client just broke: then the old daemon removed it and
+    its successor is about to bind, which is retried the same way.
 
-    After one call gave up on an unreachable sidecar, later calls try to
-    connect once and fail at once, until the sidecar answers again.
+    `on_unavailable` says what `acquire` does when the sidecar cannot be
+    reached: `"raise"` raises `SidecarUnavailable`; `"allow"` warns and
+    returns an unlimited no-op lease, so the application keeps working
+    without a shared limit. After one call gave up on an unreachable sidecar,
+    later calls try to connect once and fail at once, until it answers again.
     """
 
     def __init__(
@@ -199,19 +208,29 @@ class AsyncClient:
         *,
         name: Optional[str] = None,
         timeout: float = core.DEFAULT_TIMEOUT,
-        on_unavailable: str = "raise",
+        connect_timeout: float = core.DEFAULT_CONNECT_TIMEOUT,
+        on_unavailable: core.OnUnavailable = "raise",
     ) -> None:
         self.socket_path = core.socket_path(socket)
         self.name = name
-        self.timeout = timeout
-        self.on_unavailable = core.check_on_unavailable(on_unavailable)
+        self.timeout = core.check_seconds("timeout", timeout)
+        self.connect_timeout = core.check_seconds("connect_timeout", connect_timeout)
+        self.on_unavailable: core.OnUnavailable = core.check_on_unavailable(on_unavailable)
         self._slot = Slot(self.socket_path, self)
 
     # -- connections --------------------------------------------------------
 
     async def _connect(self, deadline: core.Deadline) -> Connection:
-        """A new connection, retried while the socket is missing, until `deadline`."""
+        """A new connection, within `deadline` and `connect_timeout`.
+
+        Retried while the sidecar refuses or resets connections (it is
+        restarting), and while its socket file is missing right after a
+        connection of ours broke (its successor has not bound yet). A missing
+        socket file otherwise, or any other error, gives up at once.
+        """
         slot = self._slot
+        deadline = deadline.earlier(self.connect_timeout)
+        restarting = slot.reconnecting
         name = self.name or core.default_client_name()
         last: Optional[BaseException] = None
         for delay in core.reconnect_delays():
@@ -219,6 +238,12 @@ class AsyncClient:
                 conn = await Connection.open(self.socket_path, name, deadline)
             except (OSError, ConnectionLost) as error:
                 last = error
+                if core.sidecar_restarting(error):
+                    if not restarting:
+                        log.debug("the sidecar at %s: %s; retrying", self.socket_path, error)
+                    restarting = True
+                elif not (restarting and isinstance(error, FileNotFoundError)):
+                    break
             else:
                 if slot.down:
                     log.warning("the ratekeeper sidecar at %s is reachable again", self.socket_path)
@@ -322,7 +347,7 @@ class AsyncClient:
             conn = self._slot.ready()
             if conn is None:
                 try:
-                    deadline = retry_until or overall.earlier(self.timeout)
+                    deadline = retry_until or overall
                     conn = await self._slot.get(deadline, self._connect)
                 except SidecarUnavailable as error:
                     return self._unavailable(limit, request, error)
@@ -330,7 +355,7 @@ class AsyncClient:
                 request_id, future = await conn.submit(attempt, overall)
                 response = await self._wait(conn, request_id, future, attempt, overall)
             except ConnectionLost as error:
-                retry_until = retry_until or overall.earlier(self.timeout)
+                retry_until = retry_until or overall.earlier(self.connect_timeout)
                 if retry_until.expired:
                     return self._unavailable(limit, request, error)
                 attempt = req.with_remaining_wait(request, overall, self.timeout)
@@ -342,7 +367,7 @@ class AsyncClient:
             if isinstance(response, p.ErrorReply) and response.code == ErrorCode.SHUTTING_DOWN:
                 # This daemon is draining: ask its successor, within the deadline.
                 conn.retired = True
-                retry_until = retry_until or overall.earlier(self.timeout)
+                retry_until = retry_until or overall.earlier(self.connect_timeout)
                 attempt = req.with_remaining_wait(request, overall, self.timeout)
                 continue
             granted = core.granted_or_raise(response, limit)
@@ -377,6 +402,70 @@ class AsyncClient:
         lease = await self.acquire(limit, tokens, **options)
         async with lease:
             yield lease
+
+    def limit(
+        self,
+        limit: str,
+        tokens: Union[int, Callable[..., int], None] = None,
+        *,
+        messages: Optional[Callable[..., Iterable[core.MessageLike]]] = None,
+        max_tokens: Optional[int] = None,
+        usage: Optional[Callable[[Any], core.Usage]] = None,
+        tenant: Optional[str] = None,
+        priority: Optional[str] = None,
+        max_wait: Optional[float] = None,
+    ) -> Callable[[F], F]:
+        """A decorator: every call of the function acquires first, then settles.
+
+            @limiter.limit("gpt-4o-mini", tokens=1200, max_tokens=300)
+            def summarize(text): ...
+
+        `tokens` is a count, or a function of the call's arguments returning
+        one; `messages` a function of the arguments returning the chat
+        messages for the daemon to count. If the function raises, the lease
+        is released; if it returns, the lease is reported with
+        `usage(result)` (a total, or `(input_tokens, output_tokens)`), or
+        settled as fully used without `usage` or when it returns None. A
+        denial raises `RateLimited` before the function is called. The
+        blocking `Client` decorates plain functions, `AsyncClient` coroutine
+        functions.
+        """
+        if tokens is not None and not callable(tokens):
+            req.token_count("tokens", tokens)
+        if max_tokens is not None:
+            req.token_count("max_tokens", max_tokens)
+
+        def decorate(function: F) -> F:
+            core.check_decorated(function, COROUTINES, type(self).__name__)
+
+            @functools.wraps(function)
+            async def limited(*args: Any, **kwargs: Any) -> Any:
+                cost = tokens(*args, **kwargs) if callable(tokens) else tokens
+                chat = None if messages is None else messages(*args, **kwargs)
+                lease = await self.acquire(
+                    limit,
+                    cost,
+                    messages=chat,
+                    max_tokens=max_tokens,
+                    tenant=tenant,
+                    priority=priority,
+                    max_wait=max_wait,
+                )
+                async with lease:
+                    result = await function(*args, **kwargs)
+                    try:
+                        used = None if usage is None else usage(result)
+                        counts = core.usage_counts(used)
+                    except Exception:
+                        await lease.settle_as_reserved()  # the call was made: keep its tokens
+                        raise
+                    if counts is not None:
+                        await lease.report(input_tokens=counts[0], output_tokens=counts[1])
+                return result
+
+            return cast(F, limited)
+
+        return decorate
 
     async def estimate(
         self,

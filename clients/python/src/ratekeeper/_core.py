@@ -10,12 +10,13 @@ and generated into `_sync.py`; the connections it drives are `_io_async.py` and
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 from . import _protocol as p
 from ._errors import (
@@ -26,7 +27,8 @@ from ._errors import (
     UnsupportedVersion,
     closes_connection,
 )
-from ._requests import AcquireRequest, AnyRequest
+from ._requests import AcquireRequest, AnyRequest, token_count
+from ._requests import MessageLike as MessageLike  # for the clients' signatures
 
 log = logging.getLogger("ratekeeper")
 
@@ -36,14 +38,15 @@ DEFAULT_SOCKET = "/tmp/ratekeeper.sock"
 ENV_SOCKET = "RATEKEEPER_SOCKET"
 #: Default for `timeout`: how long a call may spend on I/O beyond its own wait.
 DEFAULT_TIMEOUT = 5.0
+#: Default for `connect_timeout`: how long a restarting sidecar is retried.
+DEFAULT_CONNECT_TIMEOUT = 5.0
 
 #: Bytes asked of the socket per read.
 RECV_SIZE = 64 * 1024
 
-#: What `on_unavailable` accepts.
-ON_UNAVAILABLE = ("raise", "allow")
-
-#: A chat message as users hold it: an OpenAI-style dict, an SDK object, or ours.
+#: What `on_unavailable` accepts: raise `SidecarUnavailable`, or proceed unlimited.
+OnUnavailable = Literal["raise", "allow"]
+ON_UNAVAILABLE: tuple[OnUnavailable, ...] = ("raise", "allow")
 
 
 def socket_path(path: Optional[Union[str, os.PathLike]]) -> str:
@@ -59,10 +62,19 @@ def default_client_name() -> str:
     return f"{program or 'python'} pid={os.getpid()}"[: p.MAX_NAME_LEN]
 
 
-def check_on_unavailable(value: str) -> str:
+def check_on_unavailable(value: str) -> OnUnavailable:
     if value not in ON_UNAVAILABLE:
         raise ValueError(f"on_unavailable must be one of {ON_UNAVAILABLE}, got {value!r}")
-    return value
+    return value  # type: ignore[return-value]
+
+
+def check_seconds(name: str, value: float) -> float:
+    """A non-negative number of seconds (a timeout option), as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    if not value >= 0:
+        raise ValueError(f"{name} must not be negative, got {value}")
+    return float(value)
 
 
 class Session:
@@ -198,8 +210,21 @@ def reconnect_delays() -> Iterator[float]:
         delay = min(delay * 2, 0.25)
 
 
+def sidecar_restarting(error: BaseException) -> bool:
+    """Whether a failed connect looks like a restarting sidecar: worth retrying.
+
+    Refused (a socket file whose daemon is gone, until a successor binds it),
+    reset or closed during `Hello`, or a full accept queue. A missing socket
+    file is not: it fails at once unless the caller knows a daemon was there.
+    """
+    return isinstance(error, (ConnectionError, BlockingIOError, ConnectionLost))
+
+
 def unavailable(path: str, cause: Optional[BaseException]) -> SidecarUnavailable:
-    reason = f": {cause}" if cause else ""
+    if isinstance(cause, FileNotFoundError):
+        reason = ": no socket file there (is `ratekeeper serve` running on that socket?)"
+    else:
+        reason = f": {cause}" if cause else ""
     return SidecarUnavailable(f"the ratekeeper sidecar at {path} is unavailable{reason}")
 
 
@@ -239,14 +264,45 @@ def report_counts(
     if used is not None:
         if input_tokens is not None or output_tokens is not None:
             raise ValueError("give either used or input_tokens/output_tokens, not both")
-        counts = (int(used), 0)
-    elif input_tokens is None and output_tokens is None:
+        return token_count("used", used), 0
+    if input_tokens is None and output_tokens is None:
         raise ValueError("report needs used, or input_tokens and/or output_tokens")
-    else:
-        counts = (int(input_tokens or 0), int(output_tokens or 0))
-    if min(counts) < 0:
-        raise ValueError(f"token counts must not be negative, got {counts}")
-    return counts
+    return (
+        0 if input_tokens is None else token_count("input_tokens", input_tokens),
+        0 if output_tokens is None else token_count("output_tokens", output_tokens),
+    )
+
+
+#: What a decorated function's `usage` returns: a total, `(input, output)`, or None (unknown).
+Usage = Union[int, tuple[int, int], None]
+
+
+def usage_counts(used: Usage) -> Optional[tuple[int, int]]:
+    """`usage(result)` of a decorated function as (input, output) tokens; None if unknown.
+
+    A single total is counted as input tokens, as `report(used)` does.
+    """
+    if used is None:
+        return None
+    if isinstance(used, tuple):
+        if len(used) != 2:
+            raise ValueError(f"usage must return a total or (input, output), got {used!r}")
+        return token_count("input_tokens", used[0]), token_count("output_tokens", used[1])
+    return token_count("used", used), 0
+
+
+def check_decorated(function: Callable[..., Any], coroutines: bool, client: str) -> None:
+    """Refuses a function the client cannot limit: the asyncio client takes
+    coroutine functions, the blocking one plain functions (not generators)."""
+    name = getattr(function, "__qualname__", repr(function))
+    if not callable(function):
+        raise TypeError(f"{client}.limit decorates functions, got {name}")
+    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+        raise TypeError(f"{client}.limit cannot limit the generator function {name}")
+    if inspect.iscoroutinefunction(function) != coroutines:
+        other = "Client" if coroutines else "AsyncClient"
+        kind = "coroutine" if coroutines else "plain (not async)"
+        raise TypeError(f"{client}.limit decorates {kind} functions; use {other}.limit for {name}")
 
 
 def deliver_answers(decoder: p.FrameDecoder, deliver: Any) -> Optional[ConnectionLost]:

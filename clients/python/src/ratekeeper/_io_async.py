@@ -28,6 +28,9 @@ from ._core import ConnectionLost
 
 log = logging.getLogger("ratekeeper")
 
+#: Whether this client's calls are awaited: `limit` decorates coroutine functions only.
+COROUTINES = True
+
 NEED_DATA = p.NEED_DATA
 
 #: What `Connection.submit` returns to wait on.
@@ -300,6 +303,17 @@ class Slot:
         #: Whether the last connect gave up on the sidecar (the policy's note).
         self.down = False
         self._connecting: Optional[asyncio.Task] = None
+
+    @property
+    def reconnecting(self) -> bool:
+        """Whether this loop's connection broke or was retired: its daemon may be restarting."""
+        conn = self.conn
+        if conn is None or conn.pid != os.getpid() or conn.usable:
+            return False
+        try:
+            return conn.loop is asyncio.get_running_loop()
+        except RuntimeError:
+            return False
 
     def ready(self) -> Optional[Connection]:
         """The connection if it is usable now; otherwise `get` opens another."""

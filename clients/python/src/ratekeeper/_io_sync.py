@@ -41,6 +41,9 @@ from ._errors import RatekeeperError, TooManyInFlight
 
 log = logging.getLogger("ratekeeper")
 
+#: Whether this client's calls are awaited: `limit` decorates plain functions only.
+COROUTINES = False
+
 NEED_DATA = p.NEED_DATA
 
 #: What `Connection.wait` raises at its deadline.
@@ -380,6 +383,12 @@ class Slot:
         self._lock = threading.Lock()
         weakref.finalize(owner, _close_slot, self, self._pid)
         _slots.add(self)
+
+    @property
+    def reconnecting(self) -> bool:
+        """Whether this process's connection broke or was retired: its daemon may be restarting."""
+        conn = self.conn
+        return conn is not None and conn.pid == os.getpid() and not conn.usable
 
     def ready(self) -> Optional[Connection]:
         """The connection if it is usable now; otherwise `get` opens another."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -25,6 +26,21 @@ class Reservation:
 
     input_tokens: int
     output_tokens: int
+
+
+def token_count(name: str, value: Any) -> int:
+    """A whole, non-negative number of tokens. A float or a bool is refused
+    rather than truncated: 1200.7 tokens is a bug in the caller's arithmetic."""
+    if type(value) is not int:
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            raise TypeError(
+                f"{name} must be an int (a whole number of tokens), "
+                f"got {type(value).__name__} {value!r}"
+            )
+        value = operator.index(value)  # an int-like such as numpy.int64
+    if value < 0:
+        raise ValueError(f"{name} must not be negative, got {value}")
+    return value
 
 
 def wait_ms(seconds: Optional[float]) -> Optional[int]:
@@ -108,13 +124,10 @@ def _token_counts(
     """The checked (input, output) counts of a token cost; None for messages."""
     if (tokens is None) == (messages is None):
         raise ValueError("give exactly one of tokens= or messages=")
-    if max_tokens is not None and max_tokens < 0:
-        raise ValueError(f"max_tokens must not be negative, got {max_tokens}")
+    output = 0 if max_tokens is None else token_count("max_tokens", max_tokens)
     if messages is not None:
         return None
-    if tokens < 0:  # type: ignore[operator]
-        raise ValueError(f"tokens must not be negative, got {tokens}")
-    return int(tokens), int(max_tokens or 0)  # type: ignore[arg-type]
+    return token_count("tokens", tokens), output
 
 
 def build_cost(

@@ -1,0 +1,64 @@
+//! Puts the git commit into `ratekeeper --version`: `0.1.0 (1a2b3c4)`.
+//!
+//! The commit is `RATEKEEPER_GIT_COMMIT` when set (for builds from a
+//! tarball or a container context without `.git`), else `git rev-parse
+//! --short HEAD` when this crate is the root of a git checkout and git is
+//! installed; otherwise the version is the package's alone. Nothing here
+//! can fail the build.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=RATEKEEPER_GIT_COMMIT");
+    let root = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let given = std::env::var("RATEKEEPER_GIT_COMMIT")
+        .ok()
+        .map(|commit| commit.trim().to_string())
+        .filter(|commit| !commit.is_empty());
+    let commit = given.or_else(|| git_commit(&root));
+    let package = env!("CARGO_PKG_VERSION");
+    let version = match commit {
+        Some(commit) => format!("{package} ({commit})"),
+        None => package.to_string(),
+    };
+    println!("cargo:rustc-env=RATEKEEPER_VERSION={version}");
+}
+
+/// HEAD's short hash, if `root` is the top of a git work tree; asks cargo to
+/// run this again when HEAD moves.
+fn git_commit(root: &Path) -> Option<String> {
+    let toplevel = git(root, &["rev-parse", "--show-toplevel"])?;
+    // Built inside some other repository (vendored, unpacked in a checkout):
+    // its commit says nothing about this code.
+    if Path::new(&toplevel).canonicalize().ok()? != root.canonicalize().ok()? {
+        return None;
+    }
+    let commit = git(root, &["rev-parse", "--short", "HEAD"])?;
+    let head_ref = git(root, &["symbolic-ref", "-q", "HEAD"]);
+    let watched = ["HEAD", "logs/HEAD", "packed-refs"]
+        .into_iter()
+        .map(str::to_string)
+        .chain(head_ref);
+    for name in watched {
+        // A path that does not exist would make cargo rerun this every build.
+        let path = git(root, &["rev-parse", "--git-path", &name]).map(|path| root.join(path));
+        if let Some(path) = path.filter(|path| path.exists()) {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+    }
+    Some(commit)
+}
+
+/// `git ARGS` run in `root`: its trimmed output, or None if it failed.
+fn git(root: &Path, args: &[&str]) -> Option<String> {
+    let output = Command::new("git")
+        .args(args)
+        .current_dir(root)
+        .output()
+        .ok()?;
+    let text = String::from_utf8(output.stdout).ok()?;
+    let text = text.trim();
+    (output.status.success() && !text.is_empty()).then(|| text.to_string())
+}

@@ -1,0 +1,149 @@
+"""Connecting: a missing socket fails at once, a restarting sidecar is retried
+within `connect_timeout`, against the real daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from ratekeeper import AsyncClient, Client, SidecarUnavailable, SidecarUnavailableWarning
+
+from _daemon import Daemon
+
+CONFIG = """
+[[limits]]
+name = "roomy"
+tokens_per_minute = 60000000
+burst_tokens = 10000000
+"""
+
+
+def leave_stale_socket(path: str) -> None:
+    """A socket file nobody listens on, as a crashed daemon leaves: connecting is refused."""
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(path)
+    stale.close()
+
+
+class _Signal(logging.Handler):
+    def __init__(self, event: threading.Event) -> None:
+        super().__init__(logging.DEBUG)
+        self.event = event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "retrying" in record.getMessage():
+            self.event.set()
+
+
+@contextmanager
+def first_retry() -> Iterator[threading.Event]:
+    """Set when the client logs that a refused connect will be retried."""
+    logger = logging.getLogger("ratekeeper")
+    event = threading.Event()
+    handler, level = _Signal(event), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield event
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+@pytest.fixture
+def late_daemon() -> Iterator[Daemon]:
+    """A daemon not started yet, whose socket path holds a stale socket file."""
+    daemon = Daemon(CONFIG)
+    leave_stale_socket(daemon.socket)
+    yield daemon
+    daemon.close()
+
+
+def test_a_missing_socket_file_fails_at_once(tmp_path):
+    path = tmp_path / "nobody.sock"
+    client = Client(path, timeout=5, connect_timeout=5)
+    started = time.monotonic()
+    with pytest.raises(SidecarUnavailable, match="no socket file") as caught:
+        client.acquire("roomy", 10)
+    assert time.monotonic() - started < 0.1
+    assert str(path) in str(caught.value)
+    assert caught.value.retryable
+
+
+def test_a_missing_socket_file_allows_at_once(tmp_path):
+    client = Client(tmp_path / "nobody.sock", on_unavailable="allow")
+    started = time.monotonic()
+    with pytest.warns(SidecarUnavailableWarning):
+        lease = client.acquire("roomy", 10)
+    assert time.monotonic() - started < 0.1
+    assert lease.unlimited
+
+
+def test_a_missing_socket_file_fails_at_once_for_asyncio(tmp_path):
+    async def main() -> float:
+        client = AsyncClient(tmp_path / "nobody.sock")
+        started = time.monotonic()
+        with pytest.raises(SidecarUnavailable, match="no socket file"):
+            await client.acquire("roomy", 10)
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) < 0.1
+
+
+def test_a_refusing_socket_is_retried_for_connect_timeout(tmp_path):
+    path = str(tmp_path / "stale.sock")
+    leave_stale_socket(path)
+    client = Client(path, timeout=10, connect_timeout=0.3)
+    started = time.monotonic()
+    with pytest.raises(SidecarUnavailable, match="refused"):
+        client.acquire("roomy", 10)
+    assert 0.3 <= time.monotonic() - started < 1.5
+
+
+def test_a_sidecar_that_starts_late_is_reached(late_daemon):
+    client = Client(late_daemon.socket, timeout=1, connect_timeout=30)
+    leases = []
+    with first_retry() as retrying:
+        caller = threading.Thread(target=lambda: leases.append(client.acquire("roomy", 10)))
+        caller.start()
+        assert retrying.wait(10), "the client never retried the refused connect"
+        late_daemon.start()  # removes the stale file, binds, listens
+        caller.join(30)
+    assert len(leases) == 1
+    assert not leases[0].unlimited
+    assert leases[0].report(10) == 0
+    assert "client said hello" in late_daemon.log()
+
+
+def test_a_sidecar_that_starts_late_is_reached_by_asyncio(late_daemon):
+    async def main() -> int:
+        client = AsyncClient(late_daemon.socket, timeout=1, connect_timeout=30)
+        with first_retry() as retrying:
+            acquire = asyncio.ensure_future(client.acquire("roomy", 10))
+            assert await asyncio.to_thread(retrying.wait, 10), "no retry of the refused connect"
+            await asyncio.to_thread(late_daemon.start)
+            lease = await asyncio.wait_for(acquire, 30)
+        assert not lease.unlimited
+        returned = await lease.report(10)
+        await client.close()
+        return returned
+
+    assert asyncio.run(main()) == 0
+
+
+def test_timeouts_are_checked():
+    with pytest.raises(ValueError, match="connect_timeout must not be negative"):
+        Client(connect_timeout=-1)
+    with pytest.raises(TypeError, match="timeout must be a number of seconds"):
+        Client(timeout="5")  # type: ignore[arg-type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Client(connect_timeout=0).connect_timeout == 0.0
