@@ -126,6 +126,36 @@ pub fn request_tag_hint(payload: &[u8]) -> Option<u32> {
         .map(|tag| u32::from_le_bytes([tag[0], tag[1], tag[2], tag[3]]))
 }
 
+/// The `Cost` tag of an `Acquire` or `Estimate` payload that failed to
+/// decode, so that a cost of a later protocol revision can be told apart
+/// from a broken one. Reads only the fields in front of the cost.
+pub fn cost_tag_hint(payload: &[u8]) -> Option<u32> {
+    fn string(payload: &[u8], at: usize) -> Option<usize> {
+        let length = u64::from_le_bytes(*payload.get(at..)?.first_chunk::<8>()?);
+        (at + 8).checked_add(usize::try_from(length).ok()?)
+    }
+    fn optional_string(payload: &[u8], at: usize) -> Option<usize> {
+        match payload.get(at)? {
+            0 => Some(at + 1),
+            1 => string(payload, at + 1),
+            _ => None,
+        }
+    }
+    let cost_at = match request_tag_hint(payload)? {
+        // Acquire: limit, tenant, priority, cost.
+        1 => {
+            let at = string(payload, 12)?;
+            let at = optional_string(payload, at)?;
+            optional_string(payload, at)?
+        }
+        // Estimate: limit, cost.
+        5 => string(payload, 12)?,
+        _ => return None,
+    };
+    let tag = payload.get(cost_at..)?.first_chunk::<4>()?;
+    Some(u32::from_le_bytes(*tag))
+}
+
 /// The `protocol_version` of a payload that starts like a `Hello` (request
 /// id, tag 0, version), even if the rest does not decode: a future version may
 /// extend `Hello`, and must still be told which version this daemon speaks.
