@@ -60,7 +60,7 @@ class TextBlock:
 
 @dataclass(frozen=True)
 class ImageBlock:
-    """`Block::Image`: an image's size in pixels (0 × 0: unknown) and OpenAI's `detail`."""
+    """`Block::Image`: an image's size in pixels (0 x 0: unknown) and OpenAI's `detail`."""
 
     width: int = 0
     height: int = 0
