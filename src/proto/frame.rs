@@ -228,6 +228,80 @@ mod tests {
     }
 
     #[test]
+    fn cost_tag_hint_finds_the_cost_behind_the_names() {
+        use crate::proto::{Acquire, Conversation, Cost};
+        let payload = |request: Request| {
+            let mut bytes = Vec::new();
+            encode_frame(
+                &ClientFrame {
+                    request_id: 5,
+                    request,
+                },
+                &mut bytes,
+            )
+            .unwrap();
+            bytes.split_off(LENGTH_PREFIX_LEN)
+        };
+        let tokens = Cost::Tokens {
+            input_tokens: 1,
+            output_tokens: 2,
+        };
+        let conversation = Cost::Conversation(Conversation {
+            api: "anthropic".into(),
+            system: vec![],
+            messages: vec![],
+            tools_json: None,
+            max_output_tokens: None,
+        });
+        let acquire = |tenant: Option<&str>, priority: Option<&str>, cost: Cost| {
+            Request::Acquire(Acquire {
+                limit: "claude".into(),
+                tenant: tenant.map(str::to_string),
+                priority: priority.map(str::to_string),
+                cost,
+                max_wait_ms: Some(1),
+            })
+        };
+        // (request, expected hint)
+        let cases = [
+            (acquire(None, None, tokens.clone()), Some(0)),
+            (
+                acquire(Some("acme"), Some("batch"), conversation.clone()),
+                Some(2),
+            ),
+            (acquire(None, Some("batch"), tokens.clone()), Some(0)),
+            (
+                Request::Estimate {
+                    limit: "claude".into(),
+                    cost: conversation,
+                },
+                Some(2),
+            ),
+            (Request::Ping, None),
+            (Request::Status { limit: None }, None),
+        ];
+        for (request, expected) in cases {
+            assert_eq!(
+                cost_tag_hint(&payload(request.clone())),
+                expected,
+                "{request:?}"
+            );
+        }
+        // Truncated before the cost tag, or a bad option byte: no hint.
+        let whole = payload(acquire(Some("acme"), None, tokens));
+        // The cost tag sits at bytes 40..44 (id, tag, "claude", Some("acme"), None).
+        assert_eq!(cost_tag_hint(&whole[..44]), Some(0));
+        assert_eq!(cost_tag_hint(&whole[..43]), None);
+        let mut bad_option = whole.clone();
+        bad_option[12 + 8 + 6] = 2;
+        assert_eq!(cost_tag_hint(&bad_option), None);
+        // A length that claims more than the payload holds: no panic, no hint.
+        let mut huge = whole;
+        huge[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(cost_tag_hint(&huge), None);
+    }
+
+    #[test]
     fn partial_frames_need_more_bytes() {
         let bytes = ping_frame();
         for end in 0..bytes.len() {

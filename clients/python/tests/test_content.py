@@ -15,6 +15,8 @@ import pytest
 from ratekeeper import AsyncClient, Client
 from ratekeeper import _content as content
 from ratekeeper import _protocol as p
+from ratekeeper import _requests as req
+from ratekeeper._errors import ErrorCode
 
 CONFIG = """
 [[limits]]
@@ -253,3 +255,18 @@ def test_system_is_anthropic_and_not_for_token_costs(client):
         client.estimate("basic", messages=[], system="Be brief.", api="openai")
     with pytest.raises(ValueError, match="api"):
         client.estimate("basic", messages=[], api="gemini")
+
+
+def test_an_older_daemons_malformed_answer_to_a_conversation_reads_as_unsupported():
+    """A daemon of revision 3 answers MalformedMessage to Cost tag 2 (PROTOCOL.md §10)."""
+    conversation = content.anthropic_conversation(MESSAGES, SYSTEM, TOOLS, 10)
+    malformed = p.ErrorReply(ErrorCode.MALFORMED_MESSAGE, "unknown Cost tag 2")
+    mapped = req.older_daemon(malformed, conversation)
+    assert mapped.code == ErrorCode.UNSUPPORTED
+    assert "revision 4" in mapped.message
+    # Only for a conversation, and only for that error.
+    chat = req.message_cost(TEXT_ONLY, 10)
+    assert isinstance(chat, p.ChatRequest)
+    assert req.older_daemon(malformed, chat) is malformed
+    denied = p.Denied(1000, "input_tokens")
+    assert req.older_daemon(denied, conversation) is denied
