@@ -206,6 +206,15 @@ def test_the_system_prompt_is_counted_before_the_provider_is_called(daemon, prov
             )
         assert provider.bodies == []
         claude.messages.create(model=MODEL, max_tokens=10, system=SYSTEM, messages=MESSAGES)
+        # The SDK's markers for "not given" are not a system prompt or tools.
+        claude.messages.create(
+            model=MODEL,
+            max_tokens=10,
+            system=anthropic.NOT_GIVEN,
+            tools=anthropic.omit,
+            messages=MESSAGES,
+        )
+        assert len(provider.bodies) == 2
 
 
 def test_an_unknown_block_is_refused_before_the_call(daemon, provider):

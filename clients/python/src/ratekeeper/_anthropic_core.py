@@ -23,12 +23,13 @@ RETRIED = (429, 529)
 
 
 def cost(kwargs: dict) -> tuple[list, Any, Any, Optional[int]]:
-    """(messages, system, tools, max_tokens) of a `messages.create` call."""
+    """(messages, system, tools, max_tokens) of a `messages.create` call; the SDK's
+    `NOT_GIVEN` and `omit` (both false) and an empty system are as if not given."""
     return (
         list(kwargs.get("messages") or []),
-        kwargs.get("system"),
-        kwargs.get("tools"),
-        kwargs.get("max_tokens"),
+        kwargs.get("system") or None,
+        kwargs.get("tools") or None,
+        kwargs.get("max_tokens") or None,
     )
 
 
