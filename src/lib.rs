@@ -13,7 +13,7 @@
 //! | [`leases`] | granted reservations awaiting their report, and settlement arithmetic |
 //! | [`limiter`] | the `Store` trait: Redis (the only module touching redis types), embedded, fail-fast, failure policy |
 //! | [`feedback`] | what a provider's rate-limit headers say: a pause after a 429, what remains |
-//! | [`tokens`] | token counting: tiktoken encoders, character estimates, provider presets |
+//! | [`tokens`] | token counting: tiktoken encoders, character estimates, the providers' image and tool-prompt rules, provider presets |
 //! | [`metrics`] | Prometheus metrics, the `/metrics` `/healthz` `/readyz` listener, readiness |
 //! | [`systemd`] | the `Type=notify` readiness datagram |
 //! | [`logging`] | logs on stderr that a closed stderr cannot turn into a failure |

@@ -96,6 +96,21 @@ async fn undecodable_payloads_are_answered_and_the_connection_goes_on() {
     future_request.extend_from_slice(&Request::KNOWN_TAGS.to_le_bytes());
     future_request.extend_from_slice(b"fields of a later revision");
 
+    // An acquire whose cost is of a later revision (a cost tag this daemon
+    // does not know, after a tenant and no priority): Unsupported too.
+    let mut future_cost = 8u64.to_le_bytes().to_vec();
+    future_cost.extend_from_slice(&1u32.to_le_bytes());
+    for field in [&b"gpt"[..], b"acme"] {
+        if field == b"acme" {
+            future_cost.push(1);
+        }
+        future_cost.extend_from_slice(&(field.len() as u64).to_le_bytes());
+        future_cost.extend_from_slice(field);
+    }
+    future_cost.push(0);
+    future_cost.extend_from_slice(&Cost::KNOWN_TAGS.to_le_bytes());
+    future_cost.extend_from_slice(b"fields of a later revision");
+
     for (expected_id, payload, code) in [
         (2, trailing, ErrorCode::MalformedMessage),
         (3, unknown_tag, ErrorCode::Unsupported),
@@ -103,6 +118,7 @@ async fn undecodable_payloads_are_answered_and_the_connection_goes_on() {
         (5, hostile_length, ErrorCode::MalformedMessage),
         (6, invalid_utf8, ErrorCode::MalformedMessage),
         (7, future_request, ErrorCode::Unsupported),
+        (8, future_cost, ErrorCode::Unsupported),
     ] {
         send_bytes(&mut stream, &frame_of(&payload)).await;
         let answer = receive(&mut stream).await.expect("an error frame");

@@ -8,7 +8,10 @@ mod support;
 use std::time::{Duration, Instant};
 
 use ratekeeper::client::Client;
-use ratekeeper::proto::{Acquire, ChatMessage, ChatRequest, Cost, ErrorCode, Request, Response};
+use ratekeeper::proto::{
+    Acquire, Block, ChatMessage, ChatRequest, Conversation, Cost, ErrorCode, Request, Response,
+    Turn,
+};
 use ratekeeper::tokens::{self, CharEstimator, Counter, OpenaiChars, PromptCount};
 use support::redis::RedisServer;
 use support::{Daemon, error_code, granted, level};
@@ -603,4 +606,154 @@ async fn encoders_are_built_at_start_and_for_new_models_on_reload() {
             .unwrap(),
     );
     assert_eq!(tokens, prompt.total + 10);
+}
+
+fn estimate_cost(limit: &str, cost: Cost) -> Request {
+    Request::Estimate {
+        limit: limit.into(),
+        cost,
+    }
+}
+
+/// A conversation of content blocks (revision 4) counts its text as the
+/// equivalent chat request does with the limit's counter, plus what the
+/// provider charges beyond text: Anthropic's image and tool-prompt figures,
+/// OpenAI's image tiles.
+#[tokio::test]
+async fn conversations_count_text_images_and_tool_prompts() {
+    let daemon = Daemon::start(LIMITS);
+    let client = daemon.client().await;
+    let image = |width, height, detail: &str| Block::Image {
+        width,
+        height,
+        detail: detail.into(),
+    };
+    let text = |text: &str| Block::Text { text: text.into() };
+    let tools = r#"[{"name":"get_weather","description":"Weather of a city.","input_schema":{"type":"object","properties":{"city":{"type":"string"}}}}]"#;
+    let anthropic = Conversation {
+        api: "anthropic".into(),
+        system: vec!["You are terse.".into(), "Cite sources.".into()],
+        messages: vec![
+            Turn {
+                role: "user".into(),
+                name: None,
+                blocks: vec![image(1000, 1000, ""), text("What city is this?")],
+                tool_calls_json: None,
+            },
+            Turn {
+                role: "assistant".into(),
+                name: None,
+                blocks: vec![text("get_weather"), text(r#"{"city":"Oslo"}"#)],
+                tool_calls_json: None,
+            },
+            Turn {
+                role: "user".into(),
+                name: None,
+                blocks: vec![text("-3°C, snow")],
+                tool_calls_json: None,
+            },
+        ],
+        tools_json: Some(tools.into()),
+        max_output_tokens: Some(300),
+    };
+    // The same text as a chat request: the system prompt first.
+    let as_chat = ChatRequest {
+        messages: vec![
+            ChatMessage::text("system", &["You are terse.", "Cite sources."]),
+            ChatMessage::text("user", &["What city is this?"]),
+            ChatMessage::text("assistant", &["get_weather", r#"{"city":"Oslo"}"#]),
+            ChatMessage::text("user", &["-3°C, snow"]),
+        ],
+        tools_json: Some(tools.into()),
+        max_output_tokens: Some(300),
+    };
+    let text_only = counted(Counter::Chars(CharEstimator::default()), &as_chat).total;
+    assert!(text_only > 0);
+    // Anthropic's vision guide: a 1000 × 1000 px image is about 1334 tokens;
+    // a request with tools carries 346 tokens of tool-use system prompt.
+    assert_eq!(
+        estimated(
+            &client
+                .call(estimate_cost(
+                    "claude",
+                    Cost::Conversation(anthropic.clone())
+                ))
+                .await
+                .unwrap()
+        ),
+        (text_only + 1334 + 346, 300)
+    );
+
+    // OpenAI's vision guide: 2048 × 4096 at high detail is 1105 tokens, any
+    // image at low detail 85; the text counts as before (the character rule).
+    let mut user = ChatMessage::text("user", &["Compare these."]);
+    user.name = Some("ann".into());
+    let openai_chat = ChatRequest {
+        messages: vec![ChatMessage::text("system", &["Be brief."]), user],
+        tools_json: None,
+        max_output_tokens: Some(50),
+    };
+    let openai = Conversation {
+        api: "openai".into(),
+        system: vec![],
+        messages: vec![
+            Turn {
+                role: "system".into(),
+                name: None,
+                blocks: vec![text("Be brief.")],
+                tool_calls_json: None,
+            },
+            Turn {
+                role: "user".into(),
+                name: Some("ann".into()),
+                blocks: vec![
+                    text("Compare these."),
+                    image(2048, 4096, "high"),
+                    image(4096, 8192, "low"),
+                ],
+                tool_calls_json: None,
+            },
+        ],
+        tools_json: None,
+        max_output_tokens: Some(50),
+    };
+    let openai_text = counted(Counter::OpenaiChars(OpenaiChars::default()), &openai_chat).total;
+    assert_eq!(
+        estimated(
+            &client
+                .call(estimate_cost("openai", Cost::Conversation(openai.clone())))
+                .await
+                .unwrap()
+        ),
+        (openai_text + 1105 + 85, 50)
+    );
+    // Acquire reserves what Estimate said.
+    let (_, tokens, _) = granted(
+        &client
+            .call(Request::Acquire(Acquire {
+                limit: "gpt".into(),
+                tenant: None,
+                priority: None,
+                cost: Cost::Conversation(openai),
+                max_wait_ms: Some(0),
+            }))
+            .await
+            .unwrap(),
+    );
+    let tiktoken = Counter::for_model("gpt-4o", CharEstimator::default());
+    assert_eq!(
+        tokens,
+        counted(tiktoken, &openai_chat).total + 1105 + 85 + 50
+    );
+
+    // An API the daemon does not know is refused, not counted as zero.
+    let unknown = Conversation {
+        api: "gemini".into(),
+        ..anthropic
+    };
+    let answer = client
+        .call(estimate_cost("claude", Cost::Conversation(unknown)))
+        .await
+        .unwrap();
+    assert_eq!(error_code(&answer), ErrorCode::InvalidRequest);
 }

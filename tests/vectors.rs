@@ -18,10 +18,10 @@ use std::sync::OnceLock;
 use bincode::error::DecodeError;
 use bincode::{Decode, Encode};
 use ratekeeper::proto::{
-    Acquire, BucketInspection, BucketStatus, ChatMessage, ChatRequest, ClientFrame, Cost,
-    ErrorCode, Feedback, FrameError, Header, HealthStatus, Inspection, LimitInspection,
-    LimitStatus, MAX_FRAME_LEN, MAX_IN_FLIGHT, PROTOCOL_VERSION, Request, Response, ServerFrame,
-    decode_payload, encode_frame, split_frame,
+    Acquire, Block, BucketInspection, BucketStatus, ChatMessage, ChatRequest, ClientFrame,
+    Conversation, Cost, ErrorCode, Feedback, FrameError, Header, HealthStatus, Inspection,
+    LimitInspection, LimitStatus, MAX_FRAME_LEN, MAX_IN_FLIGHT, PROTOCOL_VERSION, Request,
+    Response, ServerFrame, Turn, decode_payload, encode_frame, split_frame,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -248,6 +248,71 @@ fn rich_chat() -> ChatRequest {
             r#"[{"type":"function","function":{"name":"weather","parameters":{"type":"object"}}}]"#,
         )),
         max_output_tokens: Some(512),
+    }
+}
+
+fn text(text: &str) -> Block {
+    Block::Text { text: s(text) }
+}
+
+fn turn(role: &str, blocks: Vec<Block>) -> Turn {
+    Turn {
+        role: s(role),
+        name: None,
+        blocks,
+        tool_calls_json: None,
+    }
+}
+
+/// An Anthropic Messages request: a system prompt in two blocks, an image,
+/// a tool use and its result, tool definitions.
+fn anthropic_conversation() -> Conversation {
+    Conversation {
+        api: s("anthropic"),
+        system: vec![s("You are terse."), s("Cite sources.")],
+        messages: vec![
+            turn(
+                "user",
+                vec![
+                    Block::Image {
+                        width: 1000,
+                        height: 1000,
+                        detail: s(""),
+                    },
+                    text("Weather in 東京?"),
+                ],
+            ),
+            turn(
+                "assistant",
+                vec![text("get_weather"), text(r#"{"city":"Tokyo"}"#)],
+            ),
+            turn("user", vec![text("18°C, clear")]),
+        ],
+        tools_json: Some(s(
+            r#"[{"name":"get_weather","input_schema":{"type":"object"}}]"#,
+        )),
+        max_output_tokens: Some(1024),
+    }
+}
+
+/// The worked example of PROTOCOL.md §9.
+fn small_conversation() -> Conversation {
+    Conversation {
+        api: s("anthropic"),
+        system: vec![s("Hi")],
+        messages: vec![turn(
+            "user",
+            vec![
+                text("Yo"),
+                Block::Image {
+                    width: 200,
+                    height: 200,
+                    detail: s(""),
+                },
+            ],
+        )],
+        tools_json: None,
+        max_output_tokens: Some(64),
     }
 }
 
@@ -714,6 +779,99 @@ fn catalogue() -> Vec<FileSpec> {
                                 messages: vec![message("user", &[""]), message("user", &[])],
                                 tools_json: Some(s("")),
                                 max_output_tokens: Some(u64::MAX),
+                            }),
+                        },
+                    ),
+                ),
+            ],
+        },
+        FileSpec {
+            file: "cost_conversation.json",
+            frame_type: CLIENT_FRAME,
+            message: "Cost::Conversation",
+            description: "A request of content blocks (revision 4): a system prompt, text and image blocks, the provider whose rules count them; inside Acquire and Estimate.",
+            cases: vec![
+                case(
+                    "anthropic",
+                    "Anthropic's shape: system in two blocks, an image of 1000 × 1000 px, a tool use (name, input) and its result, tool definitions.",
+                    client(
+                        34,
+                        Request::Acquire(acquire(
+                            "claude",
+                            None,
+                            None,
+                            Cost::Conversation(anthropic_conversation()),
+                        )),
+                    ),
+                ),
+                case(
+                    "worked_example",
+                    "A system prompt, a text and a 200 × 200 px image; the worked example of PROTOCOL.md.",
+                    client(
+                        3,
+                        Request::Estimate {
+                            limit: s("claude"),
+                            cost: Cost::Conversation(small_conversation()),
+                        },
+                    ),
+                ),
+                case(
+                    "openai_images",
+                    "OpenAI's shape: a named message with a low-detail image and one of unknown size (0 × 0), and a tool call.",
+                    client(
+                        35,
+                        Request::Estimate {
+                            limit: s("gpt-4o"),
+                            cost: Cost::Conversation(Conversation {
+                                api: s("openai"),
+                                system: vec![],
+                                messages: vec![
+                                    Turn {
+                                        role: s("user"),
+                                        name: Some(s("alice")),
+                                        blocks: vec![
+                                            text("Compare:"),
+                                            Block::Image {
+                                                width: 4096,
+                                                height: 8192,
+                                                detail: s("low"),
+                                            },
+                                            Block::Image {
+                                                width: 0,
+                                                height: 0,
+                                                detail: s("auto"),
+                                            },
+                                        ],
+                                        tool_calls_json: None,
+                                    },
+                                    Turn {
+                                        role: s("assistant"),
+                                        name: None,
+                                        blocks: vec![],
+                                        tool_calls_json: Some(s(
+                                            r#"[{"id":"call_1","type":"function","function":{"name":"zoom","arguments":"{}"}}]"#,
+                                        )),
+                                    },
+                                ],
+                                tools_json: None,
+                                max_output_tokens: None,
+                            }),
+                        },
+                    ),
+                ),
+                case(
+                    "empty",
+                    "No system, no messages, no tools, no max_tokens: the smallest Conversation cost.",
+                    client(
+                        36,
+                        Request::Estimate {
+                            limit: s("claude"),
+                            cost: Cost::Conversation(Conversation {
+                                api: s("anthropic"),
+                                system: vec![],
+                                messages: vec![],
+                                tools_json: None,
+                                max_output_tokens: None,
                             }),
                         },
                     ),
@@ -1328,6 +1486,37 @@ fn invalid_client_cases() -> Vec<CaseSpec> {
             Expect::Unsupported(raw_frame(&[&id, &tag(11)])),
         ),
         case(
+            "unknown_cost_tag",
+            "An Estimate for limit \"a\" with Cost tag 3, not known in this revision: a decoder refuses it, and the daemon answers Unsupported to request id 9 and keeps the connection (a cost of a later revision).",
+            Expect::Unsupported(raw_frame(&[
+                &id,
+                &tag(5),
+                &1u64.to_le_bytes(),
+                b"a",
+                &tag(3),
+            ])),
+        ),
+        case(
+            "unknown_block_tag",
+            "An Estimate whose Conversation (api \"openai\", no system) has one message with a Block of tag 2, unknown: malformed.",
+            Expect::Malformed(raw_frame(&[
+                &id,
+                &tag(5),
+                &1u64.to_le_bytes(),
+                b"a",
+                &tag(2),
+                &6u64.to_le_bytes(),
+                b"openai",
+                &0u64.to_le_bytes(),
+                &1u64.to_le_bytes(),
+                &4u64.to_le_bytes(),
+                b"user",
+                &[0],
+                &1u64.to_le_bytes(),
+                &tag(2),
+            ])),
+        ),
+        case(
             "trailing_bytes",
             "A Ping followed by one extra byte: a payload holds exactly one message.",
             Expect::Malformed(raw_frame(&[&id, &tag(7), &[0]])),
@@ -1343,8 +1532,8 @@ fn invalid_client_cases() -> Vec<CaseSpec> {
             Expect::Malformed(raw_frame(&[&id, &tag(6), &[2]])),
         ),
         case(
-            "unknown_cost_tag",
-            "Estimate on limit \"\" with Cost tag 2.",
+            "truncated_conversation",
+            "Estimate on limit \"\" with Cost tag 2 (Conversation) and none of its fields.",
             Expect::Malformed(raw_frame(&[&id, &tag(5), &0u64.to_le_bytes(), &tag(2)])),
         ),
         case(
@@ -1571,10 +1760,12 @@ fn check_all_files() -> Checked {
                     assert_eq!(parsed.frame_type, CLIENT_FRAME, "{at}: only requests");
                     check_malformed::<ClientFrame>(&at, &bytes);
                     let (payload, _) = split_frame(&bytes).unwrap().unwrap();
-                    let tag = ratekeeper::proto::request_tag_hint(payload);
+                    let request_tag = ratekeeper::proto::request_tag_hint(payload);
+                    let cost_tag = ratekeeper::proto::cost_tag_hint(payload);
                     assert!(
-                        tag.is_some_and(|tag| tag >= Request::KNOWN_TAGS),
-                        "{at}: the tag must be one this revision does not know"
+                        request_tag.is_some_and(|tag| tag >= Request::KNOWN_TAGS)
+                            || cost_tag.is_some_and(|tag| tag >= Cost::KNOWN_TAGS),
+                        "{at}: the request or cost tag must be one this revision does not know"
                     );
                 }
                 (None, Some(FRAME_TOO_LARGE)) => assert!(
@@ -1631,7 +1822,7 @@ fn check_malformed<T: Decode<()> + Debug>(at: &str, bytes: &[u8]) {
 /// Number of `Request` variants; tag `REQUEST_VARIANTS` must be unknown.
 const REQUEST_VARIANTS: u32 = Request::KNOWN_TAGS;
 /// Number of `Cost` variants.
-const COST_VARIANTS: u32 = 2;
+const COST_VARIANTS: u32 = 3;
 /// Number of `Response` variants.
 const RESPONSE_VARIANTS: u32 = 13;
 
@@ -1657,6 +1848,7 @@ fn cost_tag(cost: &Cost) -> u32 {
     match cost {
         Cost::Tokens { .. } => 0,
         Cost::Messages(_) => 1,
+        Cost::Conversation(_) => 2,
     }
 }
 
@@ -1765,7 +1957,11 @@ fn variant_tags_are_the_ones_the_spec_tabulates() {
         payload.extend_from_slice(&cost_tag.to_le_bytes());
         payload
     };
-    for (cost, tag) in [(tokens(1, 2), 0), (Cost::Messages(rich_chat()), 1)] {
+    for (cost, tag) in [
+        (tokens(1, 2), 0),
+        (Cost::Messages(rich_chat()), 1),
+        (Cost::Conversation(anthropic_conversation()), 2),
+    ] {
         let frame = ClientFrame {
             request_id: 1,
             request: Request::Estimate {
@@ -1842,6 +2038,13 @@ fn worked_examples_in_the_spec_are_vectors() {
                 max_wait_ms: Some(5000),
                 ..acquire("gpt-4o", Some("acme"), Some("batch"), tokens(1200, 800))
             }),
+        }),
+        encode(&ClientFrame {
+            request_id: 3,
+            request: Request::Estimate {
+                limit: s("claude"),
+                cost: Cost::Conversation(small_conversation()),
+            },
         }),
     ];
     for bytes in examples {

@@ -167,6 +167,36 @@ pub fn request_tag_hint(payload: &[u8]) -> Option<u32> {
         .map(|tag| u32::from_le_bytes([tag[0], tag[1], tag[2], tag[3]]))
 }
 
+/// The `Cost` tag of an `Acquire` or `Estimate` payload that failed to
+/// decode, so that a cost of a later protocol revision can be told apart
+/// from a broken one. Reads only the fields in front of the cost.
+pub fn cost_tag_hint(payload: &[u8]) -> Option<u32> {
+    fn string(payload: &[u8], at: usize) -> Option<usize> {
+        let length = u64::from_le_bytes(*payload.get(at..)?.first_chunk::<8>()?);
+        (at + 8).checked_add(usize::try_from(length).ok()?)
+    }
+    fn optional_string(payload: &[u8], at: usize) -> Option<usize> {
+        match payload.get(at)? {
+            0 => Some(at + 1),
+            1 => string(payload, at + 1),
+            _ => None,
+        }
+    }
+    let cost_at = match request_tag_hint(payload)? {
+        // Acquire: limit, tenant, priority, cost.
+        1 => {
+            let at = string(payload, 12)?;
+            let at = optional_string(payload, at)?;
+            optional_string(payload, at)?
+        }
+        // Estimate: limit, cost.
+        5 => string(payload, 12)?,
+        _ => return None,
+    };
+    let tag = payload.get(cost_at..)?.first_chunk::<4>()?;
+    Some(u32::from_le_bytes(*tag))
+}
+
 /// The `protocol_version` of a payload that starts like a `Hello` (request
 /// id, tag 0, version), even if the rest does not decode: a future version may
 /// extend `Hello`, and must still be told which version this daemon speaks.
@@ -236,6 +266,80 @@ mod tests {
             request_tag_hint(&bytes[LENGTH_PREFIX_LEN..]),
             Some(Request::KNOWN_TAGS - 1)
         );
+    }
+
+    #[test]
+    fn cost_tag_hint_finds_the_cost_behind_the_names() {
+        use crate::proto::{Acquire, Conversation, Cost};
+        let payload = |request: Request| {
+            let mut bytes = Vec::new();
+            encode_frame(
+                &ClientFrame {
+                    request_id: 5,
+                    request,
+                },
+                &mut bytes,
+            )
+            .unwrap();
+            bytes.split_off(LENGTH_PREFIX_LEN)
+        };
+        let tokens = Cost::Tokens {
+            input_tokens: 1,
+            output_tokens: 2,
+        };
+        let conversation = Cost::Conversation(Conversation {
+            api: "anthropic".into(),
+            system: vec![],
+            messages: vec![],
+            tools_json: None,
+            max_output_tokens: None,
+        });
+        let acquire = |tenant: Option<&str>, priority: Option<&str>, cost: Cost| {
+            Request::Acquire(Acquire {
+                limit: "claude".into(),
+                tenant: tenant.map(str::to_string),
+                priority: priority.map(str::to_string),
+                cost,
+                max_wait_ms: Some(1),
+            })
+        };
+        // (request, expected hint)
+        let cases = [
+            (acquire(None, None, tokens.clone()), Some(0)),
+            (
+                acquire(Some("acme"), Some("batch"), conversation.clone()),
+                Some(2),
+            ),
+            (acquire(None, Some("batch"), tokens.clone()), Some(0)),
+            (
+                Request::Estimate {
+                    limit: "claude".into(),
+                    cost: conversation,
+                },
+                Some(2),
+            ),
+            (Request::Ping, None),
+            (Request::Status { limit: None }, None),
+        ];
+        for (request, expected) in cases {
+            assert_eq!(
+                cost_tag_hint(&payload(request.clone())),
+                expected,
+                "{request:?}"
+            );
+        }
+        // Truncated before the cost tag, or a bad option byte: no hint.
+        let whole = payload(acquire(Some("acme"), None, tokens));
+        // The cost tag sits at bytes 40..44 (id, tag, "claude", Some("acme"), None).
+        assert_eq!(cost_tag_hint(&whole[..44]), Some(0));
+        assert_eq!(cost_tag_hint(&whole[..43]), None);
+        let mut bad_option = whole.clone();
+        bad_option[12 + 8 + 6] = 2;
+        assert_eq!(cost_tag_hint(&bad_option), None);
+        // A length that claims more than the payload holds: no panic, no hint.
+        let mut huge = whole;
+        huge[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(cost_tag_hint(&huge), None);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Field order is wire order: bincode writes struct fields in declaration
 //! order and enum variants as a `u32` index in declaration order. A protocol
 //! revision only appends variants (a new request bumps
-//! [`Request::KNOWN_TAGS`]); changing, removing or reordering anything that
+//! [`Request::KNOWN_TAGS`], a new cost [`Cost::KNOWN_TAGS`]); changing, removing or reordering anything that
 //! exists needs a new [`super::PROTOCOL_VERSION`] (PROTOCOL.md §10). Either
 //! way the vectors are regenerated.
 
@@ -114,6 +114,54 @@ pub enum Cost {
     },
     /// Chat messages for the daemon to count with the limit's tokenizer.
     Messages(ChatRequest),
+    /// A conversation of content blocks — text, images — in a provider's
+    /// shape, counted with the limit's tokenizer and the provider's image
+    /// rule (revision 4).
+    Conversation(Conversation),
+}
+
+/// A request of content blocks (revision 4): what [`ChatRequest`] cannot
+/// say — a top-level system prompt, images and their size, the provider
+/// whose rules count them.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct Conversation {
+    /// Whose request shape and image rule: `"anthropic"` (Messages API) or
+    /// `"openai"` (Chat Completions); others are `InvalidRequest`.
+    pub api: String,
+    /// The top-level system prompt's text blocks (Anthropic's `system`).
+    pub system: Vec<String>,
+    pub messages: Vec<Turn>,
+    /// The request's tool definitions as JSON text, if any.
+    pub tools_json: Option<String>,
+    /// The request's `max_tokens`; `None` takes the limit's default.
+    pub max_output_tokens: Option<u64>,
+}
+
+/// One message of a [`Conversation`].
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct Turn {
+    pub role: String,
+    pub name: Option<String>,
+    pub blocks: Vec<Block>,
+    /// OpenAI's tool calls of the message as JSON text, if any.
+    pub tool_calls_json: Option<String>,
+}
+
+/// One content block of a [`Turn`].
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub enum Block {
+    /// Text to count: a text block, a tool's name or its input as JSON, a
+    /// tool result's text, a plain-text document.
+    Text { text: String },
+    /// An image, counted by the provider's rule from its size in pixels;
+    /// `0 × 0` when the size is not known.
+    Image {
+        width: u32,
+        height: u32,
+        /// OpenAI's `detail`: `"low"`, `"high"`, `"auto"` or `""`; ignored
+        /// for Anthropic.
+        detail: String,
+    },
 }
 
 /// A chat completion request, as far as counting its tokens needs it.
@@ -214,6 +262,13 @@ impl Request {
     /// Request tags this build knows: `0..KNOWN_TAGS`. A later protocol
     /// revision appends variants; a tag at or above this is `Unsupported`.
     pub const KNOWN_TAGS: u32 = 11;
+}
+
+impl Cost {
+    /// Cost tags this build knows: `0..KNOWN_TAGS`. A later protocol
+    /// revision may append costs; an `Acquire` or `Estimate` with a cost tag
+    /// at or above this is `Unsupported`.
+    pub const KNOWN_TAGS: u32 = 3;
 }
 
 impl Response {

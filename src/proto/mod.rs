@@ -11,8 +11,8 @@ pub mod messages;
 
 pub use error_code::ErrorCode;
 pub use frame::{
-    FrameError, FrameReader, decode_payload, encode_frame, hello_version_hint, request_id_hint,
-    request_tag_hint, split_frame,
+    FrameError, FrameReader, cost_tag_hint, decode_payload, encode_frame, hello_version_hint,
+    request_id_hint, request_tag_hint, split_frame,
 };
 pub use messages::*;
 

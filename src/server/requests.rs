@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use crate::proto::{
-    self, CONNECTION_REQUEST_ID, ClientFrame, ErrorCode, FrameError, FrameReader, MAX_FRAME_LEN,
-    MAX_IN_FLIGHT, PROTOCOL_VERSION, Request, Response, ServerFrame,
+    self, CONNECTION_REQUEST_ID, ClientFrame, Cost, ErrorCode, FrameError, FrameReader,
+    MAX_FRAME_LEN, MAX_IN_FLIGHT, PROTOCOL_VERSION, Request, Response, ServerFrame,
 };
 use crate::service::{Call, ConnectionId, Service};
 
@@ -156,15 +156,32 @@ impl Requests {
                     ),
                 )
             }
-            _ => {
-                tracing::warn!(
-                    connection = self.connection,
-                    client = self.client(),
-                    reason,
-                    "malformed message"
-                );
-                error(ErrorCode::MalformedMessage, reason)
-            }
+            _ => match proto::cost_tag_hint(payload) {
+                Some(tag) if tag >= Cost::KNOWN_TAGS => {
+                    tracing::debug!(
+                        connection = self.connection,
+                        client = self.client(),
+                        tag,
+                        "cost of a later protocol revision"
+                    );
+                    error(
+                        ErrorCode::Unsupported,
+                        format!(
+                            "cost tag {tag} is not known to {SERVER}, which knows tags 0 to {}",
+                            Cost::KNOWN_TAGS - 1
+                        ),
+                    )
+                }
+                _ => {
+                    tracing::warn!(
+                        connection = self.connection,
+                        client = self.client(),
+                        reason,
+                        "malformed message"
+                    );
+                    error(ErrorCode::MalformedMessage, reason)
+                }
+            },
         };
         self.answer(id, answer);
     }

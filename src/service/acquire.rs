@@ -15,7 +15,7 @@ use crate::leases::{Lease, refund_all};
 use crate::limiter::{Decision, Origin, SlotGuard, SlotSpec};
 use crate::plan::{AcquirePlan, PlanError, check_name};
 use crate::proto::{Acquire, ChatRequest, Cost, Response};
-use crate::tokens::{Counter, PromptCount};
+use crate::tokens::{self, Counter, PromptCount};
 
 /// How often an acquire waiting for a concurrency slot asks the store
 /// again, for slots given back through other sidecars.
@@ -338,7 +338,7 @@ impl Service {
                 output_tokens,
             } => Ok((input_tokens, output_tokens)),
             // A limit of requests only: what the prompt costs does not matter.
-            Cost::Messages(_) if !limit.counts_tokens() => Ok((0, 0)),
+            Cost::Messages(_) | Cost::Conversation(_) if !limit.counts_tokens() => Ok((0, 0)),
             Cost::Messages(request) => {
                 let output = match request.max_output_tokens {
                     Some(given) => given,
@@ -346,6 +346,17 @@ impl Service {
                 };
                 let prompt = self.count_prompt(limit.counter(), request, cancel).await?;
                 Ok((prompt.total, output))
+            }
+            Cost::Conversation(conversation) => {
+                let split = tokens::content::split(conversation)?;
+                let output = match split.text.max_output_tokens {
+                    Some(given) => given,
+                    None => self.default_max_output(limit),
+                };
+                let prompt = self
+                    .count_prompt(limit.counter(), split.text, cancel)
+                    .await?;
+                Ok((prompt.total.saturating_add(split.fixed_tokens), output))
             }
         }
     }

@@ -76,7 +76,8 @@ impl ServiceError {
             ServiceError::Counting(counting) => match counting {
                 TokenError::TextTooLarge { .. }
                 | TokenError::TooManyMessages { .. }
-                | TokenError::TooManyParts { .. } => ErrorCode::InvalidRequest,
+                | TokenError::TooManyParts { .. }
+                | TokenError::UnknownApi { .. } => ErrorCode::InvalidRequest,
                 TokenError::Cancelled => ErrorCode::Cancelled,
                 TokenError::EncoderUnavailable { .. } | TokenError::InvalidEstimator { .. } => {
                     ErrorCode::Internal

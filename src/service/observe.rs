@@ -123,6 +123,11 @@ impl Service {
                             request.max_output_tokens.unwrap_or(0),
                             request.messages.len(),
                         ),
+                        Cost::Conversation(conversation) => (
+                            0,
+                            conversation.max_output_tokens.unwrap_or(0),
+                            conversation.messages.len(),
+                        ),
                     };
                     AcquireLog {
                         limit: acquire.limit.clone(),

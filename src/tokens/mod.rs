@@ -37,6 +37,7 @@
 //! estimate beyond it; tool calls and the character estimator are estimates.
 
 mod chars;
+pub mod content;
 mod encoding;
 mod learned;
 pub mod openai;
@@ -70,6 +71,10 @@ pub enum TokenError {
     /// The encoder could not be built; only a broken build can cause it.
     #[error("the {encoding} encoder could not be built: {reason}")]
     EncoderUnavailable { encoding: Encoding, reason: String },
+    /// A [`crate::proto::Conversation`] names an API whose shape is not
+    /// known.
+    #[error("unknown api {api:?}: expected \"anthropic\" or \"openai\"")]
+    UnknownApi { api: String },
     /// The count was abandoned: its request was cancelled or its client left.
     #[error("counting was abandoned: the request was cancelled")]
     Cancelled,

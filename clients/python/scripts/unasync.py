@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = (
     ("src/ratekeeper/_async.py", "src/ratekeeper/_sync.py"),
     ("src/ratekeeper/_openai_async.py", "src/ratekeeper/_openai_sync.py"),
+    ("src/ratekeeper/_anthropic_async.py", "src/ratekeeper/_anthropic_sync.py"),
 )
 
 #: What the transform replaces, in this order: (regular expression, replacement).
@@ -66,6 +67,9 @@ REPLACEMENTS = (
     (r"\bAsyncLease\b", "Lease"),
     (r"\bAsyncCompletions\b", "Completions"),
     (r"\bAsyncLimitedStream\b", "LimitedStream"),
+    (r"\bAsyncMessages\b", "Messages"),
+    (r"\bAsyncLimitedEvents\b", "LimitedEvents"),
+    (r"\bAsyncLimitedStreamManager\b", "LimitedStreamManager"),
 )
 
 _COMPILED = tuple((re.compile(pattern, re.MULTILINE), new) for pattern, new in REPLACEMENTS)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import ratekeeper
-from ratekeeper import _openai_async, _openai_sync
+from ratekeeper import _anthropic_async, _anthropic_sync, _openai_async, _openai_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,14 @@ PAIRS = [
     (ratekeeper.Lease, ratekeeper.AsyncLease),
     (_openai_sync.Completions, _openai_async.AsyncCompletions),
     (_openai_sync.LimitedStream, _openai_async.AsyncLimitedStream),
+    (_anthropic_sync.Messages, _anthropic_async.AsyncMessages),
+    (_anthropic_sync.LimitedStreamManager, _anthropic_async.AsyncLimitedStreamManager),
+    (_anthropic_sync.LimitedEvents, _anthropic_async.AsyncLimitedEvents),
 ]
+
+#: Asyncio methods that are not awaited, like the SDK's own: `messages.stream()`
+#: gives a context manager to `async with`.
+NOT_AWAITED = {(_anthropic_async.AsyncMessages, "stream")}
 
 
 def blocking_name(name: str) -> str:
@@ -110,6 +117,7 @@ def test_sync_and_asyncio_apis_match(sync, asyncio_twin):
             # Every asyncio method is awaited, but the constructor, `__aiter__`
             # and the decorator factory `limit` (the function it returns is).
             expected = name not in ("__init__", "__iter__", "limit")
+            expected = expected and (asyncio_twin, name) not in NOT_AWAITED
             assert awaitable(asyncio_twin, name, True) is expected, (
                 f"{asyncio_twin.__name__}.{name}"
             )

@@ -34,7 +34,8 @@ SPEC_VARIANTS = {
         "Inspect",
         "Feedback",
     ],
-    p.COST: ["Tokens", "Messages"],
+    p.COST: ["Tokens", "Messages", "Conversation"],
+    p.BLOCK: ["Text", "Image"],
     p.RESPONSE: [
         "Hello",
         "Granted",

@@ -324,6 +324,8 @@ class AsyncClient:
         messages: Optional[Iterable[core.MessageLike]] = None,
         max_tokens: Optional[int] = None,
         tools: Any = None,
+        system: Any = None,
+        api: Optional[req.Api] = None,
         tenant: Optional[str] = None,
         priority: Optional[str] = None,
         max_wait: Optional[float] = None,
@@ -332,13 +334,16 @@ class AsyncClient:
 
         Give `tokens` (the prompt's tokens, or your whole estimate) and optionally
         `max_tokens` (output tokens to reserve on top), or the chat `messages`
-        (and `tools`) for the daemon to count. `max_wait=None` uses the priority
-        class's default wait; `0` means only if grantable now. Returns a granted
-        `AsyncLease`; raises `RateLimited` (with `retry_after`) when the wait
-        would be longer, and the mapped exception for any other answer.
+        (and `tools`, and Anthropic's top-level `system`) for the daemon to
+        count. `api` says whose shape they are (`"anthropic"`, `"openai"`);
+        None tells it from `system` and the content blocks. `max_wait=None`
+        uses the priority class's default wait; `0` means only if grantable
+        now. Returns a granted `AsyncLease`; raises `RateLimited` (with
+        `retry_after`) when the wait would be longer, and the mapped exception
+        for any other answer.
         """
         request = req.build_acquire(
-            limit, tokens, messages, max_tokens, tools, tenant, priority, max_wait
+            limit, tokens, messages, max_tokens, tools, tenant, priority, max_wait, system, api
         )
         overall = core.Deadline(None if max_wait is None else max_wait + self.timeout)
         retry_until: Optional[core.Deadline] = None  # set when a connection first breaks
@@ -370,6 +375,7 @@ class AsyncClient:
                 retry_until = retry_until or overall.earlier(self.connect_timeout)
                 attempt = req.with_remaining_wait(request, overall, self.timeout)
                 continue
+            response = req.older_daemon(response, request.chat)
             granted = core.granted_or_raise(response, limit)
             return AsyncLease(self, conn, limit, granted, request)
 
@@ -475,10 +481,13 @@ class AsyncClient:
         messages: Optional[Iterable[core.MessageLike]] = None,
         max_tokens: Optional[int] = None,
         tools: Any = None,
+        system: Any = None,
+        api: Optional[req.Api] = None,
     ) -> p.Estimated:
         """What an acquire with that cost would reserve, reserving nothing."""
-        cost = req.build_cost(tokens, messages, max_tokens, tools)
-        return core.expect(await self._call(p.Estimate(limit, cost)), p.Estimated)
+        cost = req.build_cost(tokens, messages, max_tokens, tools, system, api)
+        response = await self._call(p.Estimate(limit, cost))
+        return core.expect(req.older_daemon(response, cost), p.Estimated)
 
     async def feedback(
         self,

@@ -49,7 +49,54 @@ class ChatRequest:
     TAG: ClassVar[int]
 
 
-Cost = Union[TokenCost, ChatRequest]
+@dataclass(frozen=True)
+class TextBlock:
+    """`Block::Text`: text to count (a text block, a tool's name or input, a result)."""
+
+    text: str
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class ImageBlock:
+    """`Block::Image`: an image's size in pixels (0 x 0: unknown) and OpenAI's `detail`."""
+
+    width: int = 0
+    height: int = 0
+    detail: str = ""
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+Block = Union[TextBlock, ImageBlock]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One message of a `Conversation`: its content blocks, tool calls as JSON."""
+
+    role: str
+    blocks: tuple[Block, ...] = ()
+    name: Optional[str] = None
+    tool_calls_json: Optional[str] = None
+    WIRE: ClassVar[tuple] = ()
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """`Cost::Conversation` (revision 4): content blocks in `api`'s shape, with images."""
+
+    api: str
+    messages: tuple[Turn, ...] = ()
+    system: tuple[str, ...] = ()
+    tools_json: Optional[str] = None
+    max_output_tokens: Optional[int] = None
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
+Cost = Union[TokenCost, ChatRequest, Conversation]
 
 
 @dataclass(frozen=True)
@@ -383,7 +430,8 @@ Response = Union[
 ]
 
 
-COST = Enum("Cost", (TokenCost, ChatRequest))
+COST = Enum("Cost", (TokenCost, ChatRequest, Conversation))
+BLOCK = Enum("Block", (TextBlock, ImageBlock))
 REQUEST = Enum(
     "Request",
     (Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping, Health, Inspect, Feedback),
@@ -416,6 +464,21 @@ ChatMessage.WIRE = (
 )
 ChatRequest.WIRE = (
     ("messages", Vec(Struct(ChatMessage))),
+    ("tools_json", Opt(STR)),
+    ("max_output_tokens", Opt(U64)),
+)
+TextBlock.WIRE = (("text", STR),)
+ImageBlock.WIRE = (("width", U32), ("height", U32), ("detail", STR))
+Turn.WIRE = (
+    ("role", STR),
+    ("name", Opt(STR)),
+    ("blocks", Vec(BLOCK)),
+    ("tool_calls_json", Opt(STR)),
+)
+Conversation.WIRE = (
+    ("api", STR),
+    ("system", Vec(STR)),
+    ("messages", Vec(Struct(Turn))),
     ("tools_json", Opt(STR)),
     ("max_output_tokens", Opt(U64)),
 )

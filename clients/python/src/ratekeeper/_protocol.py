@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Optional
 
 from ._errors import FrameTooLarge, MalformedMessage
 from ._messages import (
+    BLOCK,
     COST,
     FIXED_ANSWERS,
     FIXED_REQUESTS,
@@ -32,6 +33,7 @@ from ._messages import (
     ChatMessage,
     ChatRequest,
     ClientFrame,
+    Conversation,
     Cost,
     Denied,
     ErrorReply,
@@ -45,6 +47,7 @@ from ._messages import (
     HealthReply,
     Hello,
     HelloReply,
+    ImageBlock,
     Inspect,
     InspectReply,
     LimitInspection,
@@ -61,7 +64,9 @@ from ._messages import (
     Settled,
     Status,
     StatusReply,
+    TextBlock,
     TokenCost,
+    Turn,
 )
 from ._wire import (
     _U32,
@@ -82,6 +87,7 @@ from ._wire import (
 )
 
 __all__ = [
+    "BLOCK",
     "BOOL",
     "BUFFER_SIZE",
     "COST",
@@ -107,6 +113,7 @@ __all__ = [
     "ChatMessage",
     "ChatRequest",
     "ClientFrame",
+    "Conversation",
     "Cost",
     "Denied",
     "Enum",
@@ -122,6 +129,7 @@ __all__ = [
     "HealthReply",
     "Hello",
     "HelloReply",
+    "ImageBlock",
     "Inspect",
     "InspectReply",
     "LimitInspection",
@@ -140,7 +148,9 @@ __all__ = [
     "Status",
     "StatusReply",
     "Struct",
+    "TextBlock",
     "TokenCost",
+    "Turn",
     "Vec",
     "WireType",
     "decode_frame",

@@ -10,14 +10,23 @@ import math
 import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
+from . import _content as content
 from . import _protocol as p
+from ._errors import ErrorCode
 
 if TYPE_CHECKING:
     from ._core import Deadline
 
 MessageLike = Union[Mapping[str, Any], p.ChatMessage, Any]
+
+#: A cost the daemon counts: chat messages, or content blocks (revision 4).
+MessageCost = Union[p.ChatRequest, p.Conversation]
+
+#: What `api=` accepts: whose request shape the messages, `system` and `tools` are.
+Api = Literal["anthropic", "openai"]
+APIS = (content.ANTHROPIC, content.OPENAI)
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,46 @@ def chat_request(
     )
 
 
+def message_cost(
+    messages: Iterable[MessageLike],
+    max_tokens: Optional[int],
+    tools: Any = None,
+    system: Any = None,
+    api: Optional[str] = None,
+) -> MessageCost:
+    """The cost of a request by its messages: a `ChatRequest` for OpenAI-style text
+    messages (what every daemon counts), a `Conversation` for Anthropic's shape
+    (`api="anthropic"`, a `system`, or Anthropic blocks) or OpenAI images."""
+    if api is not None and api not in APIS:
+        raise ValueError(f"api must be one of {APIS} or None, got {api!r}")
+    messages = list(messages)
+    shape = api or content.shape_of(messages, system)
+    if shape == content.ANTHROPIC:
+        return content.anthropic_conversation(messages, system, tools, max_tokens)
+    if system is not None:
+        raise ValueError("system= is Anthropic's: OpenAI messages carry a system message")
+    chat = chat_request(messages, max_tokens, tools)
+    if content.shape_of(messages, None) == content.OPENAI:
+        return content.openai_conversation(chat, messages, max_tokens)
+    return chat
+
+
+def older_daemon(response: p.Response, cost: Any) -> p.Response:
+    """`Unsupported` for a daemon of revision 3 or earlier refusing a `Conversation`
+    (it answers `MalformedMessage`, PROTOCOL.md §10); any other answer as it is."""
+    if (
+        type(cost) is p.Conversation
+        and isinstance(response, p.ErrorReply)
+        and response.code in (ErrorCode.MALFORMED_MESSAGE, ErrorCode.UNSUPPORTED)
+    ):
+        return p.ErrorReply(
+            ErrorCode.UNSUPPORTED,
+            "the sidecar predates protocol revision 4 and cannot count content blocks "
+            f"(Anthropic's shape, images); upgrade it ({response.message})",
+        )
+    return response
+
+
 def _token_counts(
     tokens: Optional[int], messages: Optional[Iterable[MessageLike]], max_tokens: Optional[int]
 ) -> Optional[tuple[int, int]]:
@@ -135,11 +184,15 @@ def build_cost(
     messages: Optional[Iterable[MessageLike]],
     max_tokens: Optional[int],
     tools: Any = None,
+    system: Any = None,
+    api: Optional[str] = None,
 ) -> p.Cost:
     """`tokens` (prompt tokens) + `max_tokens` (output to reserve), or messages to count."""
     counts = _token_counts(tokens, messages, max_tokens)
     if counts is None:
-        return chat_request(messages, max_tokens, tools)  # type: ignore[arg-type]
+        return message_cost(messages, max_tokens, tools, system, api)  # type: ignore[arg-type]
+    if system is not None:
+        raise ValueError("system= is counted with messages=, not with tokens=")
     return p.TokenCost(*counts)
 
 
@@ -166,7 +219,7 @@ class AcquireRequest:
         limit: str,
         input_tokens: int,
         output_tokens: int,
-        chat: Optional[p.ChatRequest],
+        chat: Optional[MessageCost],
         tenant: Optional[str],
         priority: Optional[str],
         max_wait_ms: Optional[int],
@@ -236,15 +289,21 @@ def build_acquire(
     tenant: Optional[str],
     priority: Optional[str],
     max_wait: Optional[float],
+    system: Any = None,
+    api: Optional[str] = None,
 ) -> AcquireRequest:
     """The acquire of the public API's arguments, checked before anything is sent."""
     max_wait_ms = None if max_wait is None else wait_ms(max_wait)
     if type(tokens) is int and tokens > 0 and messages is None and max_tokens is None:
+        if system is not None:
+            raise ValueError("system= is counted with messages=, not with tokens=")
         return AcquireRequest(limit, tokens, 0, None, tenant, priority, max_wait_ms)  # the usual
     counts = _token_counts(tokens, messages, max_tokens)
     if counts is None:
-        chat = chat_request(messages, max_tokens, tools)  # type: ignore[arg-type]
-        return AcquireRequest(limit, 0, 0, chat, tenant, priority, max_wait_ms)
+        cost = message_cost(messages, max_tokens, tools, system, api)  # type: ignore[arg-type]
+        return AcquireRequest(limit, 0, 0, cost, tenant, priority, max_wait_ms)
+    if system is not None:
+        raise ValueError("system= is counted with messages=, not with tokens=")
     return AcquireRequest(limit, counts[0], counts[1], None, tenant, priority, max_wait_ms)
 
 

@@ -1,0 +1,238 @@
+"""The Anthropic wrapper's limited calls, written once: acquire, call, settle, retry.
+
+`AsyncMessages.create` acquires from the limit by the request's messages
+(`system`, content blocks, `tools`; `max_tokens` as the output), calls the
+provider, and reports the usage it answered: input `input_tokens +
+cache_creation_input_tokens`, output `output_tokens`. A 429 or 529 releases
+the lease, is forwarded to the sidecar, waits as `retry-after` says and tries
+again. `AsyncMessages.stream` does the same around the SDK's stream manager,
+settling when the stream is left; `AsyncLimitedEvents` settles a
+`create(stream=True)` stream when it ends.
+
+Written for asyncio; `scripts/unasync.py` generates the blocking
+`_anthropic_sync.py` from it (see `_async.py`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import _anthropic_core as core
+from ._errors import ErrorCode, RatekeeperError
+from ._io_async import sleep
+from ._openai_core import FeedbackSampler, retry_delay
+
+if TYPE_CHECKING:
+    from ._async import AsyncClient, AsyncLease
+    from .anthropic import _Wrapped
+
+
+class AsyncMessages:
+    """`messages` of a wrapped client: `create` and `stream` are limited; the rest passes."""
+
+    def __init__(self, wrapped: _Wrapped) -> None:
+        self._wrapped = wrapped
+        self._settings = wrapped.settings
+        self._sampler = FeedbackSampler(wrapped.settings.feedback_interval)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped._client.messages, name)
+
+    async def _acquire(self, kwargs: dict) -> AsyncLease:
+        settings = self._settings
+        limiter: AsyncClient = self._wrapped.limiter
+        messages, system, tools, max_tokens = core.cost(kwargs)
+        return await limiter.acquire(
+            settings.limit,
+            messages=messages,
+            system=system,
+            tools=tools,
+            max_tokens=max_tokens,
+            api="anthropic",
+            tenant=settings.tenant,
+            priority=settings.priority,
+            max_wait=settings.max_wait,
+        )
+
+    async def _limited(self, kwargs: dict, call: Any) -> tuple[Any, AsyncLease]:
+        """Acquires and makes `call()`; a 429 or 529 releases, is forwarded, waits, retries."""
+        settings = self._settings
+        attempt = 0
+        while True:
+            lease = await self._acquire(kwargs)
+            try:
+                result = await call()
+            except BaseException as error:
+                outcome = core.failure(error)
+                await _settle_failed(lease, outcome)
+                if outcome != "retry":
+                    raise
+                headers = core.error_headers(error)
+                status = core.status_code(error) or 429
+                paused = await self._forward(lease, status, headers)
+                if attempt >= settings.max_retries:
+                    raise
+                # Paused in the sidecar: the next acquire waits exactly as long.
+                delay = 0.0 if paused else retry_delay(headers, attempt, settings.max_retry_wait)
+                core.log.info("provider answered %s; retrying in %.3fs", status, delay)
+                await sleep(delay)
+                attempt += 1
+                continue
+            return result, lease
+
+    async def create(self, **kwargs: Any) -> Any:
+        """`messages.create`, limited: acquire, call, report the usage."""
+        messages = self._wrapped._raw.messages
+        sample = not kwargs.get("stream") and self._sampler.due()
+
+        async def call() -> Any:
+            if sample:
+                return await messages.with_raw_response.create(**kwargs)
+            return await messages.create(**kwargs)
+
+        result, lease = await self._limited(kwargs, call)
+        if kwargs.get("stream") is True:
+            return AsyncLimitedEvents(result, lease, self)
+        headers = None
+        if sample:
+            headers = result.headers
+            result = await result.parse()
+        await _report(lease, core.usage_counts(getattr(result, "usage", None)))
+        await self._forward(lease, 200, headers)
+        return result
+
+    def stream(self, **kwargs: Any) -> AsyncLimitedStreamManager:
+        """`messages.stream`, limited: acquires on entering, settles on leaving."""
+        return AsyncLimitedStreamManager(self, kwargs)
+
+    def _sampled(self, stream: Any) -> Any:
+        """A stream's response headers when a sample is due, else None."""
+        if not self._sampler.due():
+            return None
+        return getattr(getattr(stream, "response", None), "headers", None)
+
+    async def _forward(self, lease: AsyncLease, status: int, headers: Any) -> bool:
+        """Forwards an answer's rate-limit headers (callers pass every 429 and 529,
+        and a sample of the others); True if the sidecar paused the limit."""
+        if headers is None or not self._sampler.enabled or lease.unlimited:
+            return False
+        try:
+            noted = await lease.feedback(status, headers)
+        except RatekeeperError as error:
+            if error.code == ErrorCode.UNSUPPORTED:  # a daemon from before feedback
+                self._sampler.disable()
+            core.log.info("could not forward the provider's headers: %s", error)
+            return False
+        return noted is not None and noted.paused_ms > 0
+
+
+async def _settle_failed(lease: AsyncLease, outcome: str) -> None:
+    """Keeps the reservation (settled as fully used) or releases it, as `failure` said."""
+    try:
+        if outcome == "keep":
+            await lease.settle_as_reserved()
+        else:
+            await lease.release()
+    except RatekeeperError as error:
+        core.log.warning("could not settle lease %s: %s", lease.lease_id, error)
+
+
+async def _report(lease: AsyncLease, counts: Any) -> None:
+    """Settles with the provider's usage; without one, the reservation counts as spent."""
+    try:
+        if counts is None:
+            await lease.settle_as_reserved()
+        else:
+            await lease.report(input_tokens=counts[0], output_tokens=counts[1])
+    except RatekeeperError as error:
+        core.log.warning("could not settle lease %s: %s", lease.lease_id, error)
+
+
+class AsyncLimitedStreamManager:
+    """`messages.stream(...)` of a wrapped client, used as the SDK's:
+    `async with client.messages.stream(...) as stream:`.
+
+    Entering acquires, opens the SDK's stream (retrying a 429 or 529) and
+    gives the SDK's own stream object; leaving closes it and reports the
+    usage of its message snapshot (an unfinished stream keeps its reserved
+    output).
+    """
+
+    def __init__(self, messages: AsyncMessages, kwargs: dict) -> None:
+        self._messages = messages
+        self._kwargs = kwargs
+        self._manager: Any = None
+        self._stream: Any = None
+        self._lease: Any = None
+
+    async def __aenter__(self) -> Any:
+        sdk = self._messages._wrapped._raw.messages
+        kwargs = self._kwargs
+
+        async def call() -> Any:
+            manager = sdk.stream(**kwargs)
+            return manager, await manager.__aenter__()
+
+        (self._manager, self._stream), self._lease = await self._messages._limited(kwargs, call)
+        return self._stream
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        try:
+            await self._manager.__aexit__(*exc_info)
+        finally:
+            lease = self._lease
+            counts = core.snapshot_counts(self._stream, lease.reserved.output_tokens)
+            await _report(lease, counts)
+            headers = self._messages._sampled(self._stream)
+            await self._messages._forward(lease, 200, headers)
+
+
+class AsyncLimitedEvents:
+    """A `messages.create(stream=True)` stream that reports its usage when it ends.
+
+    Iterate it to the end or close it (it is a context manager, like the
+    stream it wraps); a stream left half-way reports its input and keeps its
+    reserved output.
+    """
+
+    def __init__(self, stream: Any, lease: AsyncLease, messages: AsyncMessages) -> None:
+        self._stream = stream
+        self._iterator = stream.__aiter__()
+        self._lease = lease
+        self._usage = core.StreamUsage()
+        self._messages = messages
+
+    def __aiter__(self) -> AsyncLimitedEvents:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            event = await self._iterator.__anext__()
+        except BaseException:  # the end of the stream, or a failure
+            await self._finish()
+            raise
+        self._usage.add(event)
+        return event
+
+    async def _finish(self) -> None:
+        lease = self._lease
+        if not lease.settled:
+            await _report(lease, self._usage.counts(lease.reserved.output_tokens))
+            headers = self._messages._sampled(self._stream)
+            await self._messages._forward(lease, 200, headers)
+
+    async def close(self) -> None:
+        """Closes the provider's stream and settles the lease."""
+        try:
+            await self._stream.close()
+        finally:
+            await self._finish()
+
+    async def __aenter__(self) -> AsyncLimitedEvents:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
