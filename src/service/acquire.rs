@@ -26,7 +26,8 @@ pub(super) const CONCURRENT: &str = "concurrent";
 
 /// How a wait for a slot ended, short of an error.
 enum SlotWait {
-    Taken(SlotGuard),
+    /// And how long it waited for the slot.
+    Taken(SlotGuard, Duration),
     /// Every slot stayed held past the acquire's wait.
     Denied(Response),
 }
@@ -87,15 +88,17 @@ impl Service {
             limit: limit.name.clone(),
             source,
         };
-        let started = Instant::now();
-        let mut max_wait_ms = checked.max_wait_ms;
         // A slot first: the buckets are not drawn for a request that may
         // wait for one past its deadline.
+        let mut slot_wait = Duration::ZERO;
         let slot = match snapshot.planner.slots(limit) {
             Some(spec) => {
                 let waiters = &snapshot.waiters[&limit.name];
-                match self.take_slot(spec, max_wait_ms, waiters, &cancel).await {
-                    Ok(SlotWait::Taken(slot)) => Some(slot),
+                match self.take_slot(spec, checked.max_wait_ms, waiters, &cancel).await {
+                    Ok(SlotWait::Taken(slot, waited)) => {
+                        slot_wait = waited;
+                        Some(slot)
+                    }
                     Ok(SlotWait::Denied(denied)) => return Ok(denied),
                     Err(SlotWaitError::Store(source)) => return Err(store_error(source)),
                     Err(SlotWaitError::Cancelled) => return Err(self.cancelled_while_waiting()),
@@ -103,7 +106,9 @@ impl Service {
             }
             None => None,
         };
-        max_wait_ms = max_wait_ms.saturating_sub(started.elapsed().as_millis() as u64);
+        let max_wait_ms = checked
+            .max_wait_ms
+            .saturating_sub(slot_wait.as_millis() as u64);
         let decision = if plan.reserved.is_empty() {
             // A limit of concurrency only.
             Decision::Granted {
@@ -128,6 +133,7 @@ impl Service {
                 });
             }
         };
+        let started = Instant::now();
         // Counted until the reservation is granted or given back, so that
         // status never shows a waiter gone while its tokens are still out.
         let _waiter = (wait_ms > 0).then(|| Waiter::enter(&snapshot.waiters[&limit.name]));
@@ -150,7 +156,7 @@ impl Service {
         Ok(Response::Granted {
             lease,
             tokens,
-            waited_ms: started.elapsed().as_millis() as u64,
+            waited_ms: (slot_wait + started.elapsed()).as_millis() as u64,
         })
     }
 
@@ -204,7 +210,8 @@ impl Service {
     ) -> Result<SlotWait, SlotWaitError> {
         let holder = self.slots.new_holder();
         let deadline = Instant::now() + Duration::from_millis(max_wait_ms);
-        let mut _waiter = None;
+        // Set when the first try finds every slot held: the wait it reports.
+        let mut waiting_since: Option<(Instant, Waiter)> = None;
         loop {
             // Registered before asking, so a slot given back meanwhile wakes it.
             let given_back = self.slots.given_back().notified();
@@ -212,7 +219,8 @@ impl Service {
             given_back.as_mut().enable();
             let taken = self.slots.take(spec, &holder).await;
             if let Some(slot) = taken.map_err(SlotWaitError::Store)? {
-                return Ok(SlotWait::Taken(slot));
+                let waited = waiting_since.map_or(Duration::ZERO, |(since, _)| since.elapsed());
+                return Ok(SlotWait::Taken(slot, waited));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -221,7 +229,7 @@ impl Service {
                     bucket: CONCURRENT.to_string(),
                 }));
             }
-            _waiter.get_or_insert_with(|| Waiter::enter(waiters));
+            waiting_since.get_or_insert_with(|| (now, Waiter::enter(waiters)));
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return Err(SlotWaitError::Cancelled),
