@@ -1,25 +1,100 @@
 """An OpenAI-compatible fake provider: POST /v1/chat/completions on 127.0.0.1.
 
-It limits like the real one: a token bucket of tokens per minute (a request
-costs its prompt plus its `max_tokens`, nothing is refunded) and one of
-requests per minute, both refilling continuously. Over the limit it answers
-429 with `retry-after`, `retry-after-ms` and the `x-ratelimit-*` headers;
-every answer carries the `x-ratelimit-*` headers. Streams are server-sent
-events, with a final usage chunk when `stream_options.include_usage` is set.
+It limits the way OpenAI's rate-limit guide says the real one does: a token
+bucket of tokens per minute and one of requests per minute, each holding one
+minute's worth and refilling continuously; a request is charged at arrival
+`rate_limit_charge(body)` tokens and one request, and nothing is ever
+refunded. Over either limit it answers 429 with OpenAI's error body and
+`retry-after` / `retry-after-ms`; every answer, 200 or 429, carries the
+`x-ratelimit-{limit,remaining,reset}-{requests,tokens}` headers.
+
+Options for measuring a limiter against it: a latency drawn uniformly from a
+range, slept after the limit decision (the provider charges at arrival);
+foreign traffic, another application on the same API key taking a fraction
+of both limits; and a record of every request (arrival, charge, status,
+what was left) for computing 429 counts and utilization afterwards.
+
+Streams are server-sent events, with a final usage chunk when
+`stream_options.include_usage` is set.
+
+Standalone (`python _fake_openai.py --tpm 300000 --rpm 3000 ...`) it prints
+one JSON line with its `base_url`, serves until SIGTERM or SIGINT, and
+answers `GET /fake/records` with its records, so a benchmark can run it as a
+process of its own.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import random
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 
+#: OpenAI's "a token is about 4 characters", the divisor of its charge estimate.
+CHARS_PER_TOKEN = 4.0
+#: The output charged when a request names no `max_tokens`.
+DEFAULT_MAX_TOKENS = 4096
+RECORDS_PATH = "/fake/records"
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def request_characters(body: dict) -> int:
+    """The characters of a chat request's text (Python `len`: Unicode code points).
+
+    Per message: its text content (a string, or the `text` of each content
+    part), its `name`, and the compact JSON of its `tool_calls`; plus the
+    compact JSON of the request's `tools`.
+    """
+    total = 0
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(
+                len(part["text"])
+                for part in content
+                if isinstance(part, dict) and isinstance(part.get("text"), str)
+            )
+        total += len(message.get("name") or "")
+        if message.get("tool_calls"):
+            total += len(_compact_json(message["tool_calls"]))
+    if body.get("tools"):
+        total += len(_compact_json(body["tools"]))
+    return total
+
+
+def max_output_tokens(body: dict) -> int:
+    """`max_completion_tokens`, else `max_tokens`, else OpenAI's default of 4096."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        if body.get(key) is not None:
+            return int(body[key])
+    return DEFAULT_MAX_TOKENS
+
+
+def rate_limit_charge(body: dict, chars_per_token: float = CHARS_PER_TOKEN) -> int:
+    """What a request costs the token limit, by OpenAI's rate-limit guide:
+    "the maximum of max_tokens and the estimated number of tokens based on the
+    character count of your request", `max(max_tokens, ceil(chars / 4))`.
+
+    This is the one definition the fake limits by; the daemon's `openai`
+    preset is meant to compute the same figure.
+    """
+    estimate = math.ceil(request_characters(body) / chars_per_token)
+    return max(max_output_tokens(body), estimate)
+
 
 def prompt_tokens(messages: list, tools: Any = None) -> int:
-    """The fake's tokenizer: about four characters a token, four per message, three to prime."""
+    """The prompt tokens the fake reports as usage (not what it charges):
+    about four characters a token, four per message, three to prime."""
     total = 3
     for message in messages:
         content = message.get("content") or ""
@@ -27,22 +102,30 @@ def prompt_tokens(messages: list, tools: Any = None) -> int:
             content = "".join(part.get("text", "") for part in content)
         total += 4 + math.ceil(len(content) / 4)
     if tools:
-        total += math.ceil(len(json.dumps(tools, separators=(",", ":"))) / 4)
+        total += math.ceil(len(_compact_json(tools)) / 4)
     return total
 
 
 def duration(seconds: float) -> str:
     """OpenAI's reset format: `"20ms"`, `"1.5s"`, `"6m0s"`."""
     if seconds < 1:
-        return f"{max(1, round(seconds * 1000))}ms"
+        return f"{max(1, math.ceil(seconds * 1000))}ms"
+    seconds = round(seconds, 3)
     minutes, rest = divmod(seconds, 60)
-    return f"{int(minutes)}m{rest:.0f}s" if minutes else f"{rest:.3g}s"
+    return f"{int(minutes)}m{rest:g}s" if minutes else f"{rest:g}s"
 
 
 class Bucket:
-    def __init__(self, per_minute: float) -> None:
+    """One provider limit: `per_minute` capacity, refilled continuously.
+
+    Foreign traffic takes `foreign_fraction` of the rate all the time. Since
+    it takes less than the refill, it never finds the bucket empty: what is
+    left for us refills at `(1 - foreign_fraction) * rate`.
+    """
+
+    def __init__(self, per_minute: float, foreign_fraction: float = 0.0) -> None:
         self.capacity = per_minute
-        self.rate = per_minute / 60.0
+        self.rate = per_minute / 60.0 * (1.0 - foreign_fraction)
         self.level = per_minute
         self.stamp = time.monotonic()
 
@@ -55,26 +138,46 @@ class Bucket:
 
 
 class FakeProvider:
-    """The server and its counters; `forced` answers go out before any limiting."""
+    """The server, its buckets and records; `forced` answers go out before any limiting."""
 
     def __init__(
         self,
         tokens_per_minute: float = 1e9,
         requests_per_minute: float = 1e9,
         completion_tokens: int = 20,
+        *,
+        chars_per_token: float = CHARS_PER_TOKEN,
+        latency: Optional[tuple[float, float]] = None,
+        foreign_fraction: float = 0.0,
+        seed: Optional[int] = None,
+        port: int = 0,
     ) -> None:
-        self.tokens = Bucket(tokens_per_minute)
-        self.requests = Bucket(requests_per_minute)
+        if not 0.0 <= foreign_fraction < 1.0:
+            raise ValueError(f"foreign_fraction must be in [0, 1), got {foreign_fraction}")
+        self.tokens = Bucket(tokens_per_minute, foreign_fraction)
+        self.requests = Bucket(requests_per_minute, foreign_fraction)
         self.completion_tokens = completion_tokens
+        self.chars_per_token = chars_per_token
+        self.latency = latency
+        self.foreign_fraction = foreign_fraction
+        self.random = random.Random(seed)
         self.lock = threading.Lock()
         self.bodies: list[dict] = []
+        #: One dict per request, in arrival order: `arrival` (time.monotonic()
+        #: when the limit was decided), `charge`, `status`, and the levels
+        #: `tokens_left` / `requests_left` after the decision.
+        self.records: list[dict] = []
         self.served = 0
         self.rate_limited = 0
         self.forced: list[tuple[int, dict]] = []
         self.last_usage: Optional[dict] = None
         self.last_headers: dict = {}
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler(), False)
+        # The openai SDK keeps a connection per thread: room for every worker's.
+        self.server.request_queue_size = 128
         self.server.daemon_threads = True
+        self.server.server_bind()
+        self.server.server_activate()
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -83,7 +186,9 @@ class FakeProvider:
         return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
     def force(self, status: int, count: int = 1, **headers: str) -> None:
-        """The next `count` requests get `status` with these headers, whatever the buckets."""
+        """The next `count` requests get `status` with exactly these headers (no
+        `x-ratelimit-*` of the buckets'), whatever the buckets hold; they are
+        not charged."""
         headers = {name.replace("_", "-"): value for name, value in headers.items()}
         with self.lock:
             self.forced.extend([(status, headers)] * count)
@@ -92,10 +197,19 @@ class FakeProvider:
         self.server.shutdown()
         self.server.server_close()
 
-    def _decide(self, body: dict) -> tuple[int, dict, dict]:
-        """(status, headers, usage) for one request, debiting the buckets."""
+    def _limit_headers(self) -> dict:
+        headers = {}
+        for kind, bucket in (("requests", self.requests), ("tokens", self.tokens)):
+            headers[f"x-ratelimit-limit-{kind}"] = str(int(bucket.capacity))
+            headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, int(bucket.level)))
+            headers[f"x-ratelimit-reset-{kind}"] = duration(bucket.wait_for(bucket.capacity))
+        return headers
+
+    def _decide(self, body: dict) -> tuple[int, dict, dict, Optional[dict]]:
+        """(status, headers, usage, error) for one request, charging the buckets."""
+        charge = rate_limit_charge(body, self.chars_per_token)
+        max_tokens = max_output_tokens(body)
         prompt = prompt_tokens(body.get("messages") or [], body.get("tools"))
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 4096
         completion = min(self.completion_tokens, max_tokens)
         usage = {
             "prompt_tokens": prompt,
@@ -103,55 +217,95 @@ class FakeProvider:
             "total_tokens": prompt + completion,
         }
         with self.lock:
-            self.bodies.append(body)
-            if self.forced:
-                status, headers = self.forced.pop(0)
-                if status == 429:
-                    self.rate_limited += 1
-                return status, headers, usage
             now = time.monotonic()
+            self.bodies.append(body)
             self.tokens.refill(now)
             self.requests.refill(now)
-            cost = prompt + max_tokens
-            wait = max(self.tokens.wait_for(cost), self.requests.wait_for(1))
-            if wait == 0:
-                self.tokens.level -= cost
-                self.requests.level -= 1
+            error = None
+            if self.forced:
+                status, headers = self.forced.pop(0)
+                if status != 200:
+                    error = _error(status, "fake provider: forced", "tokens")
+            else:
+                waits = {
+                    "requests": self.requests.wait_for(1),
+                    "tokens": self.tokens.wait_for(charge),
+                }
+                if max(waits.values()) == 0:
+                    status = 200
+                    self.tokens.level -= charge
+                    self.requests.level -= 1
+                else:
+                    status = 429
+                    kind = max(waits, key=waits.__getitem__)
+                    error = self._rate_limit_error(kind, charge, waits[kind])
+                headers = self._limit_headers()
+                if status == 429:
+                    wait = max(waits.values())
+                    headers["retry-after"] = str(math.ceil(wait))
+                    headers["retry-after-ms"] = str(math.ceil(wait * 1000))
+                self.last_headers = headers
+            if status == 200:
                 self.served += 1
                 self.last_usage = usage
-            else:
+            elif status == 429:
                 self.rate_limited += 1
-            headers = {}
-            for kind, bucket in (("requests", self.requests), ("tokens", self.tokens)):
-                headers[f"x-ratelimit-limit-{kind}"] = str(int(bucket.capacity))
-                headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, int(bucket.level)))
-                headers[f"x-ratelimit-reset-{kind}"] = duration(bucket.wait_for(bucket.capacity))
-            self.last_headers = headers
-            if wait > 0:
-                headers["retry-after"] = str(math.ceil(wait))
-                headers["retry-after-ms"] = str(math.ceil(wait * 1000))
-                return 429, headers, usage
-            return 200, headers, usage
+            self.records.append(
+                {
+                    "arrival": now,
+                    "charge": charge,
+                    "status": status,
+                    "tokens_left": self.tokens.level,
+                    "requests_left": self.requests.level,
+                }
+            )
+            delay = self.random.uniform(*self.latency) if self.latency else 0.0
+        if delay:
+            time.sleep(delay)
+        return status, headers, usage, error
+
+    def _rate_limit_error(self, kind: str, charge: int, wait: float) -> dict:
+        bucket = self.requests if kind == "requests" else self.tokens
+        short = "RPM" if kind == "requests" else "TPM"
+        requested = 1 if kind == "requests" else charge
+        used = bucket.capacity - max(0.0, bucket.level)
+        message = (
+            f"Rate limit reached for fake-model in organization org-fake on {kind} per min "
+            f"({short}): Limit {int(bucket.capacity)}, Used {int(used)}, "
+            f"Requested {requested}. Please try again in {duration(wait)}. "
+            "Visit https://platform.openai.com/account/rate-limits to learn more."
+        )
+        return _error(429, message, kind)
+
+    def records_snapshot(self) -> list[dict]:
+        with self.lock:
+            return list(self.records)
 
     def _handler(self) -> type:
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in two writes: without this, Nagle's
+            # algorithm holds the body until the client's delayed ACK.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: Any) -> None:  # quiet
                 pass
+
+            def do_GET(self) -> None:
+                if self.path != RECORDS_PATH:
+                    return self._json(404, {}, _error(404, "not found", "invalid_request_error"))
+                return self._json(200, {}, {"records": provider.records_snapshot()})
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if self.path.rstrip("/") != "/v1/chat/completions":
-                    return self._json(404, {}, {"error": {"message": "not found"}})
-                status, headers, usage = provider._decide(body)
-                if status != 200:
-                    kind = "rate_limit_exceeded" if status == 429 else "invalid_request_error"
-                    error = {"message": f"fake provider: {status}", "type": kind, "code": kind}
-                    return self._json(status, headers, {"error": error})
+                    return self._json(404, {}, _error(404, "not found", "invalid_request_error"))
+                status, headers, usage, error = provider._decide(body)
+                if error is not None:
+                    return self._json(status, headers, error)
                 model = body.get("model", "fake")
                 if body.get("stream"):
                     return self._stream(headers, body, model, usage)
@@ -219,3 +373,58 @@ class FakeProvider:
                 self.close_connection = True
 
         return Handler
+
+
+def _error(status: int, message: str, kind: str) -> dict:
+    """OpenAI's error body; a 429 names the limit (`requests` or `tokens`) as its type."""
+    if status == 429:
+        code = "rate_limit_exceeded"
+    elif status >= 500:
+        kind, code = "server_error", None
+    else:
+        kind, code = "invalid_request_error", None
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=0, help="on 127.0.0.1; 0 picks a free one")
+    parser.add_argument("--tpm", type=float, required=True, help="tokens per minute")
+    parser.add_argument("--rpm", type=float, required=True, help="requests per minute")
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="sleep a uniform random latency in [MIN, MAX] ms after deciding",
+    )
+    parser.add_argument(
+        "--foreign", type=float, default=0.0, help="fraction of both limits used by others"
+    )
+    parser.add_argument("--chars-per-token", type=float, default=CHARS_PER_TOKEN)
+    parser.add_argument("--completion-tokens", type=int, default=20)
+    parser.add_argument("--seed", type=int)
+    args = parser.parse_args(argv)
+    latency = None
+    if args.latency_ms:
+        latency = (args.latency_ms[0] / 1000.0, args.latency_ms[1] / 1000.0)
+    provider = FakeProvider(
+        args.tpm,
+        args.rpm,
+        args.completion_tokens,
+        chars_per_token=args.chars_per_token,
+        latency=latency,
+        foreign_fraction=args.foreign,
+        seed=args.seed,
+        port=args.port,
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    print(json.dumps({"base_url": provider.base_url}), flush=True)
+    stop.wait()
+    provider.close()
+
+
+if __name__ == "__main__":
+    main()
