@@ -271,7 +271,7 @@ class FakeProvider:
         used = bucket.capacity - max(0.0, bucket.level)
         message = (
             f"Rate limit reached for fake-model in organization org-fake on {kind} per min "
-            f"({short}): Limit {int(bucket.capacity)}, Used {int(used)}, "
+            f"({short}): Limit {int(bucket.capacity)}, Used {round(used)}, "
             f"Requested {requested}. Please try again in {duration(wait)}. "
             "Visit https://platform.openai.com/account/rate-limits to learn more."
         )
