@@ -119,11 +119,12 @@ class Outcome:
 
     def summary(self) -> str:
         spent = "" if self.burst_spent else ", BURST NOT SPENT"
+        errors = f"; first errors {self.error_samples}" if self.error_samples else ""
         return (
             f"{self.scenario.label}: {self.requests} requests, {self.rate_limited} 429s "
             f"({self.rate_limited_fraction:.2%}); {self.binding} utilization "
             f"{self.utilization:.2%} from t={self.window_start:.1f}s "
-            f"(level {self.level_at_window_start:.1%}{spent}); workers {self.workers}"
+            f"(level {self.level_at_window_start:.1%}{spent}); workers {self.workers}{errors}"
         )
 
     def to_json(self) -> dict:
