@@ -136,14 +136,27 @@ def test_a_429_one_worker_gets_pauses_the_limit_for_every_worker(daemon, provide
     with Client(daemon.socket) as limiter, Client(daemon.socket) as other:
         llm = wrap(sync_openai(provider), limiter, limit="fleet")
         started = time.monotonic()
-        llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
-        # The retry was held back in the sidecar until the pause ended ...
+        call = threading.Thread(
+            target=llm.chat.completions.create,
+            kwargs={"model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 10},
+        )
+        call.start()
+        try:
+            # While the pause has most of its 600 ms to run (the bucket is
+            # more than 300 ms of refill below empty), every other worker's
+            # acquire is held back too.
+            deadline = time.monotonic() + 5
+            while level(other, "fleet") > -600:
+                assert time.monotonic() < deadline, "the 429 never paused the limit"
+                time.sleep(0.005)
+            with pytest.raises(RateLimited) as denied:
+                other.acquire("fleet", 1, max_wait=0)
+            assert denied.value.retry_after > 0
+        finally:
+            call.join()
+        # The retry was held back in the sidecar until the pause ended.
         assert time.monotonic() - started >= 0.55
         assert len(provider.bodies) == 2
-        # ... and so is every other worker's acquire until its bucket refills.
-        with pytest.raises(RateLimited) as denied:
-            other.acquire("fleet", 1, max_wait=0)
-        assert denied.value.retry_after > 0
 
 
 def test_without_forwarding_a_429_pauses_nobody_else(daemon, provider):
@@ -161,10 +174,13 @@ def test_the_providers_remaining_counts_lower_the_shared_buckets(daemon):
     try:
         with Client(daemon.socket) as limiter:
             llm = wrap(sync_openai(provider), limiter, limit="fleet", feedback_interval=0)
+            started = time.monotonic()
             llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
             remaining = int(provider.last_headers["x-ratelimit-remaining-tokens"])
             assert remaining < 2000
-            assert level(limiter, "fleet") <= remaining
+            # Lowered to the provider's count, give or take what refilled
+            # since (2000 a second), from the 3000 it held.
+            assert level(limiter, "fleet") <= remaining + 2000 * (time.monotonic() - started)
     finally:
         provider.close()
 
