@@ -94,7 +94,10 @@ impl Service {
         let slot = match snapshot.planner.slots(limit) {
             Some(spec) => {
                 let waiters = &snapshot.waiters[&limit.name];
-                match self.take_slot(spec, checked.max_wait_ms, waiters, &cancel).await {
+                match self
+                    .take_slot(spec, checked.max_wait_ms, waiters, &cancel)
+                    .await
+                {
                     Ok(SlotWait::Taken(slot, waited)) => {
                         slot_wait = waited;
                         Some(slot)
@@ -134,6 +137,8 @@ impl Service {
             }
         };
         let started = Instant::now();
+        let due = started + Duration::from_millis(wait_ms);
+        Self::note_reservation(&snapshot, limit, (input, output), plan.tokens, due);
         // Counted until the reservation is granted or given back, so that
         // status never shows a waiter gone while its tokens are still out.
         let _waiter = (wait_ms > 0).then(|| Waiter::enter(&snapshot.waiters[&limit.name]));
@@ -145,14 +150,7 @@ impl Service {
             return Err(self.cancelled_while_waiting());
         }
         let tokens = plan.tokens;
-        let lease = self.grant(
-            &snapshot,
-            connection,
-            limit,
-            (input, output),
-            (plan, origin),
-            slot,
-        );
+        let lease = self.grant(connection, limit, (plan, origin), slot);
         Ok(Response::Granted {
             lease,
             tokens,
@@ -160,22 +158,32 @@ impl Service {
         })
     }
 
-    /// Notes a grant for provider feedback and opens its lease.
-    fn grant(
-        &self,
+    /// Notes a reservation for provider feedback: a call the provider will
+    /// see from `due` on.
+    fn note_reservation(
         snapshot: &Snapshot,
-        connection: ConnectionId,
         limit: &LimitConfig,
         (input, output): (u64, u64),
+        tokens: u64,
+        due: Instant,
+    ) {
+        let granted = Granted {
+            requests: 1,
+            tokens,
+            input_tokens: input,
+            output_tokens: output,
+        };
+        snapshot.grants[&limit.name].note(granted, due);
+    }
+
+    /// Opens a grant's lease.
+    fn grant(
+        &self,
+        connection: ConnectionId,
+        limit: &LimitConfig,
         (plan, origin): (AcquirePlan, Origin),
         slot: Option<SlotGuard>,
     ) -> u64 {
-        snapshot.grants[&limit.name].note(Granted {
-            requests: 1,
-            tokens: plan.tokens,
-            input_tokens: input,
-            output_tokens: output,
-        });
         self.leases.insert(Lease {
             owner: connection,
             origin,
@@ -304,14 +312,9 @@ impl Service {
         };
         tracing::debug!(limit = limit.name.as_str(), decision, "shadow decision");
         self.count_shadow(snapshot, limit, decision);
-        let lease = self.grant(
-            snapshot,
-            connection,
-            limit,
-            (input, output),
-            (plan, origin),
-            slot,
-        );
+        // The call goes to the provider now, whatever the buckets said.
+        Self::note_reservation(snapshot, limit, (input, output), tokens, Instant::now());
+        let lease = self.grant(connection, limit, (plan, origin), slot);
         Ok(Response::Granted {
             lease,
             tokens,

@@ -1,8 +1,10 @@
 //! `Feedback`: what the provider answered a call, applied to the shared
 //! buckets. A 429 pauses the limit for every worker until its
 //! `retry-after`; a `remaining` header lowers the matching bucket to the
-//! provider's view, less what this daemon granted since the answered call
-//! (requests the provider had not seen yet). Buckets are never raised.
+//! provider's view, less what this daemon reserved to be due since the
+//! answered call (requests the provider had not seen yet, including those
+//! still waiting for their reservation to come due). Buckets are never
+//! raised.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,20 +20,28 @@ pub const MAX_HEADERS: usize = 64;
 /// Longest header name or value, in bytes.
 pub const MAX_HEADER_LEN: usize = 256;
 
-/// The grants of one limit over the last [`WINDOW`], in slots of [`SLOT`].
+/// The reservations of one limit by the time they come due, over the last
+/// [`WINDOW`] and the next [`AHEAD`], in slots of [`SLOT`].
+///
+/// A reservation counts from the moment the buckets make it, filed under
+/// its due time: one still waiting has left the buckets already and will
+/// reach the provider after any call answered now, so feedback must count
+/// it as unseen (forgetting it let a correction hand its tokens out twice).
 pub(super) struct RecentGrants {
     slots: Mutex<Slots>,
 }
 
-/// How far back grants are remembered.
+/// How far back reservations are remembered.
 const WINDOW: Duration = Duration::from_secs(10);
+/// How far ahead due times are told apart; later ones count as due then.
+const AHEAD: Duration = Duration::from_secs(10);
 /// The resolution of that memory.
 const SLOT: Duration = Duration::from_millis(100);
-const SLOTS: usize = (WINDOW.as_millis() / SLOT.as_millis()) as usize;
+const SLOTS: usize = ((WINDOW.as_millis() + AHEAD.as_millis()) / SLOT.as_millis()) as usize;
 
 struct Slots {
     start: Instant,
-    /// Per slot: its number since `start`, and the grants in it.
+    /// Per slot: its number since `start`, and the reservations due in it.
     counts: [(u64, Granted); SLOTS],
 }
 
@@ -73,10 +83,10 @@ impl RecentGrants {
         }
     }
 
-    /// Notes a grant made now.
-    pub(super) fn note(&self, granted: Granted) {
+    /// Notes a reservation made now that comes due at `due`.
+    pub(super) fn note(&self, granted: Granted, due: Instant) {
         let mut slots = self.lock();
-        let slot = slots.slot_of(Instant::now());
+        let slot = slots.slot_of(due.min(Instant::now() + AHEAD));
         let entry = &mut slots.counts[(slot % SLOTS as u64) as usize];
         if entry.0 != slot {
             *entry = (slot, Granted::default());
@@ -84,15 +94,16 @@ impl RecentGrants {
         entry.1.add(granted);
     }
 
-    /// The grants of the last `since` (at most the window), slot-rounded up.
+    /// The reservations due from `since` ago (at most the window, slot-
+    /// rounded up) on, including those not due yet.
     pub(super) fn since(&self, since: Duration) -> Granted {
         let slots = self.lock();
-        let now = slots.slot_of(Instant::now());
-        let span = (since.min(WINDOW).as_millis() / SLOT.as_millis()) as u64 + 1;
-        let first = now.saturating_sub(span - 1);
+        let now = Instant::now();
+        let from = now.checked_sub(since.min(WINDOW)).unwrap_or(slots.start);
+        let (first, last) = (slots.slot_of(from), slots.slot_of(now + AHEAD));
         let mut total = Granted::default();
         for (slot, granted) in &slots.counts {
-            if (first..=now).contains(slot) {
+            if (first..=last).contains(slot) {
                 total.add(*granted);
             }
         }
@@ -192,6 +203,16 @@ impl Service {
             if paused.is_some() {
                 paused_any = true;
             }
+            tracing::debug!(
+                limit = limit.name.as_str(),
+                bucket = role.name(),
+                status = feedback.status,
+                remaining = reported,
+                unseen = unseen.of(dimension),
+                since_grant_ms = feedback.since_grant_ms,
+                paused = paused,
+                "provider feedback"
+            );
             if let Some(level) = paused.into_iter().chain(provider).min() {
                 lowerings.push(Lowering {
                     bucket: spec.clone(),
@@ -247,12 +268,16 @@ mod tests {
             input_tokens: 4,
             output_tokens: 6,
         };
-        recent.note(one);
-        recent.note(one);
+        let now = Instant::now();
+        recent.note(one, now);
+        recent.note(one, now);
+        // Still waiting: unseen by the provider whatever the window.
+        recent.note(one, now + Duration::from_secs(2));
+        recent.note(one, now + Duration::from_secs(3600));
         let seen = recent.since(Duration::from_millis(0));
-        assert_eq!(seen.of(Dimension::Requests), 2);
-        assert_eq!(seen.of(Dimension::Tokens), 20);
-        assert_eq!(seen.of(Dimension::OutputTokens), 12);
+        assert_eq!(seen.of(Dimension::Requests), 4);
+        assert_eq!(seen.of(Dimension::Tokens), 40);
+        assert_eq!(seen.of(Dimension::OutputTokens), 24);
         // Longer than the window: still only what was noted.
         assert_eq!(recent.since(Duration::from_secs(3600)), seen);
     }
