@@ -21,7 +21,17 @@
 --        (negative: to take)
 --   "l", n, and n times: key index, capacity, refill rate, a level that the
 --        bucket is lowered to if it is above it (provider feedback; never
---        raises)
+--        raises), then the provider's remaining count and how long ago (ms)
+--        the answered call was reserved, or -1 and -1: see below
+--
+-- Provider feedback across sidecars. A bucket counts in n the units its
+-- acquires ever drew. Once a lowering names a reservation time, the bucket
+-- also keeps a history: for each slot of HISTORY_SLOT ms in which it was
+-- drawn from, n at the slot's first draw (field h<slot mod HISTORY_SLOTS> =
+-- "slot:n"). A later lowering then also lowers it to the provider's count
+-- less everything the fleet drew since the answered call was reserved,
+-- n now - n then: calls the provider had not seen, whichever sidecar
+-- granted them. (A sidecar alone knows only its own.)
 --
 -- Reply, integers only: {{status}, one reply per operation...}
 --   status 1: ran now; 2: ran before, these are its replies; 0: cancelled
@@ -58,11 +68,14 @@ local count = tonumber(ARGV[3])
 -- Each touched bucket: level and time, read once; the net change (units)
 -- of those the batch changed, which are written once at the end.
 local level, updated, capacity, rate, delta = {}, {}, {}, {}, {}
+local drawn, history = {}, {}
+local HISTORY_SLOT, HISTORY_SLOTS = 50, 200
 local function touch(index, capacity_units, units_per_ms)
   capacity[index] = capacity_units
   rate[index] = units_per_ms
   if level[index] == nil then
-    level[index], updated[index] = read_bucket(KEYS[index], capacity_units, units_per_ms, now)
+    level[index], updated[index], drawn[index], history[index] =
+      read_bucket(KEYS[index], capacity_units, units_per_ms, now)
   elseif now > updated[index] then
     level[index] = math.min(capacity_units, level[index] + (now - updated[index]) * units_per_ms)
     updated[index] = now
@@ -121,7 +134,16 @@ for _ = 1, count do
       else
         for draw = 1, n do
           local base = first + 5 * (draw - 1)
-          add(tonumber(ARGV[base]), -tonumber(ARGV[base + 3]))
+          local index = tonumber(ARGV[base])
+          local slot = math.floor(now / HISTORY_SLOT)
+          if history[index] ~= nil and history[index] ~= slot then
+            redis.call('HSET', KEYS[index], 'h' .. (slot % HISTORY_SLOTS),
+              string.format('%d:%d', slot, drawn[index]))
+            history[index] = slot
+          end
+          local cost = tonumber(ARGV[base + 3])
+          drawn[index] = drawn[index] + cost
+          add(index, -cost)
         end
         reply = {1, longest}
       end
@@ -129,12 +151,34 @@ for _ = 1, count do
     at = first + 5 * n
   else
     local n = tonumber(ARGV[at + 1])
+    local stride = 4
+    if kind == 'l' then
+      stride = 6
+    end
     for change = 1, n do
-      local base = at + 2 + 4 * (change - 1)
+      local base = at + 2 + stride * (change - 1)
       local index = tonumber(ARGV[base])
       touch(index, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]))
       local units = tonumber(ARGV[base + 3])
       if kind == 'l' then
+        local reported, since = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
+        if since >= 0 and history[index] == nil then
+          -- Keep a history from now on (written with the bucket).
+          history[index] = -1
+          delta[index] = delta[index] or 0
+        elseif since >= 0 then
+          -- The slot of the reservation, else the one before (the sidecar
+          -- noted it a moment after Redis made it): earlier only counts more.
+          local slot = math.floor((now - since) / HISTORY_SLOT)
+          for back = 0, 1 do
+            local entry = redis.call('HGET', KEYS[index], 'h' .. ((slot - back) % HISTORY_SLOTS))
+            local at_slot, then_drawn = string.match(entry or '', '^(%-?%d+):(%d+)$')
+            if at_slot and tonumber(at_slot) == slot - back then
+              units = math.min(units, reported - (drawn[index] - tonumber(then_drawn)))
+              break
+            end
+          end
+        end
         -- Only ever down, to the level asked for.
         local down = units - level[index]
         if down < 0 then
@@ -149,7 +193,7 @@ for _ = 1, count do
     else
       reply = {2}
     end
-    at = at + 2 + 4 * n
+    at = at + 2 + stride * n
   end
   replies[#replies + 1] = reply
   texts[#texts + 1] = encode(reply)
@@ -157,7 +201,8 @@ end
 
 local changes = {}
 for index, units in pairs(delta) do
-  write_bucket(KEYS[index], level[index], updated[index], capacity[index], rate[index])
+  write_bucket(KEYS[index], level[index], updated[index], capacity[index], rate[index],
+    drawn[index], history[index])
   if units ~= 0 then
     changes[#changes + 1] = index .. ':' .. string.format('%d', units)
   end

@@ -25,26 +25,37 @@ end
 -- The bucket's level at `now`, refilled and capped, and the time it holds
 -- for. A missing key is a full bucket; a clock that stepped back refills
 -- nothing.
+--
+-- Also returns what batch.lua keeps beside the level for provider feedback:
+-- n, the units ever drawn by acquires while the bucket was not full, and hs,
+-- the last slot of its draw history (nil while it keeps none).
 local function read_bucket(key, capacity, rate, now)
-  local state = redis.call('HMGET', key, 'l', 't')
+  local state = redis.call('HMGET', key, 'l', 't', 'n', 'hs')
   if not state[1] then
-    return capacity, now
+    return capacity, now, 0, nil
   end
   local level, updated = tonumber(state[1]), tonumber(state[2])
   if now > updated then
     level = math.min(capacity, level + (now - updated) * rate)
     updated = now
   end
-  return level, updated
+  return level, updated, tonumber(state[3]) or 0, tonumber(state[4])
 end
 
 -- Stores a level. The key expires when the bucket would be full again, and
 -- a full bucket is deleted: then it carries no information.
-local function write_bucket(key, level, updated, capacity, rate)
+-- `drawn` and `history` (batch.lua's n and hs) are written when given.
+local function write_bucket(key, level, updated, capacity, rate, drawn, history)
   if level >= capacity then
     redis.call('DEL', key)
     return
   end
   redis.call('HSET', key, 'l', string.format('%d', level), 't', string.format('%d', updated))
+  if drawn then
+    redis.call('HSET', key, 'n', string.format('%d', drawn))
+  end
+  if history then
+    redis.call('HSET', key, 'hs', string.format('%d', history))
+  end
   redis.call('PEXPIRE', key, string.format('%d', ceil_div(capacity - level, rate)))
 end

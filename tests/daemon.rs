@@ -492,7 +492,8 @@ async fn a_requests_only_limit_with_a_second_and_a_day_window() {
     // the seventh is due 400 ms after the bucket emptied.
     for _ in 0..2 {
         let (_, _, waited) = granted(&client.call(acquire("rps", 1, 1_000)).await.unwrap());
-        assert!(waited <= 201, "{waited}");
+        // About 200 ms, more on a busy machine; never the day's refill.
+        assert!((190..1_000).contains(&waited), "{waited}");
     }
     assert!(started.elapsed() >= Duration::from_millis(399));
     // The eighth meets the day's end: a day refills 7, one every 3.4 hours.

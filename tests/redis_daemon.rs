@@ -655,3 +655,41 @@ async fn a_reservation_still_waiting_counts_as_unseen_by_the_provider() {
     assert!(after <= -198, "lowered to {after} only");
     waiting.abort();
 }
+
+/// Issue 11: each sidecar subtracted only its own reservations from the
+/// provider's count, so through two sidecars under foreign traffic the
+/// other's calls were handed out again (16 % 429s). The shared bucket now
+/// counts what the whole fleet drew since the answered call.
+#[tokio::test]
+async fn a_correction_subtracts_what_every_sidecar_reserved_since() {
+    let server = RedisServer::start();
+    let first = Daemon::start(&single(&server));
+    let second = Daemon::start(&single(&server));
+    let a = first.client().await;
+    let b = second.client().await;
+    let remaining = |count: &'static str, since_grant_ms: u64| {
+        feedback(
+            "gpt",
+            200,
+            since_grant_ms,
+            &[("x-ratelimit-remaining-tokens", count)],
+        )
+    };
+    // A first count starts the bucket's history of draws.
+    lease_of(a.call(acquire("gpt", 100, 0)).await.unwrap());
+    a.call(remaining("100000", 0)).await.unwrap();
+    // The answered call, then one through the other sidecar.
+    lease_of(a.call(acquire("gpt", 100, 0)).await.unwrap());
+    let answered = Instant::now();
+    lease_of(b.call(acquire("gpt", 300, 0)).await.unwrap());
+    let before = levels(&a, "gpt").await[0].1;
+    assert!((500..=503).contains(&before), "{before}");
+    // The provider has 500 left. Sidecar A alone would subtract what it
+    // reserved since (the answered call: 400); the fleet's count subtracts
+    // the other sidecar's 300 too (the answered call itself counts, as the
+    // history cannot tell it from what came just before it in its slot).
+    let since = answered.elapsed().as_millis() as u64;
+    a.call(remaining("500", since)).await.unwrap();
+    let after = levels(&a, "gpt").await[0].1;
+    assert!((100..=103).contains(&after), "lowered to {after}");
+}

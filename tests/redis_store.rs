@@ -287,7 +287,7 @@ fn lua_batches_and_rust_give_the_same_answers() {
                             batch.push(BatchOp::Acquire { draws, max_wait_ms: *max_wait_ms });
                         }
                         Op::Lower { bucket, level } => {
-                            let lowering = vec![Lowering { bucket: buckets[*bucket].clone(), level: *level }];
+                            let lowering = vec![Lowering { bucket: buckets[*bucket].clone(), level: *level, fleet: None }];
                             embedded.lower(&lowering).await.unwrap();
                             rust.push(format!("{:?}", Ok::<_, ()>(None::<Decision>)));
                             batch.push(BatchOp::Lower(lowering));

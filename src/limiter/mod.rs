@@ -158,6 +158,20 @@ pub struct Lowering {
     pub bucket: BucketSpec,
     /// Tokens (or requests); negative to pause until it refills.
     pub level: i64,
+    /// What the provider counted, for a shared store that can also subtract
+    /// what every sidecar reserved since (`lua/batch.lua`); `level` holds
+    /// only this sidecar's view.
+    pub fleet: Option<FleetView>,
+}
+
+/// The provider's count for a bucket and when the call it answered was
+/// reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetView {
+    /// Tokens (or requests) the provider had left after that call.
+    pub remaining: i64,
+    /// How long ago the answered call's reservation was made.
+    pub reserved_ms_ago: u64,
 }
 
 /// Why a store could not answer.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::{Service, ServiceError};
 use crate::feedback::{self, Dimension};
-use crate::limiter::{BucketRole, Lowering};
+use crate::limiter::{BucketRole, FleetView, Lowering};
 use crate::proto::{Feedback, Response};
 
 /// Most headers one `Feedback` may carry.
@@ -36,13 +36,14 @@ const WINDOW: Duration = Duration::from_secs(10);
 /// How far ahead due times are told apart; later ones count as due then.
 const AHEAD: Duration = Duration::from_secs(10);
 /// The resolution of that memory.
-const SLOT: Duration = Duration::from_millis(100);
+const SLOT: Duration = Duration::from_millis(25);
 const SLOTS: usize = ((WINDOW.as_millis() + AHEAD.as_millis()) / SLOT.as_millis()) as usize;
 
 struct Slots {
     start: Instant,
-    /// Per slot: its number since `start`, and the reservations due in it.
-    counts: [(u64, Granted); SLOTS],
+    /// Per slot: its number since `start`, the reservations due in it, and
+    /// when the earliest of them was made.
+    counts: Box<[(u64, Granted, Instant); SLOTS]>,
 }
 
 /// What some grants reserved in the limit's own buckets.
@@ -78,7 +79,7 @@ impl RecentGrants {
         RecentGrants {
             slots: Mutex::new(Slots {
                 start: Instant::now(),
-                counts: [(u64::MAX, Granted::default()); SLOTS],
+                counts: Box::new([(u64::MAX, Granted::default(), Instant::now()); SLOTS]),
             }),
         }
     }
@@ -86,12 +87,25 @@ impl RecentGrants {
     /// Notes a reservation made now that comes due at `due`.
     pub(super) fn note(&self, granted: Granted, due: Instant) {
         let mut slots = self.lock();
-        let slot = slots.slot_of(due.min(Instant::now() + AHEAD));
+        let now = Instant::now();
+        let slot = slots.slot_of(due.min(now + AHEAD));
         let entry = &mut slots.counts[(slot % SLOTS as u64) as usize];
         if entry.0 != slot {
-            *entry = (slot, Granted::default());
+            *entry = (slot, Granted::default(), now);
         }
         entry.1.add(granted);
+    }
+
+    /// How long ago the earliest reservation due `since` ago was made:
+    /// about when the call answered then was reserved (at most a slot's
+    /// worth of reservations earlier). `None` when none is remembered.
+    pub(super) fn reserved_ago(&self, since: Duration) -> Option<Duration> {
+        let slots = self.lock();
+        let now = Instant::now();
+        let due = now.checked_sub(since).filter(|due| *due >= slots.start)?;
+        let slot = slots.slot_of(due);
+        let (number, _, reserved_at) = slots.counts[(slot % SLOTS as u64) as usize];
+        (number == slot).then(|| now.saturating_duration_since(reserved_at))
     }
 
     /// The reservations due from `since` ago (at most the window, slot-
@@ -102,7 +116,7 @@ impl RecentGrants {
         let from = now.checked_sub(since.min(WINDOW)).unwrap_or(slots.start);
         let (first, last) = (slots.slot_of(from), slots.slot_of(now + AHEAD));
         let mut total = Granted::default();
-        for (slot, granted) in &slots.counts {
+        for (slot, granted, _) in slots.counts.iter() {
             if (first..=last).contains(slot) {
                 total.add(*granted);
             }
@@ -152,8 +166,12 @@ impl Service {
         let snapshot = self.snapshot();
         let limit = snapshot.planner.find_limit(&feedback.limit)?;
         let view = feedback::read(feedback.status, &feedback.headers, SystemTime::now());
-        let unseen =
-            snapshot.grants[&limit.name].since(Duration::from_millis(feedback.since_grant_ms));
+        let recent = &snapshot.grants[&limit.name];
+        let since_grant = Duration::from_millis(feedback.since_grant_ms);
+        let unseen = recent.since(since_grant);
+        let reserved_ms_ago = recent
+            .reserved_ago(since_grant)
+            .map(|ago| ago.as_millis() as u64);
         let mut lowerings: Vec<Lowering> = Vec::new();
         let mut paused_any = false;
         for (role, spec) in snapshot.planner.buckets(limit) {
@@ -214,9 +232,20 @@ impl Service {
                 "provider feedback"
             );
             if let Some(level) = paused.into_iter().chain(provider).min() {
+                // A pause is this sidecar's to set; a count is checked
+                // against the whole fleet's reservations where the store
+                // keeps them.
+                let fleet = reported
+                    .filter(|_| paused.is_none())
+                    .zip(reserved_ms_ago)
+                    .map(|(remaining, reserved_ms_ago)| FleetView {
+                        remaining: remaining.min(i64::MAX as u64) as i64,
+                        reserved_ms_ago,
+                    });
                 lowerings.push(Lowering {
                     bucket: spec.clone(),
                     level,
+                    fleet,
                 });
             }
         }

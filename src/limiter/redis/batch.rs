@@ -138,10 +138,19 @@ impl Call {
                     cmd.arg("l").arg(lowerings.len());
                     for (lowering, index) in lowerings.iter().zip(indices) {
                         let bucket = &lowering.bucket;
+                        let (remaining, reserved_ms_ago) = match lowering.fleet {
+                            Some(fleet) => (
+                                bucket.signed_units(fleet.remaining),
+                                fleet.reserved_ms_ago as i64,
+                            ),
+                            None => (-1, -1),
+                        };
                         cmd.arg(*index)
                             .arg(bucket.capacity_units())
                             .arg(bucket.units_per_ms())
-                            .arg(bucket.signed_units(lowering.level));
+                            .arg(bucket.signed_units(lowering.level))
+                            .arg(remaining)
+                            .arg(reserved_ms_ago);
                     }
                 }
             }
