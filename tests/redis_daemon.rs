@@ -494,7 +494,7 @@ async fn remaining_headers_lower_the_buckets_and_never_raise_them() {
         .call(feedback(
             "gpt",
             200,
-            60_000,
+            5_000,
             &[
                 ("x-ratelimit-remaining-tokens", "500"),
                 ("x-ratelimit-remaining-requests", "90"),
@@ -510,9 +510,11 @@ async fn remaining_headers_lower_the_buckets_and_never_raise_them() {
         }
     );
     let seen = levels(&client, "gpt").await;
-    // 500 - 200 granted lately (both grants fall within since_grant_ms).
-    assert!((300..=303).contains(&seen[0].1), "{seen:?}");
-    assert_eq!(seen[1], ("requests".to_string(), 88));
+    // 500, plus the 5 tokens refilled in the 5 s since the provider
+    // counted, less the 200 granted since (both grants fall within
+    // since_grant_ms).
+    assert!((305..=308).contains(&seen[0].1), "{seen:?}");
+    assert_eq!(seen[1], ("requests".to_string(), 93));
     // A provider count above ours changes nothing.
     client
         .call(feedback(
@@ -525,6 +527,24 @@ async fn remaining_headers_lower_the_buckets_and_never_raise_them() {
         .unwrap();
     let after = levels(&client, "gpt").await;
     assert!(after[0].1 <= seen[0].1 + 3, "{after:?}");
+    // A count older than the ten seconds of reservations remembered cannot
+    // be placed, however low.
+    let stale = client
+        .call(feedback(
+            "gpt",
+            200,
+            60_000,
+            &[("x-ratelimit-remaining-tokens", "0")],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        stale,
+        Response::Noted {
+            paused_ms: 0,
+            lowered: 0
+        }
+    );
 }
 
 fn concurrency_config(server: &RedisServer) -> String {

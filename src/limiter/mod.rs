@@ -168,7 +168,8 @@ pub struct Lowering {
 /// reserved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FleetView {
-    /// Tokens (or requests) the provider had left after that call.
+    /// Tokens (or requests) the provider has left now by its count: what
+    /// it had after that call, and its refill since.
     pub remaining: i64,
     /// How long ago the answered call's reservation was made.
     pub reserved_ms_ago: u64,

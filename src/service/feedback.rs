@@ -200,11 +200,20 @@ impl Service {
                      (provider feedback keeps the bucket down meanwhile)"
                 );
             }
+            // A count older than the memory of reservations cannot be
+            // placed: too much has happened since.
             let reported = view
                 .remaining
                 .iter()
                 .find(|(reported, _)| *reported == dimension)
-                .map(|(_, remaining)| *remaining);
+                .map(|(_, remaining)| *remaining)
+                .filter(|_| since_grant <= WINDOW);
+            // The count was the provider's when the call arrived; it has
+            // refilled since, at most at the configured rate.
+            let now_remaining = reported.map(|count| {
+                let refilled = spec.refilled_in(feedback.since_grant_ms);
+                count.saturating_add(refilled).min(i64::MAX as u64) as i64
+            });
             // A 429 pauses the buckets the provider did not say have room
             // left: they refill to empty only when the pause ends. One with
             // room (the 429 was for another dimension, or for a request
@@ -217,7 +226,7 @@ impl Service {
                     -(refill.min(i64::MAX as u64) as i64)
                 });
             let provider =
-                reported.map(|count| (count as i64).saturating_sub(unseen.of(dimension) as i64));
+                now_remaining.map(|count| count.saturating_sub(unseen.of(dimension) as i64));
             if paused.is_some() {
                 paused_any = true;
             }
@@ -235,11 +244,11 @@ impl Service {
                 // A pause is this sidecar's to set; a count is checked
                 // against the whole fleet's reservations where the store
                 // keeps them.
-                let fleet = reported
+                let fleet = now_remaining
                     .filter(|_| paused.is_none())
                     .zip(reserved_ms_ago)
                     .map(|(remaining, reserved_ms_ago)| FleetView {
-                        remaining: remaining.min(i64::MAX as u64) as i64,
+                        remaining,
                         reserved_ms_ago,
                     });
                 lowerings.push(Lowering {
