@@ -96,19 +96,24 @@ def check_install_line(line: str) -> None:
         assert set(extras) <= declared, f"{requirement}: {name} declares extras {declared}"
 
 
-def example_env(stack: ExampleStack) -> dict:
-    """A user's environment for the examples, pointed at `stack`."""
+def user_env(socket: str, base_url: str, broker_url: str) -> dict:
+    """A user's environment for the examples: this one's, pointed at these."""
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     env.update(
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         NO_PROXY="127.0.0.1,localhost",
-        RATEKEEPER_SOCKET=stack.daemon.socket,
-        OPENAI_BASE_URL=stack.provider.base_url,
+        RATEKEEPER_SOCKET=socket,
+        OPENAI_BASE_URL=base_url,
         OPENAI_API_KEY="sk-fake",
-        CELERY_BROKER_URL=stack.broker.url,
+        CELERY_BROKER_URL=broker_url,
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+def example_env(stack: ExampleStack) -> dict:
+    """A user's environment for the examples, pointed at `stack`."""
+    return user_env(stack.daemon.socket, stack.provider.base_url, stack.broker.url)
 
 
 class ExampleStack:
@@ -203,7 +208,7 @@ class ExampleStack:
 
 
 class Served:
-    """A long-running documented command in a process group of its own."""
+    """A long-running command (run from the repository root) in a process group of its own."""
 
     def __init__(self, command: str, env: dict) -> None:
         self.command = command
