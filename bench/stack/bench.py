@@ -25,17 +25,24 @@ from _stack import StackRun, run, summary  # noqa: E402 (after the path is set)
 
 def print_table(outcomes: list[dict]) -> None:
     """Outcomes written by `--json`, as a Markdown table."""
-    print("| limiter | load | seconds | requests | 429s | 429 rate | tokens utilization | window |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print(
+        "| limiter | load | warm-up + measured | requests | 429s | 429 rate "
+        "| tokens utilization (window) | HTTP 200 / 503 / failed | tasks queued / failed |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for outcome in outcomes:
-        stack = outcome["stack"]
-        window = f"{outcome['window_start']:.1f} to {stack['seconds']:.0f} s"
+        stack, seen = outcome["stack"], outcome["workers"]
+        window = f"{outcome['window_start']:.1f}-{stack['seconds']:.0f} s"
         if not outcome["burst_spent"]:
             window += f", burst not spent ({outcome['level_at_window_start']:.0%} left)"
         print(
-            f"| {stack['limiter']} | {stack['load']:g}x | {stack['seconds']:g} | "
-            f"{outcome['requests']} | {outcome['rate_limited']} | "
-            f"{outcome['rate_limited_fraction']:.2%} | {outcome['utilization']:.2%} | {window} |"
+            f"| {stack['limiter']} | {stack['load']:g}x | "
+            f"{seen['warm_up_s']:.1f} + {stack['seconds']:g} s | {outcome['requests']} | "
+            f"{outcome['rate_limited']} | {outcome['rate_limited_fraction']:.2%} | "
+            f"{outcome['utilization']:.2%} ({window}) | "
+            f"{seen.get('http_200', 0)} / {seen.get('http_503', 0)} / "
+            f"{seen.get('http_errors', 0)} | "
+            f"{seen.get('tasks_queued', 0)} / {seen.get('task_failures', 0)} |"
         )
 
 
