@@ -62,14 +62,15 @@ def test_the_documented_task_runs_through_the_limit(worker):
 def test_a_task_the_limit_cannot_serve_in_time_is_retried_after_retry_after(worker):
     _, stack, served, sender = worker
     seen = retries(served.log(), "RateLimited")
-    # 200 tokens with 80 left at 10 a second: a 12 s wait, past max_wait (10 s),
-    # so the sidecar denies it with retry_after of about 2 s.
-    with stack.drained(leave=80):
+    # 200 tokens with 40 left at 10 a second: a 16 s wait, past max_wait (10 s),
+    # so the sidecar denies it with retry_after of about 6 s (less the time
+    # the task took to reach a child: the margin for a busy machine).
+    with stack.drained(leave=40):
         result = sender.send_task(TASK, args=["Rate limits, shared."])
         served.wait_for_log(r"retry: Retry in \S+: RateLimited", count=seen + 1, timeout=30)
     assert result.get(timeout=RESULT_TIMEOUT) == "fake reply"
     delays = re.findall(r"retry: Retry in (\S+?)s?: RateLimited", served.log())
-    assert 0 < float(delays[-1]) <= 3, delays
+    assert 0 < float(delays[-1]) <= 6.5, delays
 
 
 def test_a_task_is_retried_while_redis_is_down_behind_the_sidecar(worker):
