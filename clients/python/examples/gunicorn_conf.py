@@ -1,19 +1,14 @@
-"""Gunicorn settings for gunicorn_app.py: one fresh sidecar connection per worker.
+"""Gunicorn settings for gunicorn_app.py: the app preloaded, one named sidecar client per worker.
 
-The ratekeeper client reconnects by itself after fork, so this hook is only
-needed to make the reconnect explicit (e.g. to name each worker in the
-sidecar's logs).
+Gunicorn reads this file before `--chdir` applies, so nothing here imports
+the app at load time; `post_fork` runs in each worker, after the app was
+loaded from the `--chdir` directory.
 """
 
-import gunicorn_app
-
-import ratekeeper
-
-workers = 4
 preload_app = True
 
 
 def post_fork(server, worker):
-    gunicorn_app.limiter = ratekeeper.Client(
-        name=f"gunicorn-worker pid={worker.pid}", on_unavailable="allow"
-    )
+    import gunicorn_app
+
+    gunicorn_app.connect(name=f"gunicorn-worker pid={worker.pid}")

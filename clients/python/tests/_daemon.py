@@ -3,7 +3,8 @@
 `Daemon` runs `ratekeeper serve` on a socket in a fresh temporary directory,
 waits until it answers, and can be killed, stopped and started again on the
 same socket. `RedisServer` runs `redis-server` on a free port without
-persistence. Both print their log when asked, for failing tests.
+persistence, and can be killed and started again on that port. Both print
+their log when asked, for failing tests.
 """
 
 from __future__ import annotations
@@ -149,6 +150,10 @@ class RedisServer:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rk-redis-"))
         self.port = free_port()
+        self.start()
+
+    def start(self) -> None:
+        """Starts the server on its port (again, empty, after `stop`)."""
         self.process = subprocess.Popen(
             [
                 "redis-server",
@@ -185,8 +190,12 @@ class RedisServer:
         except OSError:
             return False
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """SIGKILL, as a crash; `start` brings it back on the same port."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
+
+    def close(self) -> None:
+        self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
