@@ -48,6 +48,10 @@ REPLACEMENTS = (
         "from collections.abc import Iterable, Iterator",
     ),
     (r"^( *)from \._async import ", r"\1from ._sync import "),
+    (
+        r"^(from \._openai_async import .*)\n(from \._openai_core import .*)$",
+        r"\2\n\1",
+    ),
     # Syntax.
     (r"\basync def ", "def "),
     (r"\basync with ", "with "),
@@ -63,6 +67,7 @@ REPLACEMENTS = (
     (r"\bAsyncIterator\b", "Iterator"),
     # Our modules and classes.
     (r"\b_io_async\b", "_io_sync"),
+    (r"\b_openai_async\b", "_openai_sync"),
     (r"\bAsyncClient\b", "Client"),
     (r"\bAsyncLease\b", "Lease"),
     (r"\bAsyncCompletions\b", "Completions"),

@@ -18,8 +18,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import _anthropic_core as core
-from ._errors import ErrorCode, RatekeeperError
+from ._errors import RatekeeperError
 from ._io_async import sleep
+from ._openai_async import forward_feedback, settle_failed
 from ._openai_core import FeedbackSampler, retry_delay
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class AsyncMessages:
                 result = await call()
             except BaseException as error:
                 outcome = core.failure(error)
-                await _settle_failed(lease, outcome)
+                await settle_failed(lease, outcome)
                 if outcome != "retry":
                     raise
                 headers = core.error_headers(error)
@@ -114,27 +115,7 @@ class AsyncMessages:
     async def _forward(self, lease: AsyncLease, status: int, headers: Any) -> bool:
         """Forwards an answer's rate-limit headers (callers pass every 429 and 529,
         and a sample of the others); True if the sidecar paused the limit."""
-        if headers is None or not self._sampler.enabled or lease.unlimited:
-            return False
-        try:
-            noted = await lease.feedback(status, headers)
-        except RatekeeperError as error:
-            if error.code == ErrorCode.UNSUPPORTED:  # a daemon from before feedback
-                self._sampler.disable()
-            core.log.info("could not forward the provider's headers: %s", error)
-            return False
-        return noted is not None and noted.paused_ms > 0
-
-
-async def _settle_failed(lease: AsyncLease, outcome: str) -> None:
-    """Keeps the reservation (settled as fully used) or releases it, as `failure` said."""
-    try:
-        if outcome == "keep":
-            await lease.settle_as_reserved()
-        else:
-            await lease.release()
-    except RatekeeperError as error:
-        core.log.warning("could not settle lease %s: %s", lease.lease_id, error)
+        return await forward_feedback(self._sampler, lease, status, headers)
 
 
 async def _report(lease: AsyncLease, counts: Any) -> None:

@@ -20,9 +20,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import _anthropic_core as core
-from ._errors import ErrorCode, RatekeeperError
+from ._errors import RatekeeperError
 from ._io_sync import sleep
 from ._openai_core import FeedbackSampler, retry_delay
+from ._openai_sync import forward_feedback, settle_failed
 
 if TYPE_CHECKING:
     from ._sync import Client, Lease
@@ -66,7 +67,7 @@ class Messages:
                 result = call()
             except BaseException as error:
                 outcome = core.failure(error)
-                _settle_failed(lease, outcome)
+                settle_failed(lease, outcome)
                 if outcome != "retry":
                     raise
                 headers = core.error_headers(error)
@@ -116,27 +117,7 @@ class Messages:
     def _forward(self, lease: Lease, status: int, headers: Any) -> bool:
         """Forwards an answer's rate-limit headers (callers pass every 429 and 529,
         and a sample of the others); True if the sidecar paused the limit."""
-        if headers is None or not self._sampler.enabled or lease.unlimited:
-            return False
-        try:
-            noted = lease.feedback(status, headers)
-        except RatekeeperError as error:
-            if error.code == ErrorCode.UNSUPPORTED:  # a daemon from before feedback
-                self._sampler.disable()
-            core.log.info("could not forward the provider's headers: %s", error)
-            return False
-        return noted is not None and noted.paused_ms > 0
-
-
-def _settle_failed(lease: Lease, outcome: str) -> None:
-    """Keeps the reservation (settled as fully used) or releases it, as `failure` said."""
-    try:
-        if outcome == "keep":
-            lease.settle_as_reserved()
-        else:
-            lease.release()
-    except RatekeeperError as error:
-        core.log.warning("could not settle lease %s: %s", lease.lease_id, error)
+        return forward_feedback(self._sampler, lease, status, headers)
 
 
 def _report(lease: Lease, counts: Any) -> None:

@@ -66,7 +66,7 @@ class AsyncCompletions:
                 result, headers = await self._call(kwargs)
             except BaseException as error:
                 outcome = core.failure(error)
-                await _settle_failed(lease, outcome)
+                await settle_failed(lease, outcome)
                 if outcome != "retry":
                     raise
                 headers = getattr(getattr(error, "response", None), "headers", None)
@@ -98,19 +98,27 @@ class AsyncCompletions:
 
     async def _forward(self, lease: AsyncLease, status: int, headers: Any) -> bool:
         """Forwards an answer's rate-limit headers; True if the sidecar paused the limit."""
-        if headers is None or not self._sampler.enabled or lease.unlimited:
-            return False
-        try:
-            noted = await lease.feedback(status, headers)
-        except RatekeeperError as error:
-            if error.code == ErrorCode.UNSUPPORTED:  # a daemon from before feedback
-                self._sampler.disable()
-            core.log.info("could not forward the provider's headers: %s", error)
-            return False
-        return noted is not None and noted.paused_ms > 0
+        return await forward_feedback(self._sampler, lease, status, headers)
 
 
-async def _settle_failed(lease: AsyncLease, outcome: str) -> None:
+async def forward_feedback(
+    sampler: core.FeedbackSampler, lease: AsyncLease, status: int, headers: Any
+) -> bool:
+    """Forwards an answer's rate-limit headers through `lease` (every wrapper's rule);
+    True if the sidecar paused the limit."""
+    if headers is None or not sampler.enabled or lease.unlimited:
+        return False
+    try:
+        noted = await lease.feedback(status, headers)
+    except RatekeeperError as error:
+        if error.code == ErrorCode.UNSUPPORTED:  # a daemon from before feedback
+            sampler.disable()
+        core.log.info("could not forward the provider's headers: %s", error)
+        return False
+    return noted is not None and noted.paused_ms > 0
+
+
+async def settle_failed(lease: AsyncLease, outcome: str) -> None:
     """Keeps the reservation (settled as fully used) or releases it, as `failure` said."""
     try:
         if outcome == "keep":

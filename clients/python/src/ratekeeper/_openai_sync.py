@@ -8,9 +8,9 @@ to the sidecar (every 429, a sample of the other answers); a provider 429
 releases the lease, waits as the headers say and tries again.
 `LimitedStream` reports when its stream ends.
 
-The wrapper's halves are written for asyncio, in `_openai_async.py`;
+The wrapper's halves are written for asyncio, in `_openai_sync.py`;
 `scripts/unasync.py` generates the blocking `_openai_sync.py` from it (see
-`_async.py`). Edit `_openai_async.py`, then run `python scripts/unasync.py` in
+`_async.py`). Edit `_openai_sync.py`, then run `python scripts/unasync.py` in
 clients/python; a test fails while `_openai_sync.py` is stale.
 """
 
@@ -68,7 +68,7 @@ class Completions:
                 result, headers = self._call(kwargs)
             except BaseException as error:
                 outcome = core.failure(error)
-                _settle_failed(lease, outcome)
+                settle_failed(lease, outcome)
                 if outcome != "retry":
                     raise
                 headers = getattr(getattr(error, "response", None), "headers", None)
@@ -100,19 +100,27 @@ class Completions:
 
     def _forward(self, lease: Lease, status: int, headers: Any) -> bool:
         """Forwards an answer's rate-limit headers; True if the sidecar paused the limit."""
-        if headers is None or not self._sampler.enabled or lease.unlimited:
-            return False
-        try:
-            noted = lease.feedback(status, headers)
-        except RatekeeperError as error:
-            if error.code == ErrorCode.UNSUPPORTED:  # a daemon from before feedback
-                self._sampler.disable()
-            core.log.info("could not forward the provider's headers: %s", error)
-            return False
-        return noted is not None and noted.paused_ms > 0
+        return forward_feedback(self._sampler, lease, status, headers)
 
 
-def _settle_failed(lease: Lease, outcome: str) -> None:
+def forward_feedback(
+    sampler: core.FeedbackSampler, lease: Lease, status: int, headers: Any
+) -> bool:
+    """Forwards an answer's rate-limit headers through `lease` (every wrapper's rule);
+    True if the sidecar paused the limit."""
+    if headers is None or not sampler.enabled or lease.unlimited:
+        return False
+    try:
+        noted = lease.feedback(status, headers)
+    except RatekeeperError as error:
+        if error.code == ErrorCode.UNSUPPORTED:  # a daemon from before feedback
+            sampler.disable()
+        core.log.info("could not forward the provider's headers: %s", error)
+        return False
+    return noted is not None and noted.paused_ms > 0
+
+
+def settle_failed(lease: Lease, outcome: str) -> None:
     """Keeps the reservation (settled as fully used) or releases it, as `failure` said."""
     try:
         if outcome == "keep":
