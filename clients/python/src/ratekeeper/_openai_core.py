@@ -15,6 +15,7 @@ import math
 import random
 import re
 import time
+import warnings
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -177,3 +178,25 @@ def estimate_prompt_tokens(messages: Iterable[MessageLike], tools: Any = None) -
     if tools_json:
         total += math.ceil(len(tools_json) / 4)
     return total
+
+
+#: Parts of the OpenAI client that spend tokens but pass through the wrapper
+#: unlimited: reaching one warns (once per wrapped client and name).
+UNLIMITED_SPENDERS = frozenset(
+    {"responses", "embeddings", "completions", "images", "audio", "beta", "batches", "realtime"}
+)
+#: The same for `chat.completions`: calls the wrapper does not limit.
+UNLIMITED_CHAT_CALLS = frozenset({"with_raw_response", "with_streaming_response"})
+
+
+def warn_unlimited(seen: set, path: str) -> None:
+    """Warns, once per `seen` set, that `path` of a wrapped client is not limited."""
+    if path in seen:
+        return
+    seen.add(path)
+    warnings.warn(
+        f"ratekeeper: {path} of a wrapped OpenAI client is not rate-limited; "
+        "acquire and report around these calls yourself (see ratekeeper.Client.acquire)",
+        RuntimeWarning,
+        stacklevel=3,
+    )

@@ -36,6 +36,8 @@ class Completions:
         self._sampler = core.FeedbackSampler(wrapped.settings.feedback_interval)
 
     def __getattr__(self, name: str) -> Any:
+        if name in core.UNLIMITED_CHAT_CALLS:
+            core.warn_unlimited(self._wrapped.warned, f"chat.completions.{name}")
         return getattr(self._wrapped._client.chat.completions, name)
 
     def _acquire(self, kwargs: dict) -> Lease:

@@ -22,7 +22,9 @@ the caller, who can answer 503 with its `retry_after`.
 
 Works with `openai.OpenAI` and `openai.AsyncOpenAI` (with `ratekeeper.Client`
 and `ratekeeper.AsyncClient` respectively); everything other than
-`chat.completions.create` passes through to the wrapped client. The wrapped
+`chat.completions.create` passes through to the wrapped client, and the
+parts that spend tokens unlimited (`responses`, `embeddings`, legacy
+`completions`, `chat.completions.with_raw_response`, ...) warn once. The wrapped
 client's own retries are turned off (`max_retries=0`) for these calls, so that
 429s are not retried behind the limiter's back; other errors propagate.
 
@@ -37,12 +39,17 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from ._async import AsyncClient
 from ._openai_async import AsyncCompletions
 from ._openai_core import FALLBACK_MAX_TOKENS as FALLBACK_MAX_TOKENS
-from ._openai_core import estimate_prompt_tokens, retry_delay
+from ._openai_core import (
+    UNLIMITED_SPENDERS,
+    estimate_prompt_tokens,
+    retry_delay,
+    warn_unlimited,
+)
 from ._openai_sync import Completions
 from ._sync import Client
 
@@ -73,26 +80,34 @@ class LimitOptions:
     estimate: Callable[..., int] = estimate_prompt_tokens
 
 
+OpenAIClient = TypeVar("OpenAIClient")
+
+
 def wrap(
-    client: Any,
+    client: OpenAIClient,
     limiter: Union[Client, AsyncClient],
     limit: str,
     **options: Any,
-) -> Any:
+) -> OpenAIClient:
     """An OpenAI client whose chat completions are limited by `limiter` on `limit`.
 
     `options` are the fields of `LimitOptions`: `tenant`, `priority`,
     `max_wait`, `default_max_tokens`, `max_retries`, `max_retry_wait`,
-    `feedback_interval`.
+    `feedback_interval`. The result keeps the client's type for editors and
+    type checkers. Token-spending parts the wrapper does not limit
+    (`responses`, `embeddings`, `chat.completions.with_raw_response`, ...)
+    pass through with a `RuntimeWarning` the first time each is reached.
     """
     settings = LimitOptions(limit=limit, **options)
-    is_async = inspect.iscoroutinefunction(inspect.unwrap(client.chat.completions.create))
+    is_async = inspect.iscoroutinefunction(
+        inspect.unwrap(client.chat.completions.create)  # type: ignore[attr-defined]
+    )
     if is_async != isinstance(limiter, AsyncClient):
         raise TypeError(
             "wrap an openai.AsyncOpenAI with a ratekeeper.AsyncClient, "
             "and an openai.OpenAI with a ratekeeper.Client"
         )
-    return _Wrapped(client, limiter, settings, is_async)
+    return cast(OpenAIClient, _Wrapped(client, limiter, settings, is_async))
 
 
 class _Wrapped:
@@ -104,9 +119,13 @@ class _Wrapped:
         self._raw = with_options(max_retries=0) if callable(with_options) else client
         self.limiter = limiter
         self.settings = settings
+        #: The unlimited parts already warned about.
+        self.warned: set = set()
         self.chat = _Chat(self, is_async)
 
     def __getattr__(self, name: str) -> Any:
+        if name in UNLIMITED_SPENDERS:
+            warn_unlimited(self.warned, name)
         return getattr(self._client, name)
 
 
