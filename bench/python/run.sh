@@ -34,6 +34,7 @@ fi
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
 start_redis_and_sidecar "$BIN"
+REDIS_PID="${PIDS[0]}" DAEMON_PID="${PIDS[1]}"  # in lib.sh's start order
 
 echo "$(nproc) cores; $(redis-server --version | cut -d' ' -f1-3); $("$VENV/bin/python" --version)"
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)${BASELINE:+; baseline client: $BASELINE}"

@@ -8,6 +8,7 @@ below are the spec's tables in tag order, so a wrong tag fails here too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 
 from ratekeeper import _protocol as p
 from ratekeeper._errors import FrameTooLarge, MalformedMessage
+from ratekeeper._requests import Settlement
 
 VECTORS = Path(__file__).resolve().parents[3] / "proto-spec" / "vectors"
 
@@ -232,6 +234,47 @@ def test_encode_request_gives_the_vector_bytes(frame_type, case):
             request.max_wait_ms,
         )
         assert packed.hex() == case["hex"]
+
+
+@pytest.mark.parametrize(("frame_type", "case"), CLIENT_VALID)
+def test_a_settlement_packs_the_vector_bytes(frame_type, case):
+    frame = struct_from_serde(p.ClientFrame, case["value"])
+    request = frame.request
+    if isinstance(request, p.Report):
+        settlement = Settlement(request.lease, request.input_tokens, request.output_tokens, False)
+    elif isinstance(request, p.Release):
+        settlement = Settlement(request.lease, 0, 0, True)
+    else:
+        return
+    assert settlement.message() == request
+    assert settlement.frame(frame.request_id, p.MAX_FRAME_LEN).hex() == case["hex"]
+
+
+@pytest.mark.parametrize(
+    ("settlement", "error"),
+    [
+        (Settlement(-1, 0, 0, False), ValueError),
+        (Settlement(1, 2**64, 0, False), ValueError),
+        (Settlement(1, 0, 1.5, False), TypeError),
+        (Settlement(2**64, 0, 0, True), ValueError),
+    ],
+)
+def test_a_settlement_refuses_what_the_codec_refuses(settlement, error):
+    with pytest.raises(error):
+        settlement.frame(1, p.MAX_FRAME_LEN)
+
+
+@pytest.mark.parametrize(("frame_type", "case"), SERVER_VALID)
+def test_a_fixed_answer_is_a_frozen_instance_of_its_message_type(frame_type, case):
+    decoder = p.FrameDecoder()
+    decoder.receive_data(bytes.fromhex(case["hex"]))
+    _, response = decoder.next_answer()
+    expected = p.decode_frame(bytes.fromhex(case["hex"])).response
+    assert type(response) is type(expected)
+    assert (response, repr(response), hash(response)) == (expected, repr(expected), hash(expected))
+    if dataclasses.fields(response):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(response, dataclasses.fields(response)[0].name, 0)
 
 
 def test_every_token_acquire_vector_is_held_against_the_packed_layout():

@@ -104,11 +104,12 @@ class AsyncLease:
         reservation and the overrun was debited), or None when nothing was sent.
         """
         counts = core.report_counts(used, input_tokens, output_tokens)
-        return await self._settle(p.Report(self.lease_id or 0, *counts), p.Settled)
+        settlement = req.Settlement(self.lease_id or 0, counts[0], counts[1], False)
+        return await self._settle(settlement, p.Settled)
 
     async def release(self) -> Optional[int]:
         """Gives the whole reservation back: the provider was never called."""
-        return await self._settle(p.Release(self.lease_id or 0), p.Released)
+        return await self._settle(req.Settlement(self.lease_id or 0, 0, 0, True), p.Released)
 
     async def settle_as_reserved(self) -> Optional[int]:
         """Reports exactly what was reserved: keeps the reservation, closes the lease."""
@@ -132,7 +133,7 @@ class AsyncLease:
         since_grant = time.monotonic() - self._granted_at
         return await self._client.feedback(self.limit, status, headers, since_grant=since_grant)
 
-    async def _settle(self, request: p.Request, kind: type) -> Optional[int]:
+    async def _settle(self, request: req.Settlement, kind: type) -> Optional[int]:
         if self.unlimited:
             self.settled = True
             return None
@@ -297,7 +298,7 @@ class AsyncClient:
 
         future.add_done_callback(release_late_grant)
 
-    async def _request_on(self, conn: Connection, request: p.Request) -> p.Response:
+    async def _request_on(self, conn: Connection, request: core.AnyRequest) -> p.Response:
         """One request on a given connection (a lease's), without reconnecting."""
         deadline = core.Deadline(self.timeout)
         request_id, future = await conn.submit(request, deadline)

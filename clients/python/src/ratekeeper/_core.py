@@ -27,7 +27,7 @@ from ._errors import (
     UnsupportedVersion,
     closes_connection,
 )
-from ._requests import AcquireRequest, AnyRequest, token_count
+from ._requests import AcquireRequest, AnyRequest, Settlement, token_count
 from ._requests import MessageLike as MessageLike  # for the clients' signatures
 
 log = logging.getLogger("ratekeeper")
@@ -139,7 +139,8 @@ class Session:
     def request_frame(self, request: AnyRequest) -> tuple[int, bytes]:
         """Allocates an id for `request` and encodes it within the daemon's bound."""
         self._last_id = request_id = self._last_id % 18446744073709551615 + 1  # next_id
-        if type(request) is AcquireRequest:
+        kind = type(request)
+        if kind is AcquireRequest or kind is Settlement:  # packed without a message
             return request_id, request.frame(request_id, self.max_frame_len)
         return request_id, p.encode_request(request_id, request, self.max_frame_len)
 
@@ -172,9 +173,9 @@ class ConnectionLost(SidecarUnavailable):
     """The connection broke under a request; the call may retry on a new one."""
 
 
-def counts_in_flight(request: AnyRequest) -> bool:
-    """`Ping` and `Cancel` are answered at once and never count (PROTOCOL.md §5.2)."""
-    return not isinstance(request, (p.Ping, p.Cancel))
+#: The requests answered at once, which never count against the daemon's
+#: in-flight bound (PROTOCOL.md §5.2): `type(request) not in NOT_COUNTED`.
+NOT_COUNTED = frozenset((p.Ping, p.Cancel))
 
 
 class Deadline:
@@ -261,6 +262,8 @@ def report_counts(
     A single total is sent as input tokens: limits that share one token bucket
     only look at the sum.
     """
+    if type(used) is int and used >= 0 and input_tokens is None and output_tokens is None:
+        return used, 0  # the usual: report(total)
     if used is not None:
         if input_tokens is not None or output_tokens is not None:
             raise ValueError("give either used or input_tokens/output_tokens, not both")

@@ -23,7 +23,6 @@ from typing import Callable, Optional
 
 from . import _core as core
 from . import _protocol as p
-from . import _requests as req
 from ._core import ConnectionLost
 
 log = logging.getLogger("ratekeeper")
@@ -184,7 +183,7 @@ class Connection:
         A task waits for one of the daemon's in-flight slots as long as it takes
         (`deadline` is not applied here: the wait for the answer bounds the call).
         """
-        counted = type(request) is req.AcquireRequest or core.counts_in_flight(request)
+        counted = type(request) not in core.NOT_COUNTED
         if counted:
             while self._in_flight >= self.session.max_in_flight and self._closed is None:
                 room = self.loop.create_future()

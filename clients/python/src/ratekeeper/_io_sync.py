@@ -35,7 +35,6 @@ from typing import Callable, Optional
 
 from . import _core as core
 from . import _protocol as p
-from . import _requests as req
 from ._core import ConnectionLost
 from ._errors import RatekeeperError, TooManyInFlight
 
@@ -187,7 +186,7 @@ class Connection:
         Waits until `deadline` for one of the daemon's in-flight slots, then
         raises `TooManyInFlight`.
         """
-        counted = type(request) is req.AcquireRequest or core.counts_in_flight(request)
+        counted = type(request) not in core.NOT_COUNTED
         future = Future(self._state, counted)
         with self._state:
             if self._closed is not None:
@@ -262,7 +261,9 @@ class Connection:
                     wake.clear()
             if not future._done and deadline.expired:
                 raise Timeout
-        return future.result()
+        if future._error is not None:
+            raise future._error
+        return future._result  # type: ignore[return-value]  # `future.result()`
 
     def _read_until(self, future: Future, deadline: core.Deadline) -> None:
         """Reads and delivers answers until `future` has its own, or the deadline passed.

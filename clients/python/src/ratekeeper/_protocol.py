@@ -384,6 +384,8 @@ class FrameDecoder:
 
     def get_buffer(self) -> memoryview:
         """The free end of the buffer, to receive into; then call `buffer_updated`."""
+        if self._end == 0 and len(self._buffer) == BUFFER_SIZE:
+            return self._view  # empty, as between round trips: all of it
         free = len(self._buffer) - self._end
         if free < MIN_FREE or (self._end == 0 and free > BUFFER_SIZE):
             self._reserve(MIN_FREE)
@@ -416,10 +418,10 @@ class FrameDecoder:
         buffer = self._buffer
         fixed = FIXED_ANSWERS.get((self._stop - at, buffer[at + 8]))
         if fixed is not None:  # Granted, Settled, ...: integers only, one `unpack` each
-            layout, tag, cls = fixed
+            layout, tag, make = fixed
             values = layout.unpack_from(buffer, at)
             if values[1] == tag:
-                return values[0], cls(*values[2:])
+                return values[0], make(values)
         frame = decode_payload(bytes(self._view[at : self._stop]), ServerFrame)
         return frame.request_id, frame.response
 

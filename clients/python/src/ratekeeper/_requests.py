@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
@@ -307,8 +308,66 @@ def build_acquire(
     return AcquireRequest(limit, counts[0], counts[1], None, tenant, priority, max_wait_ms)
 
 
-#: What a connection sends: a message, or an acquire kept as its arguments.
-AnyRequest = Union[p.Request, AcquireRequest]
+class Settlement:
+    """A lease's `Report` or `Release` as the policy sends it: its integers.
+
+    Not a message: packed by the precompiled layout of its message type
+    (`p.FIXED_REQUESTS`) with no dataclass built on the way; `message()` is
+    the `p.Report` or `p.Release` it stands for, byte for byte.
+    """
+
+    __slots__ = ("input_tokens", "lease", "output_tokens", "release")
+
+    def __init__(self, lease: int, input_tokens: int, output_tokens: int, release: bool) -> None:
+        self.lease = lease
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        #: A `Release` (give everything back) rather than a `Report` of the counts.
+        self.release = release
+
+    def message(self) -> Union[p.Report, p.Release]:
+        if self.release:
+            return p.Release(self.lease)
+        return p.Report(self.lease, self.input_tokens, self.output_tokens)
+
+    def frame(self, request_id: int, max_frame_len: int) -> bytes:
+        """The encoded `ClientFrame` of the settlement under `request_id`."""
+        try:
+            if self.release:
+                return _RELEASE.pack(_RELEASE.size - 4, request_id, _RELEASE_TAG, self.lease)
+            return _REPORT.pack(
+                _REPORT.size - 4,
+                request_id,
+                _REPORT_TAG,
+                self.lease,
+                self.input_tokens,
+                self.output_tokens,
+            )
+        except struct.error:  # out of range: the codec says which
+            return p.encode_request(request_id, self.message(), max_frame_len)
+
+    def __repr__(self) -> str:
+        return f"<Settlement {self.message()!r}>"
+
+
+def _settlement_layout(cls: type, names: tuple[str, ...]) -> tuple[struct.Struct, int]:
+    """The precompiled layout and tag of `cls`, checked against what `Settlement` packs."""
+    layout, tag, declared = p.FIXED_REQUESTS[cls]
+    if declared != names or layout.format != "<IQI" + "Q" * len(names):
+        raise RuntimeError(
+            f"Settlement packs {cls.__name__}{names}, the messages declare {declared}"
+        )
+    return layout, tag
+
+
+_REPORT, _REPORT_TAG = _settlement_layout(p.Report, ("lease", "input_tokens", "output_tokens"))
+_RELEASE, _RELEASE_TAG = _settlement_layout(p.Release, ("lease",))
+
+#: What a connection sends: a message, or an acquire or settlement kept as its integers.
+AnyRequest = Union[p.Request, AcquireRequest, Settlement]
+
+#: The requests that encode themselves (`frame`), without a message.
+PACKED = (AcquireRequest, Settlement)
 
 
 def with_remaining_wait(

@@ -106,11 +106,12 @@ class Lease:
         reservation and the overrun was debited), or None when nothing was sent.
         """
         counts = core.report_counts(used, input_tokens, output_tokens)
-        return self._settle(p.Report(self.lease_id or 0, *counts), p.Settled)
+        settlement = req.Settlement(self.lease_id or 0, counts[0], counts[1], False)
+        return self._settle(settlement, p.Settled)
 
     def release(self) -> Optional[int]:
         """Gives the whole reservation back: the provider was never called."""
-        return self._settle(p.Release(self.lease_id or 0), p.Released)
+        return self._settle(req.Settlement(self.lease_id or 0, 0, 0, True), p.Released)
 
     def settle_as_reserved(self) -> Optional[int]:
         """Reports exactly what was reserved: keeps the reservation, closes the lease."""
@@ -134,7 +135,7 @@ class Lease:
         since_grant = time.monotonic() - self._granted_at
         return self._client.feedback(self.limit, status, headers, since_grant=since_grant)
 
-    def _settle(self, request: p.Request, kind: type) -> Optional[int]:
+    def _settle(self, request: req.Settlement, kind: type) -> Optional[int]:
         if self.unlimited:
             self.settled = True
             return None
@@ -299,7 +300,7 @@ class Client:
 
         future.add_done_callback(release_late_grant)
 
-    def _request_on(self, conn: Connection, request: p.Request) -> p.Response:
+    def _request_on(self, conn: Connection, request: core.AnyRequest) -> p.Response:
         """One request on a given connection (a lease's), without reconnecting."""
         deadline = core.Deadline(self.timeout)
         request_id, future = conn.submit(request, deadline)
