@@ -18,6 +18,7 @@
 
 mod diagnostics;
 mod env;
+mod limit;
 mod model;
 mod raw;
 mod render;

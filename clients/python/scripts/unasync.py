@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Each asyncio source and the blocking module generated from it.
 FILES = (
     ("src/ratekeeper/_async.py", "src/ratekeeper/_sync.py"),
+    ("src/ratekeeper/_lease_async.py", "src/ratekeeper/_lease_sync.py"),
     ("src/ratekeeper/_openai_async.py", "src/ratekeeper/_openai_sync.py"),
     ("src/ratekeeper/_anthropic_async.py", "src/ratekeeper/_anthropic_sync.py"),
 )
@@ -67,6 +68,7 @@ REPLACEMENTS = (
     (r"\bAsyncIterator\b", "Iterator"),
     # Our modules and classes.
     (r"\b_io_async\b", "_io_sync"),
+    (r"\b_lease_async\b", "_lease_sync"),
     (r"\b_openai_async\b", "_openai_sync"),
     (r"\bAsyncClient\b", "Client"),
     (r"\bAsyncLease\b", "Lease"),

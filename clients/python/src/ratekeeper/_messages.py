@@ -9,12 +9,29 @@ order, so the tuples below are the spec's tags.
 
 from __future__ import annotations
 
-import struct
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional, Union
+from dataclasses import dataclass
+from typing import ClassVar, Optional, Union
 
-from ._errors import RatekeeperError, error_for_code
-from ._wire import BOOL, I64, STR, U16, U32, U64, Enum, Opt, Struct, Vec, _Int
+from ._answers import (
+    BucketInspection,
+    BucketStatus,
+    CancelReply,
+    Denied,
+    ErrorReply,
+    Estimated,
+    Granted,
+    HealthReply,
+    HelloReply,
+    InspectReply,
+    LimitInspection,
+    LimitStatus,
+    Noted,
+    Pong,
+    Released,
+    Settled,
+    StatusReply,
+)
+from ._wire import BOOL, I64, STR, U16, U32, U64, Enum, Opt, Struct, Vec
 
 
 @dataclass(frozen=True)
@@ -221,198 +238,6 @@ Request = Union[
 ]
 
 
-@dataclass(frozen=True)
-class HelloReply:
-    """Response 0: the version in use and the bounds the daemon enforces."""
-
-    protocol_version: int
-    server: str
-    max_frame_len: int
-    max_in_flight: int
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-
-@dataclass(frozen=True)
-class Granted:
-    """Response 1: the cost is reserved under `lease`; call the provider now."""
-
-    lease: int
-    tokens: int
-    waited_ms: int
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-
-@dataclass(frozen=True)
-class Denied:
-    """Response 2: not grantable within the wait; nothing reserved."""
-
-    retry_after_ms: int
-    bucket: str
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-
-@dataclass(frozen=True)
-class Settled:
-    """Response 3: reserved - used went back (negative: an overrun was debited)."""
-
-    tokens_returned: int
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-
-@dataclass(frozen=True)
-class Released:
-    """Response 4: the whole reservation went back."""
-
-    tokens_returned: int
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-
-@dataclass(frozen=True)
-class CancelReply:
-    """Response 5 (`Cancelled`): whether an unanswered acquire with that id existed."""
-
-    found: bool
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-
-@dataclass(frozen=True)
-class Estimated:
-    """Response 6: what an acquire with that cost would reserve."""
-
-    input_tokens: int
-    output_tokens: int
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-
-@dataclass(frozen=True)
-class BucketStatus:
-    """One bucket of a limit: capacity, current level (negative while acquires wait), rate."""
-
-    name: str
-    capacity: int
-    level: int
-    per_minute: int
-    WIRE: ClassVar[tuple] = ()
-
-
-@dataclass(frozen=True)
-class LimitStatus:
-    """One limit: its buckets and how many acquires this daemon holds back for it."""
-
-    name: str
-    waiters: int
-    buckets: tuple[BucketStatus, ...] = field(default_factory=tuple)
-    WIRE: ClassVar[tuple] = ()
-
-    def bucket(self, name: str) -> Optional[BucketStatus]:
-        """The bucket called `name`, if the limit has one."""
-        return next((b for b in self.buckets if b.name == name), None)
-
-
-@dataclass(frozen=True)
-class StatusReply:
-    """Response 7 (`Status`): the store kind and the limits asked for."""
-
-    store: str
-    limits: tuple[LimitStatus, ...] = ()
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-    def limit(self, name: str) -> Optional[LimitStatus]:
-        """The status of the limit called `name`, if it was listed."""
-        return next((lim for lim in self.limits if lim.name == name), None)
-
-
-@dataclass(frozen=True)
-class Pong:
-    """Response 8: answer to `Ping`."""
-
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-
-@dataclass(frozen=True)
-class ErrorReply:
-    """Response 9 (`Error`): a stable `code` and a message for humans."""
-
-    code: int
-    message: str
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-    def exception(self) -> RatekeeperError:
-        """The exception class mapped one to one from `code`."""
-        return error_for_code(self.code, self.message)
-
-
-@dataclass(frozen=True)
-class HealthReply:
-    """Response 10 (`Health`, struct `HealthStatus`): readiness, the store's state, and why."""
-
-    ready: bool
-    store: str
-    store_up: bool
-    store_down_ms: int
-    policy: str
-    reason: str
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-
-@dataclass(frozen=True)
-class BucketInspection:
-    """One bucket, inspected: `tenant` for a tenant bucket, `level` None when unknown."""
-
-    name: str
-    tenant: Optional[str]
-    capacity: int
-    per_minute: int
-    level: Optional[int]
-    WIRE: ClassVar[tuple] = ()
-
-
-@dataclass(frozen=True)
-class LimitInspection:
-    """One limit, inspected: its buckets, then recently seen tenants' buckets."""
-
-    name: str
-    waiters: int
-    buckets: tuple[BucketInspection, ...] = field(default_factory=tuple)
-    WIRE: ClassVar[tuple] = ()
-
-
-@dataclass(frozen=True)
-class Noted:
-    """Response 12 (`Feedback`): the pause applied and how many buckets were lowered."""
-
-    paused_ms: int
-    lowered: int
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-
-@dataclass(frozen=True)
-class InspectReply:
-    """Response 11 (`Inspection`): the health fields, where levels come from, the limits."""
-
-    health: HealthReply
-    levels_from: str
-    limits: tuple[LimitInspection, ...] = ()
-    WIRE: ClassVar[tuple] = ()
-    TAG: ClassVar[int]
-
-    def limit(self, name: str) -> Optional[LimitInspection]:
-        """The inspection of the limit called `name`, if it was listed."""
-        return next((lim for lim in self.limits if lim.name == name), None)
-
-
 Response = Union[
     HelloReply,
     Granted,
@@ -566,82 +391,3 @@ class ServerFrame:
 
 
 Frame = Union[ClientFrame, ServerFrame]
-
-
-def _answer_maker(cls: type) -> Callable[[tuple], Any]:
-    """`make(values)`: the `cls` of an unpacked payload `(request_id, tag, *fields)`.
-
-    Equal to `cls(*values[2:])` and of that very class, but a frozen
-    dataclass's `__init__` sets each field through `object.__setattr__`
-    (about 5,000 instructions for `Granted`): this fills the instance's
-    `__dict__` in one step, for the classes of up to three fields with no
-    `__post_init__`, and checks at import that the two agree.
-    """
-    names = tuple(name for name, _ in cls.WIRE)
-    new, set_dict = object.__new__, object.__setattr__
-    if len(names) == 1:
-        (a,) = names
-
-        def make(values: tuple) -> Any:
-            obj = new(cls)
-            set_dict(obj, "__dict__", {a: values[2]})
-            return obj
-
-    elif len(names) == 2:
-        a, b = names
-
-        def make(values: tuple) -> Any:
-            obj = new(cls)
-            set_dict(obj, "__dict__", {a: values[2], b: values[3]})
-            return obj
-
-    elif len(names) == 3:
-        a, b, c = names
-
-        def make(values: tuple) -> Any:
-            obj = new(cls)
-            set_dict(obj, "__dict__", {a: values[2], b: values[3], c: values[4]})
-            return obj
-
-    else:
-        return lambda values: cls(*values[2:])
-    sample = (0, cls.TAG, *range(1, len(names) + 1))
-    made, built = make(sample), cls(*sample[2:])
-    if hasattr(cls, "__post_init__") or made != built or repr(made) != repr(built):
-        return lambda values: cls(*values[2:])
-    return make
-
-
-def _fixed_answers() -> dict[tuple[int, int], tuple[struct.Struct, int, Callable[[tuple], Any]]]:
-    """The responses made of integers only, by (payload size, low byte of the tag):
-    one layout each for the whole payload (request id, tag, fields), their tag,
-    and what makes the response of the unpacked values (`_answer_maker`)."""
-    if ServerFrame.WIRE != (("request_id", U64), ("response", RESPONSE)):
-        raise RuntimeError(f"next_answer unpacks a request id and a response: {ServerFrame.WIRE}")
-    answers = {}
-    for cls in RESPONSE.variants:
-        if all(isinstance(wire, _Int) for _, wire in cls.WIRE):
-            fields = "".join(wire.fmt.format[1:] for _, wire in cls.WIRE)
-            layout = struct.Struct("<QI" + fields)
-            answers[(layout.size, cls.TAG & 0xFF)] = (layout, cls.TAG, _answer_maker(cls))
-    return answers
-
-
-#: Integer-only responses by (payload size, low byte of the tag), for `next_answer`.
-FIXED_ANSWERS = _fixed_answers()
-
-
-def _fixed_requests() -> dict[type, tuple[struct.Struct, int, tuple[str, ...]]]:
-    """The requests made of integers only: one layout each for the whole frame
-    (length prefix, request id, tag, fields), their tag and their field names."""
-    requests = {}
-    for cls in REQUEST.variants:
-        if all(isinstance(wire, _Int) for _, wire in cls.WIRE):
-            fields = "".join(wire.fmt.format[1:] for _, wire in cls.WIRE)
-            names = tuple(name for name, _ in cls.WIRE)
-            requests[cls] = (struct.Struct("<IQI" + fields), cls.TAG, names)
-    return requests
-
-
-#: Integer-only requests by class, for `encode_request`.
-FIXED_REQUESTS = _fixed_requests()

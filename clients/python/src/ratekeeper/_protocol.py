@@ -18,11 +18,10 @@ import struct
 from typing import Any, ClassVar, Optional
 
 from ._errors import FrameTooLarge, MalformedMessage
+from ._fixed import FIXED_ANSWERS, FIXED_REQUESTS
 from ._messages import (
     BLOCK,
     COST,
-    FIXED_ANSWERS,
-    FIXED_REQUESTS,
     REQUEST,
     RESPONSE,
     Acquire,

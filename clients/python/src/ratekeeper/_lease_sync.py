@@ -1,0 +1,160 @@
+# Generated from src/ratekeeper/_lease_async.py by scripts/unasync.py: do not edit.
+# Edit the source, then run `python scripts/unasync.py` in clients/python.
+"""A lease and its settlement, written once like the client (see `_async.py`):
+`scripts/unasync.py` generates the blocking `_lease_sync.py` from this file.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+from . import _core as core
+from . import _protocol as p
+from . import _requests as req
+from ._core import ConnectionLost
+from ._errors import ErrorCode, RatekeeperError
+from ._io_sync import Connection
+
+if TYPE_CHECKING:
+    from ._sync import Client
+
+log = logging.getLogger("ratekeeper")
+
+
+class Lease:
+    """A reservation granted by the daemon. Settle it once: `report` or `release`.
+
+    A lease is settled on the connection that acquired it. If that connection
+    is gone (the sidecar restarted), the daemon has already forgotten the lease
+    and kept its reservation; settling it then does nothing and returns None.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        conn: Optional[Connection],
+        limit: str,
+        granted: Optional[p.Granted],
+        request: req.AcquireRequest,
+    ) -> None:
+        self._client = client
+        self._conn = conn
+        self._request = request
+        #: The limit the tokens were reserved in.
+        self.limit = limit
+        if granted is None:
+            #: The daemon's lease id; None for an unlimited lease (sidecar unavailable, "allow").
+            self.lease_id: Optional[int] = None
+            reserved = request.reservation(0)
+            #: Tokens reserved (input + output).
+            self.tokens: int = reserved.input_tokens + reserved.output_tokens
+            #: Seconds the daemon held the grant back until the reservation was due.
+            self.waited = 0.0
+        else:
+            self.lease_id = granted.lease
+            self.tokens = granted.tokens
+            self.waited = granted.waited_ms / 1000.0
+        self._granted_at = time.monotonic()
+        #: Whether the lease was reported, released, or lost with its connection.
+        self.settled = granted is None
+        #: The daemon's answer to the settlement: tokens given back (negative: debited).
+        self.tokens_returned: Optional[int] = None
+
+    @property
+    def reserved(self) -> core.Reservation:
+        """What was reserved on each side, used to settle a lease as fully used."""
+        return self._request.reservation(0 if self.lease_id is None else self.tokens)
+
+    @property
+    def unlimited(self) -> bool:
+        """True for the no-op lease handed out while the sidecar is unavailable ("allow")."""
+        return self.lease_id is None
+
+    def report(
+        self,
+        used: Optional[int] = None,
+        *,
+        input_tokens: Optional[int] = None,
+        output_tokens: Optional[int] = None,
+    ) -> Optional[int]:
+        """Settles the lease with the provider's usage: `report(total)` or by side.
+
+        Returns the tokens given back (negative when the usage exceeded the
+        reservation and the overrun was debited), or None when nothing was sent.
+        """
+        counts = core.report_counts(used, input_tokens, output_tokens)
+        settlement = req.Settlement(self.lease_id or 0, counts[0], counts[1], False)
+        return self._settle(settlement, p.Settled)
+
+    def release(self) -> Optional[int]:
+        """Gives the whole reservation back: the provider was never called."""
+        return self._settle(req.Settlement(self.lease_id or 0, 0, 0, True), p.Released)
+
+    def settle_as_reserved(self) -> Optional[int]:
+        """Reports exactly what was reserved: keeps the reservation, closes the lease."""
+        reserved = self.reserved
+        return self.report(
+            input_tokens=reserved.input_tokens,
+            output_tokens=reserved.output_tokens,
+        )
+
+    def feedback(self, status: int, headers: Any = None) -> Optional[p.Noted]:
+        """Forwards what the provider answered the call this lease was for.
+
+        `status` is the HTTP status, `headers` the answer's headers (a mapping
+        or (name, value) pairs; only the rate-limit ones are sent). A 429
+        pauses the limit for every worker until its `retry-after`; the
+        `remaining` headers lower the shared buckets to the provider's count.
+        Call it after settling the lease. None for an unlimited lease.
+        """
+        if self.unlimited:
+            return None
+        since_grant = time.monotonic() - self._granted_at
+        return self._client.feedback(self.limit, status, headers, since_grant=since_grant)
+
+    def _settle(self, request: req.Settlement, kind: type) -> Optional[int]:
+        if self.unlimited:
+            self.settled = True
+            return None
+        conn = self._conn
+        try:
+            if conn is None or not conn.alive:
+                raise ConnectionLost("gone")
+            response = self._client._request_on(conn, request)
+        except ConnectionLost:
+            self.settled = True
+            log.info("lease %s was lost with its connection; the daemon kept it", self.lease_id)
+            return None
+        try:
+            answer = core.expect(response, kind)
+        except RatekeeperError as error:
+            if error.code == ErrorCode.UNKNOWN_LEASE:
+                self.settled = True
+            raise
+        self.settled = True
+        self.tokens_returned = answer.tokens_returned
+        return answer.tokens_returned
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Releases an unsettled lease if the body raised, else settles it as fully used."""
+        if self.settled:
+            return
+        if exc is None:
+            self.settle_as_reserved()
+            return
+        try:
+            self.release()
+        except RatekeeperError as error:
+            log.warning("could not release lease %s: %s", self.lease_id, error)
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        if self.unlimited:
+            return f"<{name} {self.limit!r} unlimited>"
+        state = "settled" if self.settled else "open"
+        return f"<{name} {self.limit!r} id={self.lease_id} tokens={self.tokens} {state}>"

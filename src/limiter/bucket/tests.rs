@@ -1,0 +1,171 @@
+use super::*;
+
+/// 60 000 tokens per minute: one token per millisecond, easy to read.
+fn spec(capacity: u64) -> BucketSpec {
+    BucketSpec::per_minute("k", capacity, 60_000)
+}
+
+fn at(level_tokens: i64) -> BucketState {
+    BucketState {
+        level: level_tokens * UNITS_PER_TOKEN,
+        updated_ms: 0,
+    }
+}
+
+#[test]
+fn single_bucket_decisions() {
+    let deny = |retry_after_ms| Plan::Deny {
+        retry_after_ms,
+        bucket: 0,
+    };
+    let grant = |wait_ms| Plan::Grant { wait_ms };
+    let never = Plan::Impossible { bucket: 0 };
+    // (level, cost, floor, max wait) → plan
+    let cases: &[(i64, u64, u64, u64, Plan)] = &[
+        (100, 40, 0, 0, grant(0)),
+        (100, 100, 0, 0, grant(0)),
+        (100, 101, 0, 0, deny(1)),
+        (100, 101, 0, 1, grant(1)),
+        (0, 50, 0, 50, grant(50)),
+        (0, 50, 0, 49, deny(1)),
+        (-30, 50, 0, 100, grant(80)),
+        (-30, 50, 0, 20, deny(60)),
+        // A floor of 20 held for higher classes: usable level is 80.
+        (100, 80, 20, 0, grant(0)),
+        (100, 81, 20, 0, deny(1)),
+        // Cost above capacity (or above capacity less the floor) never fits.
+        (1000, 1001, 0, u64::MAX, never),
+        (1000, 900, 101, u64::MAX, never),
+    ];
+    for &(level, cost, floor, max_wait, expected) in cases {
+        let draw = Draw {
+            bucket: spec(1000),
+            cost,
+            floor,
+        };
+        assert_eq!(
+            plan(&[draw], &[at(level)], max_wait),
+            expected,
+            "level {level}, cost {cost}, floor {floor}, max wait {max_wait}"
+        );
+    }
+}
+
+#[test]
+fn waits_round_up_to_whole_milliseconds() {
+    // 1 token per minute: one token takes 60 000 ms to refill.
+    let slow = BucketSpec::per_minute("k", 10, 1);
+    let draw = Draw {
+        bucket: slow,
+        cost: 1,
+        floor: 0,
+    };
+    let almost = BucketState {
+        level: UNITS_PER_TOKEN - 1,
+        updated_ms: 0,
+    };
+    assert_eq!(plan(&[draw], &[almost], 1), Plan::Grant { wait_ms: 1 });
+}
+
+#[test]
+fn multi_bucket_takes_the_longest_wait_and_names_the_refuser() {
+    let draws = [
+        Draw {
+            bucket: spec(1000),
+            cost: 10,
+            floor: 0,
+        },
+        Draw {
+            bucket: spec(1000),
+            cost: 10,
+            floor: 0,
+        },
+    ];
+    assert_eq!(
+        plan(&draws, &[at(5), at(-20)], 100),
+        Plan::Grant { wait_ms: 30 }
+    );
+    assert_eq!(
+        plan(&draws, &[at(5), at(-20)], 10),
+        Plan::Deny {
+            retry_after_ms: 20,
+            bucket: 1
+        }
+    );
+    let after = commit(&draws, &[at(5), at(-20)]);
+    assert_eq!(after, vec![at(-5), at(-30)]);
+}
+
+#[test]
+fn refill_is_continuous_and_capped() {
+    let bucket = spec(1000);
+    let state = at(-500);
+    assert_eq!(state.refilled(&bucket, 200).tokens(&bucket), -300);
+    assert_eq!(state.refilled(&bucket, 5_000).tokens(&bucket), 1000);
+    assert_eq!(state.refilled(&bucket, 200).ms_until_full(&bucket), 1300);
+    // A clock that steps back refills nothing.
+    let later = state.refilled(&bucket, 200);
+    assert_eq!(later.refilled(&bucket, 100), later);
+}
+
+#[test]
+fn adjustments_refund_and_debit_but_never_overfill() {
+    let bucket = spec(1000);
+    assert_eq!(at(900).adjusted(&bucket, 50), at(950));
+    assert_eq!(at(900).adjusted(&bucket, 500), at(1000));
+    assert_eq!(at(10).adjusted(&bucket, -40), at(-30));
+}
+
+#[test]
+fn negative_levels_report_whole_tokens_rounded_down() {
+    let state = BucketState {
+        level: -1,
+        updated_ms: 0,
+    };
+    assert_eq!(state.tokens(&spec(10)), -1);
+}
+
+#[test]
+fn windows_refill_in_exact_units_where_they_can() {
+    // (amount, window, capacity) → (units per token, units per ms)
+    let cases: &[(u64, Window, u64, (i64, i64))] = &[
+        // Per minute: 60 000 units a token, whatever the figures.
+        (500, Window::Minute, 500, (60_000, 500)),
+        (7, Window::Minute, 10_000_000_000, (60_000, 7)),
+        // Per second: 10 a second is 1 token = 100 units, 1 unit a ms.
+        (10, Window::Second, 10, (100, 1)),
+        (3, Window::Second, 3, (1_000, 3)),
+        // 10 000 a day: gcd 10 000, a token is 8 640 units.
+        (10_000, Window::Day, 10_000, (8_640, 1)),
+        // 1 000 003 a day (prime): exact, a token is a day of units.
+        (1_000_003, Window::Day, 1_000_003, (86_400_000, 1_000_003)),
+        // A burst whose exact units would pass 2^52: per-minute units, rate rounded down.
+        (100_000_007, Window::Day, 100_000_007, (60_000, 69_444)),
+    ];
+    for &(amount, window, capacity, expected) in cases {
+        let refill = Refill::new(amount, window, capacity);
+        assert_eq!(
+            (refill.units_per_token(), refill.units_per_ms()),
+            expected,
+            "{amount} per {window:?}"
+        );
+        assert_eq!(refill.amount(), amount);
+    }
+    // A day bucket refills a day's amount in a day, to the token.
+    let day = BucketSpec::new("k", 10_000, Refill::new(10_000, Window::Day, 10_000));
+    assert_eq!(day.refilled_in(Window::Day.ms()), 10_000);
+    assert_eq!(day.refilled_in(Window::Hour.ms()), 416);
+    let empty = BucketState {
+        level: 0,
+        updated_ms: 0,
+    };
+    assert_eq!(empty.ms_until_full(&day), 86_400_000);
+    // Rounded down: never faster than the configured rate.
+    let rounded = BucketSpec::new(
+        "k",
+        100_000_007,
+        Refill::new(100_000_007, Window::Day, 100_000_007),
+    );
+    assert!(rounded.refilled_in(Window::Day.ms()) <= 100_000_007);
+    assert!(rounded.refilled_in(Window::Day.ms()) > 100_000_007 - 1_440);
+}
