@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import inspect
 import logging
 import math
 import random
@@ -19,6 +20,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any, Optional
 
+from ._async import AsyncClient
 from ._errors import RatekeeperError
 from ._requests import MessageLike, _json_text, chat_message
 
@@ -200,3 +202,22 @@ def warn_unlimited(seen: set, path: str) -> None:
         RuntimeWarning,
         stacklevel=3,
     )
+
+
+def is_async_sdk(create: Any, limiter: Any, async_sdk: str, sync_sdk: str) -> bool:
+    """Whether the SDK client whose limited call is `create` is asyncio; a
+    `TypeError` unless `limiter` is the ratekeeper client of the same kind."""
+    is_async = inspect.iscoroutinefunction(inspect.unwrap(create))
+    if is_async != isinstance(limiter, AsyncClient):
+        raise TypeError(
+            f"wrap an {async_sdk} with a ratekeeper.AsyncClient, "
+            f"and an {sync_sdk} with a ratekeeper.Client"
+        )
+    return is_async
+
+
+def without_retries(client: Any) -> Any:
+    """The SDK client with its own retries off, so that a provider's 429 is
+    never retried behind the limiter's back."""
+    with_options = getattr(client, "with_options", None)
+    return with_options(max_retries=0) if callable(with_options) else client

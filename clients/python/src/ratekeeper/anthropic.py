@@ -33,13 +33,13 @@ passes through to the wrapped client.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Optional, TypeVar, Union, cast
 
 from ._anthropic_async import AsyncMessages
 from ._anthropic_sync import Messages
 from ._async import AsyncClient
+from ._openai_core import is_async_sdk, without_retries
 from ._sync import Client
 
 __all__ = ["LimitOptions", "wrap"]
@@ -79,12 +79,7 @@ def wrap(
     """
     settings = LimitOptions(limit=limit, **options)
     create = client.messages.create  # type: ignore[attr-defined]
-    is_async = inspect.iscoroutinefunction(inspect.unwrap(create))
-    if is_async != isinstance(limiter, AsyncClient):
-        raise TypeError(
-            "wrap an anthropic.AsyncAnthropic with a ratekeeper.AsyncClient, "
-            "and an anthropic.Anthropic with a ratekeeper.Client"
-        )
+    is_async = is_async_sdk(create, limiter, "anthropic.AsyncAnthropic", "anthropic.Anthropic")
     return cast(AnthropicClient, _Wrapped(client, limiter, settings, is_async))
 
 
@@ -93,8 +88,7 @@ class _Wrapped:
 
     def __init__(self, client: Any, limiter: Any, settings: LimitOptions, is_async: bool) -> None:
         self._client = client
-        with_options = getattr(client, "with_options", None)
-        self._raw = with_options(max_retries=0) if callable(with_options) else client
+        self._raw = without_retries(client)
         self.limiter = limiter
         self.settings = settings
         self.messages = (AsyncMessages if is_async else Messages)(self)

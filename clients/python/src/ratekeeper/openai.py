@@ -37,7 +37,6 @@ then falls back to a rough client-side estimate
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, Union, cast
 
@@ -47,8 +46,10 @@ from ._openai_core import FALLBACK_MAX_TOKENS as FALLBACK_MAX_TOKENS
 from ._openai_core import (
     UNLIMITED_SPENDERS,
     estimate_prompt_tokens,
+    is_async_sdk,
     retry_delay,
     warn_unlimited,
+    without_retries,
 )
 from ._openai_sync import Completions
 from ._sync import Client
@@ -99,14 +100,8 @@ def wrap(
     pass through with a `RuntimeWarning` the first time each is reached.
     """
     settings = LimitOptions(limit=limit, **options)
-    is_async = inspect.iscoroutinefunction(
-        inspect.unwrap(client.chat.completions.create)  # type: ignore[attr-defined]
-    )
-    if is_async != isinstance(limiter, AsyncClient):
-        raise TypeError(
-            "wrap an openai.AsyncOpenAI with a ratekeeper.AsyncClient, "
-            "and an openai.OpenAI with a ratekeeper.Client"
-        )
+    create = client.chat.completions.create  # type: ignore[attr-defined]
+    is_async = is_async_sdk(create, limiter, "openai.AsyncOpenAI", "openai.OpenAI")
     return cast(OpenAIClient, _Wrapped(client, limiter, settings, is_async))
 
 
@@ -115,8 +110,7 @@ class _Wrapped:
 
     def __init__(self, client: Any, limiter: Any, settings: LimitOptions, is_async: bool) -> None:
         self._client = client
-        with_options = getattr(client, "with_options", None)
-        self._raw = with_options(max_retries=0) if callable(with_options) else client
+        self._raw = without_retries(client)
         self.limiter = limiter
         self.settings = settings
         #: The unlimited parts already warned about.
