@@ -26,6 +26,25 @@ build_release() {
     LOADGEN="$target/release/ratekeeper-loadgen"
 }
 
+# For the end-to-end benchmarks driven by Python: checks for redis-server,
+# exports RATEKEEPER_BIN (a debug build of this tree unless set) and sets
+# PYTHON (unless set: a venv under the target directory named VENV, with
+# the client and its EXTRA installed). Usage: python_bench_env EXTRA VENV
+python_bench_env() {
+    command -v redis-server >/dev/null || { echo "needs redis-server (scripts/test installs it)" >&2; exit 1; }
+    local target="${CARGO_TARGET_DIR:-$PWD/target}"
+    if [ -z "${RATEKEEPER_BIN:-}" ]; then
+        cargo build --quiet --bin ratekeeper
+        export RATEKEEPER_BIN="$target/debug/ratekeeper"
+    fi
+    if [ -z "${PYTHON:-}" ]; then
+        local venv="$target/$2"
+        [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "./clients/python[$1]"
+        PYTHON="$venv/bin/python"
+    fi
+}
+
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }

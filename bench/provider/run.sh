@@ -16,21 +16,10 @@ SECONDS_PER_RUN="${1:-40}"
 CONFIG="${CONFIG:-examples/ratekeeper.toml}"
 RPM_REQUEST_BOUND="${RPM_REQUEST_BOUND:-1200}"
 
-command -v redis-server >/dev/null || { echo "needs redis-server (scripts/test installs it)" >&2; exit 1; }
-target="${CARGO_TARGET_DIR:-$PWD/target}"
-if [ -z "${RATEKEEPER_BIN:-}" ]; then
-    cargo build --quiet --bin ratekeeper
-    export RATEKEEPER_BIN="$target/debug/ratekeeper"
-fi
-if [ -z "${PYTHON:-}" ]; then
-    venv="$target/provider-bench-venv"
-    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "./clients/python[openai]"
-    PYTHON="$venv/bin/python"
-fi
-
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+python_bench_env openai provider-bench-venv
+out="$WORK"
 runs=0
 measure() {
     runs=$((runs + 1))

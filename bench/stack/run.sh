@@ -13,21 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECONDS_PER_RUN="${1:-60}"
 
-command -v redis-server >/dev/null || { echo "needs redis-server (scripts/test installs it)" >&2; exit 1; }
-target="${CARGO_TARGET_DIR:-$PWD/target}"
-if [ -z "${RATEKEEPER_BIN:-}" ]; then
-    cargo build --quiet --bin ratekeeper
-    export RATEKEEPER_BIN="$target/debug/ratekeeper"
-fi
-if [ -z "${PYTHON:-}" ]; then
-    venv="$target/stack-bench-venv"
-    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "./clients/python[examples]"
-    PYTHON="$venv/bin/python"
-fi
-
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+python_bench_env examples stack-bench-venv
+out="$WORK"
 echo "$(nproc) cores; $(redis-server --version | cut -d' ' -f1-3); $("$PYTHON" --version); daemon $RATEKEEPER_BIN"
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$PYTHON" bench/stack/bench.py --limiter ratekeeper --seconds "$SECONDS_PER_RUN" --json "$out/1.json"
