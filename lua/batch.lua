@@ -21,12 +21,12 @@
 --        (negative: to take)
 --   "l", n, and n times: key index, capacity, refill rate, a level that the
 --        bucket is lowered to if it is above it (provider feedback; never
---        raises), then the provider's remaining count and how long ago (ms)
---        the answered call was reserved, or -1 and -1: see below
+--        raises), then the provider's remaining count (-1: none) and how
+--        long ago (ms) the answered call was reserved (-1: unknown): see below
 --
 -- Provider feedback across sidecars. A bucket counts in n the units its
--- acquires ever drew. Once a lowering names a reservation time, the bucket
--- also keeps a history: for each slot of HISTORY_SLOT ms in which it was
+-- acquires ever drew. Once a lowering carries a count, the bucket also
+-- keeps a history: for each slot of HISTORY_SLOT ms in which it was
 -- drawn from, n at the slot's first draw (field h<slot mod HISTORY_SLOTS> =
 -- "slot:n"). A later lowering then also lowers it to the provider's count
 -- less everything the fleet drew since the answered call was reserved,
@@ -69,7 +69,7 @@ local count = tonumber(ARGV[3])
 -- of those the batch changed, which are written once at the end.
 local level, updated, capacity, rate, delta = {}, {}, {}, {}, {}
 local drawn, history = {}, {}
-local HISTORY_SLOT, HISTORY_SLOTS = 50, 200
+local HISTORY_SLOT, HISTORY_SLOTS, NOTE_LAG = 50, 200, 5
 local function touch(index, capacity_units, units_per_ms)
   capacity[index] = capacity_units
   rate[index] = units_per_ms
@@ -162,18 +162,21 @@ for _ = 1, count do
       local units = tonumber(ARGV[base + 3])
       if kind == 'l' then
         local reported, since = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
-        if since >= 0 and history[index] == nil then
+        if reported >= 0 and history[index] == nil then
           -- Keep a history from now on (written with the bucket).
           history[index] = -1
           delta[index] = delta[index] or 0
         elseif since >= 0 then
-          -- The slot of the reservation, else the one before (the sidecar
-          -- noted it a moment after Redis made it): earlier only counts more.
-          local slot = math.floor((now - since) / HISTORY_SLOT)
-          for back = 0, 1 do
-            local entry = redis.call('HGET', KEYS[index], 'h' .. ((slot - back) % HISTORY_SLOTS))
+          -- The sidecar noted the reservation up to a few ms after Redis
+          -- made it (and counts whole ms): look a little earlier, where
+          -- an entry only counts more; else in the slot of the time named
+          -- (the reservation's own, which has one); else one slot before.
+          local named = now - since
+          local early = math.floor((named - NOTE_LAG) / HISTORY_SLOT)
+          for _, slot in ipairs({early, math.floor(named / HISTORY_SLOT), early - 1}) do
+            local entry = redis.call('HGET', KEYS[index], 'h' .. (slot % HISTORY_SLOTS))
             local at_slot, then_drawn = string.match(entry or '', '^(%-?%d+):(%d+)$')
-            if at_slot and tonumber(at_slot) == slot - back then
+            if at_slot and tonumber(at_slot) == slot then
               units = math.min(units, reported - (drawn[index] - tonumber(then_drawn)))
               break
             end

@@ -695,8 +695,10 @@ async fn a_correction_subtracts_what_every_sidecar_reserved_since() {
             &[("x-ratelimit-remaining-tokens", count)],
         )
     };
-    // A first count starts the bucket's history of draws.
-    lease_of(a.call(acquire("gpt", 100, 0)).await.unwrap());
+    // A first count starts the bucket's history of draws (a full bucket
+    // has none to keep, hence the call through B; A's count names no call
+    // of its own, so the answered one below is the only one A knows).
+    lease_of(b.call(acquire("gpt", 100, 0)).await.unwrap());
     a.call(remaining("100000", 0)).await.unwrap();
     // The answered call, then one through the other sidecar.
     lease_of(a.call(acquire("gpt", 100, 0)).await.unwrap());

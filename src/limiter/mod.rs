@@ -171,8 +171,10 @@ pub struct FleetView {
     /// Tokens (or requests) the provider has left now by its count: what
     /// it had after that call, and its refill since.
     pub remaining: i64,
-    /// How long ago the answered call's reservation was made.
-    pub reserved_ms_ago: u64,
+    /// How long ago the answered call's reservation was made, if this
+    /// sidecar still knows it (a count without it only starts the store's
+    /// history of draws, for the next one).
+    pub reserved_ms_ago: Option<u64>,
 }
 
 /// Why a store could not answer.

@@ -100,12 +100,20 @@ impl RecentGrants {
     /// about when the call answered then was reserved (at most a slot's
     /// worth of reservations earlier). `None` when none is remembered.
     pub(super) fn reserved_ago(&self, since: Duration) -> Option<Duration> {
+        self.reserved_ago_at(since, Instant::now())
+    }
+
+    fn reserved_ago_at(&self, since: Duration, now: Instant) -> Option<Duration> {
         let slots = self.lock();
-        let now = Instant::now();
         let due = now.checked_sub(since).filter(|due| *due >= slots.start)?;
+        // The client measures `since` from a moment after the daemon noted
+        // the grant (the answer's way back, whole milliseconds): the call
+        // may sit at the end of the slot before. Earlier only counts more.
         let slot = slots.slot_of(due);
-        let (number, _, reserved_at) = slots.counts[(slot % SLOTS as u64) as usize];
-        (number == slot).then(|| now.saturating_duration_since(reserved_at))
+        [slot, slot.saturating_sub(1)].into_iter().find_map(|slot| {
+            let (number, _, reserved_at) = slots.counts[(slot % SLOTS as u64) as usize];
+            (number == slot).then(|| now.saturating_duration_since(reserved_at))
+        })
     }
 
     /// The reservations due from `since` ago (at most the window, slot-
@@ -246,8 +254,7 @@ impl Service {
                 // keeps them.
                 let fleet = now_remaining
                     .filter(|_| paused.is_none())
-                    .zip(reserved_ms_ago)
-                    .map(|(remaining, reserved_ms_ago)| FleetView {
+                    .map(|remaining| FleetView {
                         remaining,
                         reserved_ms_ago,
                     });
@@ -318,5 +325,23 @@ mod tests {
         assert_eq!(seen.of(Dimension::OutputTokens), 24);
         // Longer than the window: still only what was noted.
         assert_eq!(recent.since(Duration::from_secs(3600)), seen);
+    }
+
+    /// A flake of `a_correction_subtracts_what_every_sidecar_reserved_since`:
+    /// a call noted at the end of a slot, asked about a millisecond later
+    /// than it was noted, was not found, and the correction fell back to
+    /// this sidecar's reservations alone.
+    #[test]
+    fn a_call_noted_just_before_a_slot_boundary_is_found() {
+        let recent = RecentGrants::new();
+        let start = recent.lock().start;
+        let noted = start + SLOT - Duration::from_millis(1);
+        recent.note(Granted::default(), noted);
+        let since = Duration::from_millis(30);
+        let now = noted + Duration::from_millis(2) + since;
+        assert!(recent.reserved_ago_at(since, now).is_some());
+        // Nothing was reserved two slots before.
+        let long_after = noted + 3 * SLOT + since;
+        assert_eq!(recent.reserved_ago_at(since, long_after), None);
     }
 }

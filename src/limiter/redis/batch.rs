@@ -141,7 +141,7 @@ impl Call {
                         let (remaining, reserved_ms_ago) = match lowering.fleet {
                             Some(fleet) => (
                                 bucket.signed_units(fleet.remaining),
-                                fleet.reserved_ms_ago as i64,
+                                fleet.reserved_ms_ago.map_or(-1, |ago| ago as i64),
                             ),
                             None => (-1, -1),
                         };
