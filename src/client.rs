@@ -17,22 +17,32 @@ use crate::proto::{
     self, ClientFrame, FrameReader, PROTOCOL_VERSION, Request, Response, ServerFrame,
 };
 
-/// Why a call got no answer.
+/// Why a call got no answer. Each message says it all, cause included, and
+/// names no `source`: the CLI prints error chains, which would repeat it.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot connect to {path}: {source}")]
-    Connect {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot connect to {path}: {error}")]
+    Connect { path: String, error: std::io::Error },
     #[error("connection to the daemon failed: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("the daemon closed the connection{0}")]
     Closed(String),
     #[error("the daemon refused the connection: {0}")]
     Refused(String),
     #[error("protocol error: {0}")]
-    Protocol(#[from] proto::FrameError),
+    Protocol(proto::FrameError),
+}
+
+impl From<std::io::Error> for ClientError {
+    fn from(error: std::io::Error) -> Self {
+        ClientError::Io(error)
+    }
+}
+
+impl From<proto::FrameError> for ClientError {
+    fn from(error: proto::FrameError) -> Self {
+        ClientError::Protocol(error)
+    }
 }
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
@@ -53,9 +63,9 @@ impl Client {
     pub async fn connect(path: &Path, client_name: &str) -> Result<Client, ClientError> {
         let stream = UnixStream::connect(path)
             .await
-            .map_err(|source| ClientError::Connect {
+            .map_err(|error| ClientError::Connect {
                 path: path.display().to_string(),
-                source,
+                error,
             })?;
         let (reader, writer) = stream.into_split();
         let pending: Pending = Arc::default();

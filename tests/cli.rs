@@ -136,11 +136,10 @@ fn client_commands_fail_clearly_without_a_daemon() {
     let socket = dir.path().join("nobody.sock");
     let output = ratekeeper(&["ping"], Some(&socket));
     assert_eq!(output.status.code(), Some(1));
-    assert!(
-        text(&output.stderr).contains("cannot connect"),
-        "{}",
-        text(&output.stderr)
-    );
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("cannot connect"), "{stderr}");
+    // The cause once, not again as the error's source.
+    assert_eq!(stderr.matches("os error 2").count(), 1, "{stderr}");
 }
 
 /// `ratekeeper count-tokens` with `stdin` as its input.
