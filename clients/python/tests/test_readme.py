@@ -1,0 +1,241 @@
+"""Every command in the README's shell blocks runs as written, or says why not.
+
+The README is the first thing a user copies from. Each line of its ```sh and
+```console blocks is either run here, in order, from the repository root,
+with `ratekeeper` on PATH (the binary under test), `pip` from a fresh
+virtualenv and the daemon's socket in a temporary directory (the README's
+`serve` line is started in the background and stopped after its block), or it
+matches an entry of `NOT_RUN` with the reason. A new command in the README
+fails `test_every_command_is_run_or_excused` until it is one or the other, and
+an excuse no command needs any more fails it too. A ```console block's output
+must be exactly what the command prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from _daemon import daemon_binary
+
+ROOT = Path(__file__).resolve().parents[3]
+README = ROOT / "README.md"
+
+#: Commands that cannot run here, by a pattern of their start, with why.
+NOT_RUN = {
+    r"cargo install --path \.": "a second release build of the daemon into ~/.cargo/bin; "
+    "the commands below run the binary that `cargo test` built from the same sources",
+    r"cargo build --release": "a release build; the same sources are built by `cargo test`",
+    r"scripts/test": "the command that runs this test",
+    r"sudo ": "installs into the machine's /etc and /usr/local and needs systemd as PID 1; "
+    "tests/deploy_examples.rs checks the unit and its config (systemd-analyze verify)",
+    r"echo '[^']*' \| sudo ": "part of the systemd installation (see sudo)",
+    r"kubectl ": "needs a Kubernetes cluster; tests/deploy_examples.rs checks the manifests",
+}
+
+#: What a command's output must match, where the README says what it prints
+#: in a comment rather than a ```console block.
+OUTPUT_PATTERNS = {
+    "ratekeeper --version": r"ratekeeper \d+\.\d+\.\d+ \([0-9a-f]{7,}\)\n",
+}
+
+
+@dataclass
+class Command:
+    line: int
+    text: str
+    #: A ```console block's output, else None.
+    output: Optional[str]
+
+
+@dataclass
+class Block:
+    line: int
+    commands: list
+
+
+def blocks() -> list:
+    """The README's shell blocks, each with its commands (continuation lines
+    joined, comments dropped)."""
+    found = []
+    lines = README.read_text().splitlines()
+    index = 0
+    while index < len(lines):
+        fence = re.fullmatch(r"```(sh|console)", lines[index])
+        index += 1
+        if not fence:
+            continue
+        start, body = index, []
+        while not lines[index].startswith("```"):
+            body.append(lines[index])
+            index += 1
+        index += 1
+        parse = _console if fence.group(1) == "console" else _shell
+        found.append(Block(start, parse(start, body)))
+    return found
+
+
+def _shell(start: int, body: list) -> list:
+    commands, pending, first = [], "", 0
+    for offset, line in enumerate(body):
+        text = _without_comment(line).rstrip()
+        if not pending:
+            first = start + offset + 1
+        if text.endswith("\\"):
+            pending += text[:-1] + " "
+            continue
+        text = (pending + text).strip()
+        pending = ""
+        if text:
+            commands.append(Command(first, text, None))
+    return commands
+
+
+def _console(start: int, body: list) -> list:
+    commands: list = []
+    pending, first = "", 0
+    for offset, line in enumerate(body):
+        if line.startswith("$ ") or pending:
+            if not pending:
+                first = start + offset + 1
+            text = line[2:] if line.startswith("$ ") else line
+            if text.endswith("\\"):
+                pending += text[:-1] + " "
+                continue
+            commands.append(Command(first, (pending + text).strip(), ""))
+            pending = ""
+        else:
+            commands[-1].output += line + "\n"
+    return commands
+
+
+def _without_comment(line: str) -> str:
+    """The line up to a `#` that starts a shell comment (outside quotes)."""
+    quote = None
+    for position, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (position == 0 or line[position - 1].isspace()):
+            return line[:position]
+    return line
+
+
+def excuse(command: Command) -> Optional[str]:
+    for pattern, reason in NOT_RUN.items():
+        if re.match(pattern, command.text):
+            return reason
+    return None
+
+
+def test_every_command_is_run_or_excused() -> None:
+    commands = [command for block in blocks() for command in block.commands]
+    assert len(commands) >= 10, "the README's shell blocks were not found"
+    assert any(excuse(command) is None for command in commands)
+    for pattern in NOT_RUN:
+        assert any(re.match(pattern, command.text) for command in commands), (
+            f"NOT_RUN excuses {pattern!r}, which no README command needs any more"
+        )
+
+
+def test_the_readme_parser_reads_blocks_as_a_shell_would() -> None:
+    text = "echo '# kept' \\\n    | cat   # dropped\n# only a comment\n"
+    commands = _shell(10, text.splitlines())
+    assert [(c.line, c.text) for c in commands] == [(11, "echo '# kept'      | cat")]
+    console = _console(3, ["$ echo a \\", "    b", "a b", "$ true"])
+    assert [(c.line, c.text, c.output) for c in console] == [
+        (4, "echo a      b", "a b\n"),
+        (7, "true", ""),
+    ]
+
+
+@pytest.fixture
+def shell_env(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """PATH with the binary under test as `ratekeeper` and a fresh virtualenv's
+    `pip` (nothing installed yet), and a private socket for the daemon."""
+    scratch = tmp_path_factory.mktemp("readme")
+    bin_dir = scratch / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ratekeeper").symlink_to(daemon_binary())
+    env_dir = scratch / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    env = dict(os.environ)
+    env.pop("VIRTUAL_ENV", None)
+    env["PATH"] = os.pathsep.join([str(bin_dir), str(env_dir / "bin"), env["PATH"]])
+    env["RATEKEEPER_SOCKET"] = str(scratch / "ratekeeper.sock")
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["HOME"] = str(scratch)
+    return env
+
+
+def test_readme_commands_run_as_written(shell_env: dict) -> None:
+    """The README's commands in its order, as a reader runs them: the `serve`
+    line of "Run it" keeps running (in the background) for the blocks after it."""
+    daemon = None
+    try:
+        for command in (c for block in blocks() for c in block.commands):
+            if excuse(command) is not None:
+                continue
+            where = f"README.md:{command.line}: {command.text}"
+            if command.text.startswith("ratekeeper serve"):
+                daemon = _start(command.text, shell_env, where)
+                continue
+            done = subprocess.run(
+                ["bash", "-c", f"set -o pipefail; {command.text}"],
+                cwd=ROOT,
+                env=shell_env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert done.returncode == 0, (
+                f"{where}\nexit {done.returncode}\n{done.stdout}{done.stderr}"
+            )
+            if command.output is not None:
+                assert done.stdout == command.output, where
+            pattern = OUTPUT_PATTERNS.get(command.text)
+            if pattern is not None:
+                assert re.fullmatch(pattern, done.stdout), f"{where}: printed {done.stdout!r}"
+    finally:
+        if daemon is not None:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=30)
+    assert daemon is not None, "no `ratekeeper serve` line was run"
+    assert daemon.returncode == 0, f"serve exited {daemon.returncode}\n{_log(shell_env)}"
+
+
+def _start(text: str, env: dict, where: str) -> subprocess.Popen:
+    """Starts the README's `serve` line and waits until `ratekeeper ping` answers."""
+    log = open(Path(env["HOME"]) / "serve.log", "w")  # noqa: SIM115 (closed by the caller)
+    daemon = subprocess.Popen(
+        ["bash", "-c", f"exec {text}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if daemon.poll() is not None:
+            pytest.fail(f"{where}: exited {daemon.returncode}\n{_log(env)}")
+        ping = subprocess.run(["ratekeeper", "ping"], env=env, capture_output=True)
+        if ping.returncode == 0:
+            return daemon
+        time.sleep(0.05)
+    daemon.kill()
+    pytest.fail(f"{where}: no answer to `ratekeeper ping` within 30 s")
+
+
+def _log(env: dict) -> str:
+    return (Path(env["HOME"]) / "serve.log").read_text()
