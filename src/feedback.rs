@@ -144,6 +144,16 @@ mod tests {
                 vec![],
             ),
             (
+                "Anthropic's 529 (overloaded) is no rate limit: it pauses nothing",
+                529,
+                vec![
+                    ("retry-after", "5"),
+                    ("anthropic-ratelimit-tokens-remaining", "80000"),
+                ],
+                None,
+                vec![(Tokens, 80_000)],
+            ),
+            (
                 "OpenAI's remaining counts",
                 200,
                 vec![
