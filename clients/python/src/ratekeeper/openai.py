@@ -41,9 +41,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from ._async import AsyncClient
-from ._openai_async import AsyncCompletions
+from ._openai_async import AsyncGate
 from ._openai_core import FALLBACK_MAX_TOKENS as FALLBACK_MAX_TOKENS
 from ._openai_core import (
+    UNLIMITED_CHAT_PARTS,
     UNLIMITED_SPENDERS,
     estimate_prompt_tokens,
     is_async_sdk,
@@ -51,7 +52,9 @@ from ._openai_core import (
     warn_unlimited,
     without_retries,
 )
-from ._openai_sync import Completions
+from ._openai_resources_async import AsyncCompletions, AsyncEmbeddings, AsyncResponses
+from ._openai_resources_sync import Completions, Embeddings, Responses
+from ._openai_sync import Gate
 from ._sync import Client
 
 __all__ = ["LimitOptions", "retry_delay", "wrap"]
@@ -106,16 +109,35 @@ def wrap(
 
 
 class _Wrapped:
-    """The wrapped client: `chat.completions.create` is limited, the rest passes through."""
+    """The wrapped client: `chat.completions`, `responses` and `embeddings` are
+    limited, the rest passes through (what spends tokens there warns once)."""
 
-    def __init__(self, client: Any, limiter: Any, settings: LimitOptions, is_async: bool) -> None:
+    def __init__(
+        self,
+        client: Any,
+        limiter: Any,
+        settings: LimitOptions,
+        is_async: bool,
+        warned: Optional[set] = None,
+    ) -> None:
         self._client = client
         self._raw = without_retries(client)
+        self._is_async = is_async
         self.limiter = limiter
         self.settings = settings
-        #: The unlimited parts already warned about.
-        self.warned: set = set()
-        self.chat = _Chat(self, is_async)
+        #: The unlimited parts already warned about (shared with copies).
+        self.warned: set = set() if warned is None else warned
+        self.gate = (AsyncGate if is_async else Gate)(limiter, settings)
+        self.chat = _Chat(self, (AsyncCompletions if is_async else Completions)(self))
+        self.responses = (AsyncResponses if is_async else Responses)(self)
+        self.embeddings = (AsyncEmbeddings if is_async else Embeddings)(self)
+
+    def with_options(self, **options: Any) -> Any:
+        """The SDK's `with_options` (also `copy`), limited like this client."""
+        copied = self._client.with_options(**options)
+        return _Wrapped(copied, self.limiter, self.settings, self._is_async, self.warned)
+
+    copy = with_options
 
     def __getattr__(self, name: str) -> Any:
         if name in UNLIMITED_SPENDERS:
@@ -124,12 +146,13 @@ class _Wrapped:
 
 
 class _Chat:
-    """`chat` of a wrapped client: its `completions` are limited (the calls themselves
-    are written once, in `_openai_async.py`, and generated into `_openai_sync.py`)."""
+    """`chat` of a wrapped client: its `completions` are limited."""
 
-    def __init__(self, wrapped: _Wrapped, is_async: bool) -> None:
+    def __init__(self, wrapped: _Wrapped, completions: Any) -> None:
         self._wrapped = wrapped
-        self.completions = (AsyncCompletions if is_async else Completions)(wrapped)
+        self.completions = completions
 
     def __getattr__(self, name: str) -> Any:
+        if name in UNLIMITED_CHAT_PARTS:
+            warn_unlimited(self._wrapped.warned, f"chat.{name}")
         return getattr(self._wrapped._client.chat, name)
