@@ -45,7 +45,7 @@ class AsyncGate:
         max_tokens = cost.max_tokens
         if max_tokens is None:
             max_tokens = settings.default_max_tokens
-        common = {
+        common: dict[str, Any] = {
             "tenant": settings.tenant,
             "priority": settings.priority,
             "max_wait": settings.max_wait,

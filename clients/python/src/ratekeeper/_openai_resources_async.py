@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import _openai_calls as calls
 from . import _openai_core as core
-from ._openai_async import AsyncLimitedStream
+from ._openai_async import AsyncGate, AsyncLimitedStream
 
 if TYPE_CHECKING:
     from ._async import AsyncLease
@@ -36,7 +36,7 @@ class AsyncResource:
 
     def __init__(self, wrapped: _Wrapped) -> None:
         self._wrapped = wrapped
-        self._gate = wrapped.gate
+        self._gate: AsyncGate = wrapped.gate
 
     def _sdk(self, client: Any) -> Any:
         """This resource in `client` (the wrapped client, or its copy without retries)."""
@@ -242,7 +242,7 @@ class AsyncLimitedStreamManager:
     `stream_options.include_usage`): a stream left unfinished keeps its
     whole reservation."""
 
-    def __init__(self, resource: AsyncResource, kwargs: dict) -> None:
+    def __init__(self, resource: AsyncResource, kwargs: dict[str, Any]) -> None:
         self._resource = resource
         self._kwargs = kwargs
         self._manager: Any = None

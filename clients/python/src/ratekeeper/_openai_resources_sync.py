@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import _openai_calls as calls
 from . import _openai_core as core
-from ._openai_sync import LimitedStream
+from ._openai_sync import Gate, LimitedStream
 
 if TYPE_CHECKING:
     from ._sync import Lease
@@ -38,7 +38,7 @@ class Resource:
 
     def __init__(self, wrapped: _Wrapped) -> None:
         self._wrapped = wrapped
-        self._gate = wrapped.gate
+        self._gate: Gate = wrapped.gate
 
     def _sdk(self, client: Any) -> Any:
         """This resource in `client` (the wrapped client, or its copy without retries)."""
@@ -244,7 +244,7 @@ class LimitedStreamManager:
     `stream_options.include_usage`): a stream left unfinished keeps its
     whole reservation."""
 
-    def __init__(self, resource: Resource, kwargs: dict) -> None:
+    def __init__(self, resource: Resource, kwargs: dict[str, Any]) -> None:
         self._resource = resource
         self._kwargs = kwargs
         self._manager: Any = None

@@ -47,7 +47,7 @@ class Gate:
         max_tokens = cost.max_tokens
         if max_tokens is None:
             max_tokens = settings.default_max_tokens
-        common = {
+        common: dict[str, Any] = {
             "tenant": settings.tenant,
             "priority": settings.priority,
             "max_wait": settings.max_wait,

@@ -127,7 +127,8 @@ class _Wrapped:
         self.settings = settings
         #: The unlimited parts already warned about (shared with copies).
         self.warned: set = set() if warned is None else warned
-        self.gate = (AsyncGate if is_async else Gate)(limiter, settings)
+        #: The rule every limited call goes through (an `AsyncGate` or a `Gate`).
+        self.gate: Any = (AsyncGate if is_async else Gate)(limiter, settings)
         self.chat = _Chat(self, (AsyncCompletions if is_async else Completions)(self))
         self.responses = (AsyncResponses if is_async else Responses)(self)
         self.embeddings = (AsyncEmbeddings if is_async else Embeddings)(self)
