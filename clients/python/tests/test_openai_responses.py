@@ -225,8 +225,12 @@ def test_embeddings_reserve_their_texts_and_report_their_usage(daemon, provider)
         # Kept: every text counted by the daemon's tokenizer, framed once, no output.
         reserved = sum(alone) - (len(texts) - 1) * framing
         assert level(limiter) == CAPACITY - reserved
+        # Not forwarded: a pause of this barely refilling limit would last minutes.
+        llm = llm_for(provider, limiter, feedback_interval=None)
+        provider.force(429, retry_after_ms="50")
         reply = llm.embeddings.create(model="text-embedding-3-small", input=texts)
         assert [len(item.embedding) for item in reply.data] == [4, 4, 4]
+        assert len(provider.bodies) == 3  # the 429 was released and retried
         assert level(limiter) == CAPACITY - reserved - reply.usage.prompt_tokens
 
 
@@ -273,7 +277,10 @@ def test_asyncio_responses_and_embeddings(daemon, provider):
             spent += used(final.usage)
             assert await async_level(limiter) == CAPACITY - spent
 
+            provider.force(429, retry_after_ms="50")
+            served = len(provider.bodies)
             embedded = await llm.embeddings.create(model="text-embedding-3-small", input="Hi")
+            assert len(provider.bodies) == served + 2
             spent += embedded.usage.prompt_tokens
             assert await async_level(limiter) == CAPACITY - spent
             await raw.close()

@@ -91,7 +91,8 @@ class Api:
         if usage is None:
             return None
         input_name, output_name = self.usage_fields
-        used = _tokens(_get(usage, input_name)), _tokens(_get(usage, output_name or ""))
+        output = None if output_name is None else _tokens(_get(usage, output_name))
+        used = _tokens(_get(usage, input_name)), output
         if used == (None, None):
             return None
         return used[0] or 0, used[1] or 0
