@@ -38,7 +38,8 @@ the `usage` it answered, so the unused part of the reservation goes back:
   its parsed usage, its headers always forwarded (a stream's `parse()`
   settles at its end); `with_streaming_response.<call>`: settled when its
   `with` block is left, from what was read through `parse()`, `json()`,
-  `read()` or `text()`, else as reserved.
+  `read()` or `text()`, else as reserved (a chat stream's raw lines carry
+  the usage chunk the wrapper asks for).
 
 A 429 from the provider (other applications on the same key) releases the
 lease, forwards the answer's headers to the sidecar (which pauses the limit
