@@ -1,10 +1,12 @@
-"""An OpenAI-compatible fake provider: POST /v1/chat/completions on 127.0.0.1.
+"""An OpenAI-compatible fake provider on 127.0.0.1: POST /v1/chat/completions,
+/v1/responses and /v1/embeddings (the endpoints are in `_fake_openai_endpoints.py`).
 
 It limits the way OpenAI's rate-limit guide says the real one does: a token
 bucket of tokens per minute and one of requests per minute, each holding one
 minute's worth and refilling continuously; a request is charged at arrival
 `rate_limit_charge(body)` tokens and one request, and nothing is ever
-refunded. Over either limit it answers 429 with OpenAI's error body and
+refunded (a Responses request the same by its `max_output_tokens` and text,
+an embeddings one by its text alone). Over either limit it answers 429 with OpenAI's error body and
 `retry-after` / `retry-after-ms`; every answer, 200 or 429, carries the
 `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` headers.
 
@@ -14,8 +16,9 @@ foreign traffic, another application on the same API key taking a fraction
 of both limits; and a record of every request (arrival, charge, status,
 what was left) for computing 429 counts and utilization afterwards.
 
-Streams are server-sent events, with a final usage chunk when
-`stream_options.include_usage` is set.
+Streams are server-sent events: chat chunks, with a final usage chunk when
+`stream_options.include_usage` is set, or the Responses API's typed events,
+the usage on the final `response.completed`.
 
 Standalone (`python _fake_openai.py --tpm 300000 --rpm 3000 ...`) it prints
 one JSON line with its `base_url`, serves until SIGTERM or SIGINT, and
@@ -35,75 +38,27 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 
-#: OpenAI's "a token is about 4 characters", the divisor of its charge estimate.
-CHARS_PER_TOKEN = 4.0
-#: The output charged when a request names no `max_tokens`.
-DEFAULT_MAX_TOKENS = 4096
+from _fake_openai_endpoints import (
+    CHARS_PER_TOKEN,
+    DEFAULT_MAX_TOKENS,
+    ENDPOINTS,
+    max_output_tokens,
+    prompt_tokens,
+    rate_limit_charge,
+    request_characters,
+)
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "RECORDS_PATH",
+    "FakeProvider",
+    "max_output_tokens",
+    "prompt_tokens",
+    "rate_limit_charge",
+    "request_characters",
+]
+
 RECORDS_PATH = "/fake/records"
-
-
-def _compact_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
-def request_characters(body: dict) -> int:
-    """The characters of a chat request's text (Python `len`: Unicode code points).
-
-    Per message: its text content (a string, or the `text` of each content
-    part), its `name`, and the compact JSON of its `tool_calls`; plus the
-    compact JSON of the request's `tools`.
-    """
-    total = 0
-    for message in body.get("messages") or []:
-        content = message.get("content")
-        if isinstance(content, str):
-            total += len(content)
-        elif isinstance(content, list):
-            total += sum(
-                len(part["text"])
-                for part in content
-                if isinstance(part, dict) and isinstance(part.get("text"), str)
-            )
-        total += len(message.get("name") or "")
-        if message.get("tool_calls"):
-            total += len(_compact_json(message["tool_calls"]))
-    if body.get("tools"):
-        total += len(_compact_json(body["tools"]))
-    return total
-
-
-def max_output_tokens(body: dict) -> int:
-    """`max_completion_tokens`, else `max_tokens`, else OpenAI's default of 4096."""
-    for key in ("max_completion_tokens", "max_tokens"):
-        if body.get(key) is not None:
-            return int(body[key])
-    return DEFAULT_MAX_TOKENS
-
-
-def rate_limit_charge(body: dict, chars_per_token: float = CHARS_PER_TOKEN) -> int:
-    """What a request costs the token limit, by OpenAI's rate-limit guide:
-    "the maximum of max_tokens and the estimated number of tokens based on the
-    character count of your request", `max(max_tokens, ceil(chars / 4))`.
-
-    This is the one definition the fake limits by; the daemon's `openai`
-    preset is meant to compute the same figure.
-    """
-    estimate = math.ceil(request_characters(body) / chars_per_token)
-    return max(max_output_tokens(body), estimate)
-
-
-def prompt_tokens(messages: list, tools: Any = None) -> int:
-    """The prompt tokens the fake reports as usage (not what it charges):
-    about four characters a token, four per message, three to prime."""
-    total = 3
-    for message in messages:
-        content = message.get("content") or ""
-        if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content)
-        total += 4 + math.ceil(len(content) / 4)
-    if tools:
-        total += math.ceil(len(_compact_json(tools)) / 4)
-    return total
 
 
 def duration(seconds: float) -> str:
@@ -205,17 +160,10 @@ class FakeProvider:
             headers[f"x-ratelimit-reset-{kind}"] = duration(bucket.wait_for(bucket.capacity))
         return headers
 
-    def _decide(self, body: dict) -> tuple[int, dict, dict, Optional[dict]]:
+    def _decide(self, endpoint: Any, body: dict) -> tuple[int, dict, dict, Optional[dict]]:
         """(status, headers, usage, error) for one request, charging the buckets."""
-        charge = rate_limit_charge(body, self.chars_per_token)
-        max_tokens = max_output_tokens(body)
-        prompt = prompt_tokens(body.get("messages") or [], body.get("tools"))
-        completion = min(self.completion_tokens, max_tokens)
-        usage = {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
+        charge = endpoint.charge(body, self.chars_per_token)
+        usage = endpoint.usage(body, self.completion_tokens)
         with self.lock:
             now = time.monotonic()
             self.bodies.append(body)
@@ -253,6 +201,7 @@ class FakeProvider:
             self.records.append(
                 {
                     "arrival": now,
+                    "path": endpoint.path,
                     "charge": charge,
                     "status": status,
                     "tokens_left": self.tokens.level,
@@ -301,32 +250,15 @@ class FakeProvider:
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
-                if self.path.rstrip("/") != "/v1/chat/completions":
+                endpoint = ENDPOINTS.get(self.path.rstrip("/"))
+                if endpoint is None:
                     return self._json(404, {}, _error(404, "not found", "invalid_request_error"))
-                status, headers, usage, error = provider._decide(body)
+                status, headers, usage, error = provider._decide(endpoint, body)
                 if error is not None:
                     return self._json(status, headers, error)
-                model = body.get("model", "fake")
                 if body.get("stream"):
-                    return self._stream(headers, body, model, usage)
-                return self._json(
-                    200,
-                    headers,
-                    {
-                        "id": "chatcmpl-fake",
-                        "object": "chat.completion",
-                        "created": int(time.time()),
-                        "model": model,
-                        "choices": [
-                            {
-                                "index": 0,
-                                "message": {"role": "assistant", "content": "fake reply"},
-                                "finish_reason": "stop",
-                            }
-                        ],
-                        "usage": usage,
-                    },
-                )
+                    return self._stream(headers, endpoint.events(body, usage))
+                return self._json(200, headers, endpoint.reply(body, usage))
 
             def _json(self, status: int, headers: dict, payload: dict) -> None:
                 data = json.dumps(payload).encode()
@@ -338,38 +270,16 @@ class FakeProvider:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def _stream(self, headers: dict, body: dict, model: str, usage: dict) -> None:
+            def _stream(self, headers: dict, frames: list[str]) -> None:
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("connection", "close")
                 for name, value in headers.items():
                     self.send_header(name, value)
                 self.end_headers()
-                include_usage = (body.get("stream_options") or {}).get("include_usage")
-
-                def event(choices: list, with_usage: Any = None) -> None:
-                    chunk = {
-                        "id": "chatcmpl-fake",
-                        "object": "chat.completion.chunk",
-                        "created": int(time.time()),
-                        "model": model,
-                        "choices": choices,
-                    }
-                    if include_usage:
-                        chunk["usage"] = with_usage
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                for frame in frames:
+                    self.wfile.write(frame.encode())
                     self.wfile.flush()
-
-                for index, piece in enumerate(["fake", " streamed", " reply"]):
-                    delta = {"content": piece}
-                    if index == 0:
-                        delta["role"] = "assistant"
-                    event([{"index": 0, "delta": delta, "finish_reason": None}])
-                event([{"index": 0, "delta": {}, "finish_reason": "stop"}])
-                if include_usage:
-                    event([], usage)
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
                 self.close_connection = True
 
         return Handler

@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 import ratekeeper
-from ratekeeper import _anthropic_async, _anthropic_sync, _openai_async, _openai_sync
+from ratekeeper import (
+    _anthropic_async,
+    _anthropic_sync,
+    _openai_async,
+    _openai_resources_async,
+    _openai_resources_sync,
+    _openai_sync,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,8 +61,20 @@ ASYNC_DUNDERS = {
 PAIRS = [
     (ratekeeper.Client, ratekeeper.AsyncClient),
     (ratekeeper.Lease, ratekeeper.AsyncLease),
-    (_openai_sync.Completions, _openai_async.AsyncCompletions),
+    (_openai_sync.Gate, _openai_async.AsyncGate),
     (_openai_sync.LimitedStream, _openai_async.AsyncLimitedStream),
+    *(
+        (getattr(_openai_resources_sync, name), getattr(_openai_resources_async, f"Async{name}"))
+        for name in (
+            "Completions",
+            "Responses",
+            "Resource",
+            "LimitedResponseContext",
+            "LimitedResponse",
+            "LimitedStreamManager",
+            "ObservedEvents",
+        )
+    ),
     (_anthropic_sync.Messages, _anthropic_async.AsyncMessages),
     (_anthropic_sync.LimitedStreamManager, _anthropic_async.AsyncLimitedStreamManager),
     (_anthropic_sync.LimitedEvents, _anthropic_async.AsyncLimitedEvents),
@@ -63,7 +82,11 @@ PAIRS = [
 
 #: Asyncio methods that are not awaited, like the SDK's own: `messages.stream()`
 #: gives a context manager to `async with`.
-NOT_AWAITED = {(_anthropic_async.AsyncMessages, "stream")}
+NOT_AWAITED = {
+    (_anthropic_async.AsyncMessages, "stream"),
+    (_openai_resources_async.AsyncCompletions, "stream"),
+    (_openai_resources_async.AsyncResponses, "stream"),
+}
 
 
 def blocking_name(name: str) -> str:

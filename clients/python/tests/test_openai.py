@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import warnings
 
 import openai
 import pytest
@@ -79,25 +78,6 @@ def test_a_completion_reserves_calls_and_reports_its_usage(daemon, provider):
         assert level(limiter) == CAPACITY - reply.usage.total_tokens
         assert len(provider.bodies) == 1
         assert llm.base_url == sync_openai(provider).base_url  # the rest passes through
-
-
-def test_token_spending_calls_it_does_not_limit_warn_once(daemon, provider):
-    with Client(daemon.socket) as limiter:
-        llm = wrap(sync_openai(provider), limiter, limit="gpt")
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert llm.models is not None  # spends nothing: no warning
-            assert llm.chat.completions.create is not None
-        for reach in (
-            lambda: llm.embeddings,
-            lambda: llm.responses,
-            lambda: llm.chat.completions.with_raw_response,
-        ):
-            with pytest.warns(RuntimeWarning, match="not rate-limited"):
-                assert reach() is not None
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")
-                reach()  # once per wrapped client and name
 
 
 def test_a_stream_reports_at_its_end_and_hides_the_usage_chunk(daemon, provider):

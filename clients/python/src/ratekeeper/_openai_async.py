@@ -1,78 +1,84 @@
-"""The OpenAI wrapper's limited calls, written once: acquire, call, settle, retry.
+"""The OpenAI wrapper's rule for a limited call, written once: acquire, call, settle, retry.
 
-`AsyncCompletions.create` acquires from the limit, calls the provider, and
-reports the usage it answered, then forwards the provider's rate-limit headers
-to the sidecar (every 429, a sample of the other answers); a provider 429
-releases the lease, waits as the headers say and tries again.
-`AsyncLimitedStream` reports when its stream ends.
+`AsyncGate.limited` acquires a call's cost from the limit and makes the call;
+a provider 429 releases the lease, is forwarded to the sidecar, waits as the
+headers say and tries again, another 4xx releases, anything else keeps the
+reservation (see `core.failure`). `AsyncGate.settle` reports the usage the
+provider answered and forwards its rate-limit headers (every 429, a sample of
+the other answers, every raw answer). `AsyncLimitedStream` settles a stream
+when it ends. The endpoints built on them are in `_openai_resources_async.py`.
 
-The wrapper's halves are written for asyncio, in `_openai_async.py`;
-`scripts/unasync.py` generates the blocking `_openai_sync.py` from it (see
-`_async.py`). Edit `_openai_async.py`, then run `python scripts/unasync.py` in
-clients/python; a test fails while `_openai_sync.py` is stale.
+Written for asyncio; `scripts/unasync.py` generates the blocking
+`_openai_sync.py` from this file (see `_async.py`). Edit this one, then run
+`python scripts/unasync.py` in clients/python; a test fails while the
+generated file is stale.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from . import _openai_calls as calls
 from . import _openai_core as core
 from ._errors import ErrorCode, RatekeeperError, Unsupported
 from ._io_async import sleep
 
 if TYPE_CHECKING:
     from ._async import AsyncClient, AsyncLease
-    from .openai import _Wrapped
+    from .openai import LimitOptions
 
 
-class AsyncCompletions:
-    """`chat.completions` of a wrapped client: `create` is limited, the rest passes through."""
+class AsyncGate:
+    """What every limited call of one wrapped client goes through: the limit,
+    the settings, and the sample of answers whose headers are forwarded."""
 
-    def __init__(self, wrapped: _Wrapped) -> None:
-        self._wrapped = wrapped
-        self._settings = wrapped.settings
-        self._sampler = core.FeedbackSampler(wrapped.settings.feedback_interval)
+    def __init__(self, limiter: AsyncClient, settings: LimitOptions) -> None:
+        self.limiter = limiter
+        self.settings = settings
+        self.sampler = core.FeedbackSampler(settings.feedback_interval)
 
-    def __getattr__(self, name: str) -> Any:
-        if name in core.UNLIMITED_CHAT_CALLS:
-            core.warn_unlimited(self._wrapped.warned, f"chat.completions.{name}")
-        return getattr(self._wrapped._client.chat.completions, name)
-
-    async def _acquire(self, kwargs: dict) -> AsyncLease:
-        settings = self._settings
-        limiter: AsyncClient = self._wrapped.limiter
-        messages, tools, max_tokens = core.cost(kwargs)
-        max_tokens = max_tokens or settings.default_max_tokens
-        common = {
+    async def acquire(self, cost: calls.Cost) -> AsyncLease:
+        """A lease for `cost`: counted by the daemon, or by a rough client-side
+        estimate while the daemon cannot count messages."""
+        settings = self.settings
+        limiter = self.limiter
+        max_tokens = cost.max_tokens
+        if max_tokens is None:
+            max_tokens = settings.default_max_tokens
+        common: dict[str, Any] = {
             "tenant": settings.tenant,
             "priority": settings.priority,
             "max_wait": settings.max_wait,
         }
+        tokens = cost.tokens
+        if tokens is not None:
+            return await limiter.acquire(settings.limit, tokens, max_tokens=max_tokens, **common)
+        messages = cost.messages or []
         try:
             return await limiter.acquire(
-                settings.limit, messages=messages, max_tokens=max_tokens, tools=tools, **common
+                settings.limit, messages=messages, max_tokens=max_tokens, tools=cost.tools, **common
             )
         except Unsupported:  # transitional: a daemon from before token counting
-            prompt = settings.estimate(messages, tools)
-            output = max_tokens or core.FALLBACK_MAX_TOKENS
+            prompt = settings.estimate(messages, cost.tools)
+            output = core.FALLBACK_MAX_TOKENS if max_tokens is None else max_tokens
             return await limiter.acquire(settings.limit, prompt, max_tokens=output, **common)
 
-    async def create(self, **kwargs: Any) -> Any:
-        """`chat.completions.create`, limited: acquire, call, report the usage."""
-        hide_usage = core.prepare(kwargs)
-        settings = self._settings
+    async def limited(self, cost: calls.Cost, call: Callable[[], Any]) -> tuple[Any, AsyncLease]:
+        """Acquires `cost` and awaits `call()`, retrying a provider 429 as the
+        module says; (what the call answered, its unsettled lease)."""
+        settings = self.settings
         attempt = 0
         while True:
-            lease = await self._acquire(kwargs)
+            lease = await self.acquire(cost)
             try:
-                result, headers = await self._call(kwargs)
+                result = await call()
             except BaseException as error:
                 outcome = core.failure(error)
                 await settle_failed(lease, outcome)
                 if outcome != "retry":
                     raise
                 headers = getattr(getattr(error, "response", None), "headers", None)
-                paused = await self._forward(lease, 429, headers)
+                paused = await self.forward(lease, 429, headers)
                 if attempt >= settings.max_retries:
                     raise
                 # Paused in the sidecar: the next acquire waits exactly as long.
@@ -83,24 +89,23 @@ class AsyncCompletions:
                 await sleep(delay)
                 attempt += 1
                 continue
-            if kwargs.get("stream") is True:
-                return AsyncLimitedStream(result, lease, hide_usage, self, headers)
-            await _report(lease, getattr(result, "usage", None))
-            await self._forward(lease, 200, headers)
-            return result
+            return result, lease
 
-    async def _call(self, kwargs: dict) -> tuple[Any, Any]:
-        """The provider's answer, with its headers when a sample is due (else None)."""
-        completions = self._wrapped._raw.chat.completions
-        raw_response = getattr(completions, "with_raw_response", None)
-        if raw_response is None or not self._sampler.due():
-            return await completions.create(**kwargs), None
-        answer = await raw_response.create(**kwargs)
-        return answer.parse(), answer.headers
+    async def settle(self, lease: AsyncLease, counts: Optional[calls.Counts], headers: Any) -> None:
+        """Reports `counts` (None: the reservation counts as spent) and forwards
+        the answer's `headers` (None: not this one)."""
+        try:
+            if counts is None:
+                await lease.settle_as_reserved()
+            else:
+                await lease.report(input_tokens=counts[0], output_tokens=counts[1])
+        except RatekeeperError as error:
+            core.log_settle_error(lease, error)
+        await self.forward(lease, 200, headers)
 
-    async def _forward(self, lease: AsyncLease, status: int, headers: Any) -> bool:
+    async def forward(self, lease: AsyncLease, status: int, headers: Any) -> bool:
         """Forwards an answer's rate-limit headers; True if the sidecar paused the limit."""
-        return await forward_feedback(self._sampler, lease, status, headers)
+        return await forward_feedback(self.sampler, lease, status, headers)
 
 
 async def forward_feedback(
@@ -131,39 +136,30 @@ async def settle_failed(lease: AsyncLease, outcome: str) -> None:
         core.log_settle_error(lease, error)
 
 
-async def _report(lease: AsyncLease, usage: Any) -> None:
-    """Settles with the provider's usage; without one, the reservation counts as spent."""
-    counts = core.usage_counts(usage)
-    try:
-        if counts is None:
-            await lease.settle_as_reserved()
-        else:
-            await lease.report(input_tokens=counts[0], output_tokens=counts[1])
-    except RatekeeperError as error:
-        core.log_settle_error(lease, error)
-
-
 class AsyncLimitedStream:
     """A provider stream that reports its usage to the lease when it ends.
 
     Iterate it to the end or close it (it is a context manager, like the
     stream it wraps); a stream abandoned half-way keeps its whole reservation.
+    The usage chunk the wrapper asked for is hidden from a caller who did not.
     """
 
     def __init__(
         self,
         stream: Any,
         lease: AsyncLease,
+        api: calls.Api,
         hide_usage: bool,
-        completions: AsyncCompletions,
+        gate: AsyncGate,
         headers: Any,
     ) -> None:
         self._stream = stream
         self._iterator = stream.__aiter__()
         self._lease = lease
+        self._api = api
         self._hide_usage = hide_usage
         self._usage: Any = None
-        self._completions = completions
+        self._gate = gate
         self._headers = headers
 
     def __aiter__(self) -> AsyncLimitedStream:
@@ -172,28 +168,28 @@ class AsyncLimitedStream:
     async def __anext__(self) -> Any:
         while True:
             try:
-                chunk = await self._iterator.__anext__()
+                event = await self._iterator.__anext__()
             except BaseException:  # the end of the stream, or a failure
-                await self._finish()
+                await self.finish()
                 raise
-            usage = getattr(chunk, "usage", None)
+            usage = self._api.event_usage(event)
             if usage is not None:
                 self._usage = usage
-                if self._hide_usage and not getattr(chunk, "choices", None):
-                    continue  # the usage-only chunk the caller did not ask for
-            return chunk
+            if self._hide_usage and self._api.usage_only(event):
+                continue  # the usage-only chunk the caller did not ask for
+            return event
 
-    async def _finish(self) -> None:
+    async def finish(self) -> None:
+        """Settles the lease with the usage seen so far (none: as reserved)."""
         if not self._lease.settled:
-            await _report(self._lease, self._usage)
-            await self._completions._forward(self._lease, 200, self._headers)
+            await self._gate.settle(self._lease, self._api.counts(self._usage), self._headers)
 
     async def close(self) -> None:
         """Closes the provider's stream and settles the lease."""
         try:
             await self._stream.close()
         finally:
-            await self._finish()
+            await self.finish()
 
     async def __aenter__(self) -> AsyncLimitedStream:
         return self

@@ -1,9 +1,11 @@
 """What both halves of the OpenAI wrapper share that never waits.
 
-Reading the provider's rate-limit headers (`retry_delay`), preparing a stream
-to report its usage, reading a request's cost and a reply's usage, and what a
-failed provider call means for its lease. The halves that do wait are written
-once in `_openai_async.py`, and `_openai_sync.py` is generated from it.
+Reading the provider's rate-limit headers (`retry_delay`), when to forward
+them (`FeedbackSampler`), what a failed provider call means for its lease,
+and which parts of the client spend tokens unlimited. What each limited call
+costs and used is in `_openai_calls.py`; the halves that do wait are written
+once in `_openai_async.py` and `_openai_resources_async.py`, and the blocking
+ones are generated from them.
 """
 
 from __future__ import annotations
@@ -113,37 +115,6 @@ def status_code(error: BaseException) -> Optional[int]:
     return status if isinstance(status, int) else None
 
 
-def prepare(kwargs: dict) -> bool:
-    """Asks a stream for its usage; True when the caller did not ask for it."""
-    if kwargs.get("stream") is not True:
-        return False
-    stream_options = dict(kwargs.get("stream_options") or {})
-    injected = "include_usage" not in stream_options
-    stream_options.setdefault("include_usage", True)
-    kwargs["stream_options"] = stream_options
-    return injected
-
-
-def usage_counts(usage: Any) -> Optional[tuple[int, int]]:
-    if usage is None:
-        return None
-    if isinstance(usage, dict):
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    else:
-        prompt = getattr(usage, "prompt_tokens", None)
-        completion = getattr(usage, "completion_tokens", None)
-    if prompt is None and completion is None:
-        return None
-    return int(prompt or 0), int(completion or 0)
-
-
-def cost(kwargs: dict) -> tuple[Any, Any, Optional[int]]:
-    messages = kwargs.get("messages") or []
-    tools = kwargs.get("tools") or kwargs.get("functions")
-    max_tokens = kwargs.get("max_completion_tokens") or kwargs.get("max_tokens")
-    return list(messages), tools, max_tokens
-
-
 def failure(error: BaseException) -> str:
     """What a failed provider call means for its lease.
 
@@ -183,12 +154,23 @@ def estimate_prompt_tokens(messages: Iterable[MessageLike], tools: Any = None) -
 
 
 #: Parts of the OpenAI client that spend tokens but pass through the wrapper
-#: unlimited: reaching one warns (once per wrapped client and name).
+#: unlimited: reaching one warns (once per wrapped client and name). The
+#: client-wide `with_raw_response` / `with_streaming_response` reach every
+#: resource unlimited; the wrapped resources have their own.
 UNLIMITED_SPENDERS = frozenset(
-    {"responses", "embeddings", "completions", "images", "audio", "beta", "batches", "realtime"}
+    {
+        "completions",
+        "images",
+        "audio",
+        "beta",
+        "batches",
+        "realtime",
+        "with_raw_response",
+        "with_streaming_response",
+    }
 )
-#: The same for `chat.completions`: calls the wrapper does not limit.
-UNLIMITED_CHAT_CALLS = frozenset({"with_raw_response", "with_streaming_response"})
+#: The same for `chat`: its own raw and streaming views reach `completions` unlimited.
+UNLIMITED_CHAT_PARTS = frozenset({"with_raw_response", "with_streaming_response"})
 
 
 def warn_unlimited(seen: set, path: str) -> None:
@@ -221,3 +203,21 @@ def without_retries(client: Any) -> Any:
     never retried behind the limiter's back."""
     with_options = getattr(client, "with_options", None)
     return with_options(max_retries=0) if callable(with_options) else client
+
+
+class RawStreamResponse:
+    """A stream's raw answer (`with_raw_response.create(stream=True)`) whose
+    `parse()` gives the wrapper's stream, which settles at its end, instead of
+    the SDK's; everything else (`headers`, `http_response`, ...) is the SDK's."""
+
+    def __init__(self, response: Any, stream: Any) -> None:
+        self._response = response
+        self._stream = stream
+
+    def parse(self, *, to: Any = None) -> Any:
+        if to is None:
+            return self._stream
+        return self._response.parse(to=to)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._response, name)

@@ -1,80 +1,86 @@
 # Generated from src/ratekeeper/_openai_async.py by scripts/unasync.py: do not edit.
 # Edit the source, then run `python scripts/unasync.py` in clients/python.
-"""The OpenAI wrapper's limited calls, written once: acquire, call, settle, retry.
+"""The OpenAI wrapper's rule for a limited call, written once: acquire, call, settle, retry.
 
-`Completions.create` acquires from the limit, calls the provider, and
-reports the usage it answered, then forwards the provider's rate-limit headers
-to the sidecar (every 429, a sample of the other answers); a provider 429
-releases the lease, waits as the headers say and tries again.
-`LimitedStream` reports when its stream ends.
+`Gate.limited` acquires a call's cost from the limit and makes the call;
+a provider 429 releases the lease, is forwarded to the sidecar, waits as the
+headers say and tries again, another 4xx releases, anything else keeps the
+reservation (see `core.failure`). `Gate.settle` reports the usage the
+provider answered and forwards its rate-limit headers (every 429, a sample of
+the other answers, every raw answer). `LimitedStream` settles a stream
+when it ends. The endpoints built on them are in `_openai_resources_sync.py`.
 
-The wrapper's halves are written for asyncio, in `_openai_sync.py`;
-`scripts/unasync.py` generates the blocking `_openai_sync.py` from it (see
-`_async.py`). Edit `_openai_sync.py`, then run `python scripts/unasync.py` in
-clients/python; a test fails while `_openai_sync.py` is stale.
+Written for asyncio; `scripts/unasync.py` generates the blocking
+`_openai_sync.py` from this file (see `_async.py`). Edit this one, then run
+`python scripts/unasync.py` in clients/python; a test fails while the
+generated file is stale.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from . import _openai_calls as calls
 from . import _openai_core as core
 from ._errors import ErrorCode, RatekeeperError, Unsupported
 from ._io_sync import sleep
 
 if TYPE_CHECKING:
     from ._sync import Client, Lease
-    from .openai import _Wrapped
+    from .openai import LimitOptions
 
 
-class Completions:
-    """`chat.completions` of a wrapped client: `create` is limited, the rest passes through."""
+class Gate:
+    """What every limited call of one wrapped client goes through: the limit,
+    the settings, and the sample of answers whose headers are forwarded."""
 
-    def __init__(self, wrapped: _Wrapped) -> None:
-        self._wrapped = wrapped
-        self._settings = wrapped.settings
-        self._sampler = core.FeedbackSampler(wrapped.settings.feedback_interval)
+    def __init__(self, limiter: Client, settings: LimitOptions) -> None:
+        self.limiter = limiter
+        self.settings = settings
+        self.sampler = core.FeedbackSampler(settings.feedback_interval)
 
-    def __getattr__(self, name: str) -> Any:
-        if name in core.UNLIMITED_CHAT_CALLS:
-            core.warn_unlimited(self._wrapped.warned, f"chat.completions.{name}")
-        return getattr(self._wrapped._client.chat.completions, name)
-
-    def _acquire(self, kwargs: dict) -> Lease:
-        settings = self._settings
-        limiter: Client = self._wrapped.limiter
-        messages, tools, max_tokens = core.cost(kwargs)
-        max_tokens = max_tokens or settings.default_max_tokens
-        common = {
+    def acquire(self, cost: calls.Cost) -> Lease:
+        """A lease for `cost`: counted by the daemon, or by a rough client-side
+        estimate while the daemon cannot count messages."""
+        settings = self.settings
+        limiter = self.limiter
+        max_tokens = cost.max_tokens
+        if max_tokens is None:
+            max_tokens = settings.default_max_tokens
+        common: dict[str, Any] = {
             "tenant": settings.tenant,
             "priority": settings.priority,
             "max_wait": settings.max_wait,
         }
+        tokens = cost.tokens
+        if tokens is not None:
+            return limiter.acquire(settings.limit, tokens, max_tokens=max_tokens, **common)
+        messages = cost.messages or []
         try:
             return limiter.acquire(
-                settings.limit, messages=messages, max_tokens=max_tokens, tools=tools, **common
+                settings.limit, messages=messages, max_tokens=max_tokens, tools=cost.tools, **common
             )
         except Unsupported:  # transitional: a daemon from before token counting
-            prompt = settings.estimate(messages, tools)
-            output = max_tokens or core.FALLBACK_MAX_TOKENS
+            prompt = settings.estimate(messages, cost.tools)
+            output = core.FALLBACK_MAX_TOKENS if max_tokens is None else max_tokens
             return limiter.acquire(settings.limit, prompt, max_tokens=output, **common)
 
-    def create(self, **kwargs: Any) -> Any:
-        """`chat.completions.create`, limited: acquire, call, report the usage."""
-        hide_usage = core.prepare(kwargs)
-        settings = self._settings
+    def limited(self, cost: calls.Cost, call: Callable[[], Any]) -> tuple[Any, Lease]:
+        """Acquires `cost` and awaits `call()`, retrying a provider 429 as the
+        module says; (what the call answered, its unsettled lease)."""
+        settings = self.settings
         attempt = 0
         while True:
-            lease = self._acquire(kwargs)
+            lease = self.acquire(cost)
             try:
-                result, headers = self._call(kwargs)
+                result = call()
             except BaseException as error:
                 outcome = core.failure(error)
                 settle_failed(lease, outcome)
                 if outcome != "retry":
                     raise
                 headers = getattr(getattr(error, "response", None), "headers", None)
-                paused = self._forward(lease, 429, headers)
+                paused = self.forward(lease, 429, headers)
                 if attempt >= settings.max_retries:
                     raise
                 # Paused in the sidecar: the next acquire waits exactly as long.
@@ -85,24 +91,23 @@ class Completions:
                 sleep(delay)
                 attempt += 1
                 continue
-            if kwargs.get("stream") is True:
-                return LimitedStream(result, lease, hide_usage, self, headers)
-            _report(lease, getattr(result, "usage", None))
-            self._forward(lease, 200, headers)
-            return result
+            return result, lease
 
-    def _call(self, kwargs: dict) -> tuple[Any, Any]:
-        """The provider's answer, with its headers when a sample is due (else None)."""
-        completions = self._wrapped._raw.chat.completions
-        raw_response = getattr(completions, "with_raw_response", None)
-        if raw_response is None or not self._sampler.due():
-            return completions.create(**kwargs), None
-        answer = raw_response.create(**kwargs)
-        return answer.parse(), answer.headers
+    def settle(self, lease: Lease, counts: Optional[calls.Counts], headers: Any) -> None:
+        """Reports `counts` (None: the reservation counts as spent) and forwards
+        the answer's `headers` (None: not this one)."""
+        try:
+            if counts is None:
+                lease.settle_as_reserved()
+            else:
+                lease.report(input_tokens=counts[0], output_tokens=counts[1])
+        except RatekeeperError as error:
+            core.log_settle_error(lease, error)
+        self.forward(lease, 200, headers)
 
-    def _forward(self, lease: Lease, status: int, headers: Any) -> bool:
+    def forward(self, lease: Lease, status: int, headers: Any) -> bool:
         """Forwards an answer's rate-limit headers; True if the sidecar paused the limit."""
-        return forward_feedback(self._sampler, lease, status, headers)
+        return forward_feedback(self.sampler, lease, status, headers)
 
 
 def forward_feedback(
@@ -133,39 +138,30 @@ def settle_failed(lease: Lease, outcome: str) -> None:
         core.log_settle_error(lease, error)
 
 
-def _report(lease: Lease, usage: Any) -> None:
-    """Settles with the provider's usage; without one, the reservation counts as spent."""
-    counts = core.usage_counts(usage)
-    try:
-        if counts is None:
-            lease.settle_as_reserved()
-        else:
-            lease.report(input_tokens=counts[0], output_tokens=counts[1])
-    except RatekeeperError as error:
-        core.log_settle_error(lease, error)
-
-
 class LimitedStream:
     """A provider stream that reports its usage to the lease when it ends.
 
     Iterate it to the end or close it (it is a context manager, like the
     stream it wraps); a stream abandoned half-way keeps its whole reservation.
+    The usage chunk the wrapper asked for is hidden from a caller who did not.
     """
 
     def __init__(
         self,
         stream: Any,
         lease: Lease,
+        api: calls.Api,
         hide_usage: bool,
-        completions: Completions,
+        gate: Gate,
         headers: Any,
     ) -> None:
         self._stream = stream
         self._iterator = stream.__iter__()
         self._lease = lease
+        self._api = api
         self._hide_usage = hide_usage
         self._usage: Any = None
-        self._completions = completions
+        self._gate = gate
         self._headers = headers
 
     def __iter__(self) -> LimitedStream:
@@ -174,28 +170,28 @@ class LimitedStream:
     def __next__(self) -> Any:
         while True:
             try:
-                chunk = self._iterator.__next__()
+                event = self._iterator.__next__()
             except BaseException:  # the end of the stream, or a failure
-                self._finish()
+                self.finish()
                 raise
-            usage = getattr(chunk, "usage", None)
+            usage = self._api.event_usage(event)
             if usage is not None:
                 self._usage = usage
-                if self._hide_usage and not getattr(chunk, "choices", None):
-                    continue  # the usage-only chunk the caller did not ask for
-            return chunk
+            if self._hide_usage and self._api.usage_only(event):
+                continue  # the usage-only chunk the caller did not ask for
+            return event
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
+        """Settles the lease with the usage seen so far (none: as reserved)."""
         if not self._lease.settled:
-            _report(self._lease, self._usage)
-            self._completions._forward(self._lease, 200, self._headers)
+            self._gate.settle(self._lease, self._api.counts(self._usage), self._headers)
 
     def close(self) -> None:
         """Closes the provider's stream and settles the lease."""
         try:
             self._stream.close()
         finally:
-            self._finish()
+            self.finish()
 
     def __enter__(self) -> LimitedStream:
         return self

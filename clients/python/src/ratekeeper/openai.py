@@ -1,38 +1,70 @@
-"""Rate-limit an OpenAI client's chat completions through the sidecar.
+"""Rate-limit an OpenAI client's token-spending calls through the sidecar.
 
     import openai, ratekeeper
     from ratekeeper.openai import wrap
 
     llm = wrap(openai.OpenAI(), ratekeeper.Client(), limit="gpt-4o-mini")
     reply = llm.chat.completions.create(model="gpt-4o-mini", messages=[...], max_tokens=300)
+    answer = llm.responses.create(model="gpt-4o-mini", input="...", max_output_tokens=300)
+    vectors = llm.embeddings.create(model="text-embedding-3-small", input=["...", "..."])
 
-Every `chat.completions.create` then acquires from the limit (the messages and
-`max_tokens`), calls the provider, and reports the `usage` it answered, so the
-unused part of the reservation goes back. Streams report when they end (the
-wrapper asks for `stream_options={"include_usage": True}` and hides the extra
-usage chunk from callers who did not ask for it). A 429 from the provider
-(other applications on the same key) releases the lease, forwards the answer's
-headers to the sidecar (which pauses the limit for every worker until the
-`retry-after`), waits that long, and tries again, up to `max_retries` times.
-The rate-limit headers of successful answers are forwarded too, at most every
-`feedback_interval` seconds, so the shared buckets follow the provider's
+Each limited call acquires from the limit, calls the provider, and reports
+the `usage` it answered, so the unused part of the reservation goes back:
+
+- `chat.completions.create` and `parse`: the messages and `tools` (counted
+  by the daemon) and `max_completion_tokens` / `max_tokens`; usage
+  `prompt_tokens` / `completion_tokens`. Streams report when they end (the
+  wrapper asks for `stream_options={"include_usage": True}` and hides the
+  extra usage chunk from callers who did not ask for it).
+- `responses.create` and `parse`: `instructions`, `input` and `tools` become
+  chat messages the way the daemon's `ratekeeper count-tokens` reads a
+  Responses request (a system message, then one message per input item:
+  messages of `input_text` / `output_text` / `refusal` / `input_image` parts,
+  `function_call`, `function_call_output`); `max_output_tokens` is the output.
+  Other item and part types (reasoning, item references, files, built-in tool
+  calls) raise `ValueError` before anything is acquired rather than being
+  counted as nothing. Usage `input_tokens` / `output_tokens`; a stream
+  reports from its final event (`response.completed`). Context the request
+  does not carry (`previous_response_id`, `conversation`, stored prompts) is
+  not reserved, only reported; a `background=True` response keeps its
+  reservation (its usage is not in the answer).
+- `embeddings.create`: the texts, counted by the daemon as the parts of one
+  message (their sum plus one message's framing), or token ids counted
+  exactly; no output; usage `prompt_tokens`.
+- `chat.completions.stream(...)` and `responses.stream(...)` acquire when
+  their `with` block is entered and settle when it is left; a stream left
+  before its end keeps its whole reservation.
+- `with_raw_response.<call>` of the three: the SDK's raw answer, settled from
+  its parsed usage, its headers always forwarded (a stream's `parse()`
+  settles at its end); `with_streaming_response.<call>`: settled when its
+  `with` block is left, from what was read through `parse()`, `json()`,
+  `read()` or `text()`, else as reserved (a chat stream's raw lines carry
+  the usage chunk the wrapper asks for).
+
+A 429 from the provider (other applications on the same key) releases the
+lease, forwards the answer's headers to the sidecar (which pauses the limit
+for every worker until the `retry-after`), waits that long, and tries again,
+up to `max_retries` times; other 4xx release the lease, 5xx and timeouts keep
+it. The rate-limit headers of successful answers are forwarded too, at most
+every `feedback_interval` seconds, so the shared buckets follow the provider's
 `remaining` counts when other traffic uses the same key.
 `ratekeeper.RateLimited` from the sidecar itself is not retried: it reaches
 the caller, who can answer 503 with its `retry_after`.
 
 Works with `openai.OpenAI` and `openai.AsyncOpenAI` (with `ratekeeper.Client`
-and `ratekeeper.AsyncClient` respectively); everything other than
-`chat.completions.create` passes through to the wrapped client, and the
-parts that spend tokens unlimited (`responses`, `embeddings`, legacy
-`completions`, `chat.completions.with_raw_response`, ...) warn once. The wrapped
-client's own retries are turned off (`max_retries=0`) for these calls, so that
-429s are not retried behind the limiter's back; other errors propagate.
+and `ratekeeper.AsyncClient` respectively), and with their `with_options()`
+copies; everything else passes through to the wrapped client, and the parts
+that spend tokens unlimited (legacy `completions`, `images`, `audio`,
+`beta`, `batches`, `realtime`, `responses.compact` and `connect`, the
+client-wide `with_raw_response` / `with_streaming_response`) warn once. The
+wrapped client's own retries are turned off (`max_retries=0`) for the limited
+calls, so that 429s are not retried behind the limiter's back.
 
 The daemon counts the messages with the limit's tokenizer. A daemon from
 before token counting answers `Unsupported` to a messages cost; the wrapper
 then falls back to a rough client-side estimate
 (`ratekeeper.estimate_prompt_tokens`, about four characters a token) plus
-`max_tokens`. The fallback is transitional and goes once such daemons are gone.
+the output. The fallback is transitional and goes once such daemons are gone.
 """
 
 from __future__ import annotations
@@ -41,9 +73,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from ._async import AsyncClient
-from ._openai_async import AsyncCompletions
+from ._openai_async import AsyncGate
 from ._openai_core import FALLBACK_MAX_TOKENS as FALLBACK_MAX_TOKENS
 from ._openai_core import (
+    UNLIMITED_CHAT_PARTS,
     UNLIMITED_SPENDERS,
     estimate_prompt_tokens,
     is_async_sdk,
@@ -51,7 +84,9 @@ from ._openai_core import (
     warn_unlimited,
     without_retries,
 )
-from ._openai_sync import Completions
+from ._openai_resources_async import AsyncCompletions, AsyncEmbeddings, AsyncResponses
+from ._openai_resources_sync import Completions, Embeddings, Responses
+from ._openai_sync import Gate
 from ._sync import Client
 
 __all__ = ["LimitOptions", "retry_delay", "wrap"]
@@ -66,9 +101,9 @@ class LimitOptions:
     priority: Optional[str] = None
     #: Seconds an acquire may wait for its reservation (None: the class default).
     max_wait: Optional[float] = None
-    #: Output tokens reserved when a request names no `max_tokens`. None: the
-    #: daemon's default for the limit, or `FALLBACK_MAX_TOKENS` when the client
-    #: has to estimate.
+    #: Output tokens reserved when a request names no `max_tokens` (Responses:
+    #: `max_output_tokens`). None: the daemon's default for the limit, or
+    #: `FALLBACK_MAX_TOKENS` when the client has to estimate.
     default_max_tokens: Optional[int] = None
     #: Provider 429s retried per call before the error is raised.
     max_retries: int = 3
@@ -90,14 +125,15 @@ def wrap(
     limit: str,
     **options: Any,
 ) -> OpenAIClient:
-    """An OpenAI client whose chat completions are limited by `limiter` on `limit`.
+    """An OpenAI client whose chat completions, responses and embeddings are
+    limited by `limiter` on `limit` (see the module's documentation).
 
     `options` are the fields of `LimitOptions`: `tenant`, `priority`,
     `max_wait`, `default_max_tokens`, `max_retries`, `max_retry_wait`,
     `feedback_interval`. The result keeps the client's type for editors and
-    type checkers. Token-spending parts the wrapper does not limit
-    (`responses`, `embeddings`, `chat.completions.with_raw_response`, ...)
-    pass through with a `RuntimeWarning` the first time each is reached.
+    type checkers. Token-spending parts the wrapper does not limit (legacy
+    `completions`, `images`, `audio`, ...) pass through with a
+    `RuntimeWarning` the first time each is reached.
     """
     settings = LimitOptions(limit=limit, **options)
     create = client.chat.completions.create  # type: ignore[attr-defined]
@@ -106,16 +142,36 @@ def wrap(
 
 
 class _Wrapped:
-    """The wrapped client: `chat.completions.create` is limited, the rest passes through."""
+    """The wrapped client: `chat.completions`, `responses` and `embeddings` are
+    limited, the rest passes through (what spends tokens there warns once)."""
 
-    def __init__(self, client: Any, limiter: Any, settings: LimitOptions, is_async: bool) -> None:
+    def __init__(
+        self,
+        client: Any,
+        limiter: Any,
+        settings: LimitOptions,
+        is_async: bool,
+        warned: Optional[set] = None,
+    ) -> None:
         self._client = client
         self._raw = without_retries(client)
+        self._is_async = is_async
         self.limiter = limiter
         self.settings = settings
-        #: The unlimited parts already warned about.
-        self.warned: set = set()
-        self.chat = _Chat(self, is_async)
+        #: The unlimited parts already warned about (shared with copies).
+        self.warned: set = set() if warned is None else warned
+        #: The rule every limited call goes through (an `AsyncGate` or a `Gate`).
+        self.gate: Any = (AsyncGate if is_async else Gate)(limiter, settings)
+        self.chat = _Chat(self, (AsyncCompletions if is_async else Completions)(self))
+        self.responses = (AsyncResponses if is_async else Responses)(self)
+        self.embeddings = (AsyncEmbeddings if is_async else Embeddings)(self)
+
+    def with_options(self, **options: Any) -> Any:
+        """The SDK's `with_options` (also `copy`), limited like this client."""
+        copied = self._client.with_options(**options)
+        return _Wrapped(copied, self.limiter, self.settings, self._is_async, self.warned)
+
+    copy = with_options
 
     def __getattr__(self, name: str) -> Any:
         if name in UNLIMITED_SPENDERS:
@@ -124,12 +180,13 @@ class _Wrapped:
 
 
 class _Chat:
-    """`chat` of a wrapped client: its `completions` are limited (the calls themselves
-    are written once, in `_openai_async.py`, and generated into `_openai_sync.py`)."""
+    """`chat` of a wrapped client: its `completions` are limited."""
 
-    def __init__(self, wrapped: _Wrapped, is_async: bool) -> None:
+    def __init__(self, wrapped: _Wrapped, completions: Any) -> None:
         self._wrapped = wrapped
-        self.completions = (AsyncCompletions if is_async else Completions)(wrapped)
+        self.completions = completions
 
     def __getattr__(self, name: str) -> Any:
+        if name in UNLIMITED_CHAT_PARTS:
+            warn_unlimited(self._wrapped.warned, f"chat.{name}")
         return getattr(self._wrapped._client.chat, name)

@@ -1,0 +1,383 @@
+"""The OpenAI endpoints the wrapper limits, written once: each way of calling them.
+
+`AsyncCompletions` (`chat.completions`), `AsyncResponses` (`responses`) and
+`AsyncEmbeddings` (`embeddings`) limit `create` (and `parse`) through the
+gate of `_openai_async.py`, by the cost `_openai_calls.py` reads from the
+request, and settle from the usage of the answer, or of a stream's events
+when it ends. The same calls are limited under `with_raw_response` (the raw
+answer; its headers always forwarded) and `with_streaming_response` (settled
+when its `with` block is left, from what the caller read), and the SDK's
+`stream()` helpers settle when their `with` block is left. Everything else
+passes through to the SDK; what spends tokens there warns once.
+
+Written for asyncio; `scripts/unasync.py` generates the blocking
+`_openai_resources_sync.py` from this file (see `_async.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Optional
+
+from . import _openai_calls as calls
+from . import _openai_core as core
+from ._openai_async import AsyncGate, AsyncLimitedStream
+
+if TYPE_CHECKING:
+    from ._async import AsyncLease
+    from .openai import _Wrapped
+
+
+class AsyncResource:
+    """An SDK resource whose `api.methods` are limited; the rest passes through."""
+
+    #: The endpoint: its cost, usage and limited methods (set by each subclass).
+    api: calls.Api
+
+    def __init__(self, wrapped: _Wrapped) -> None:
+        self._wrapped = wrapped
+        self._gate: AsyncGate = wrapped.gate
+
+    def _sdk(self, client: Any) -> Any:
+        """This resource in `client` (the wrapped client, or its copy without retries)."""
+        for name in self.api.path.split("."):
+            client = getattr(client, name)
+        return client
+
+    def _unlimited(self, name: str, prefix: str = "") -> None:
+        if name in self.api.unlimited:
+            core.warn_unlimited(self._wrapped.warned, f"{self.api.path}.{prefix}{name}")
+
+    def __getattr__(self, name: str) -> Any:
+        self._unlimited(name)
+        return getattr(self._sdk(self._wrapped._client), name)
+
+    @property
+    def with_raw_response(self) -> AsyncRawCalls:
+        """The SDK's `with_raw_response`, with the same calls limited."""
+        return AsyncRawCalls(self)
+
+    @property
+    def with_streaming_response(self) -> AsyncStreamingCalls:
+        """The SDK's `with_streaming_response`, with the same calls limited."""
+        return AsyncStreamingCalls(self)
+
+    async def _create(self, method: str, kwargs: dict) -> Any:
+        """`method` limited: acquire, call, report the usage (a stream: at its end)."""
+        api = self.api
+        gate = self._gate
+        hide_usage = api.prepare(kwargs)
+        sdk = self._sdk(self._wrapped._raw)
+
+        async def call() -> tuple[Any, Any]:
+            """The answer, with its headers when a sample is due (else None)."""
+            if not gate.sampler.due():
+                return await getattr(sdk, method)(**kwargs), None
+            answer = await getattr(sdk.with_raw_response, method)(**kwargs)
+            return answer.parse(), answer.headers
+
+        (result, headers), lease = await gate.limited(api.cost(kwargs), call)
+        if kwargs.get("stream") is True:
+            return AsyncLimitedStream(result, lease, api, hide_usage, gate, headers)
+        await gate.settle(lease, api.reply_counts(result), headers)
+        return result
+
+    async def _raw(self, method: str, /, **kwargs: Any) -> Any:
+        """`with_raw_response.<method>` limited; the SDK's raw answer, or for a
+        stream one whose `parse()` gives a stream that settles at its end."""
+        api = self.api
+        gate = self._gate
+        hide_usage = api.prepare(kwargs)
+        create = getattr(self._sdk(self._wrapped._raw).with_raw_response, method)
+
+        async def call() -> Any:
+            return await create(**kwargs)
+
+        answer, lease = await gate.limited(api.cost(kwargs), call)
+        if kwargs.get("stream") is True:
+            parsed, headers = answer.parse(), answer.headers
+            stream = AsyncLimitedStream(parsed, lease, api, hide_usage, gate, headers)
+            return core.RawStreamResponse(answer, stream)
+        await gate.settle(lease, api.reply_counts(answer.parse()), answer.headers)
+        return answer
+
+
+class AsyncRawCalls:
+    """`with_raw_response` of a limited resource: its limited calls answer the
+    SDK's raw response (`headers`, `parse()`), settled from the parsed usage."""
+
+    def __init__(self, resource: AsyncResource) -> None:
+        self._resource = resource
+
+    def __getattr__(self, name: str) -> Any:
+        resource = self._resource
+        raw = resource._sdk(resource._wrapped._client).with_raw_response
+        if name in resource.api.methods and hasattr(raw, name):
+            return functools.partial(resource._raw, name)
+        resource._unlimited(name, "with_raw_response.")
+        return getattr(raw, name)
+
+
+class AsyncStreamingCalls:
+    """`with_streaming_response` of a limited resource: its limited calls give a
+    context manager, as the SDK's do, that settles when it is left."""
+
+    def __init__(self, resource: AsyncResource) -> None:
+        self._resource = resource
+
+    def __getattr__(self, name: str) -> Any:
+        resource = self._resource
+        streaming = resource._sdk(resource._wrapped._client).with_streaming_response
+        if name in resource.api.methods and hasattr(streaming, name):
+            return functools.partial(AsyncLimitedResponseContext, resource, name)
+        resource._unlimited(name, "with_streaming_response.")
+        return getattr(streaming, name)
+
+
+class AsyncLimitedResponseContext:
+    """`with_streaming_response.<method>(...)` of a limited resource, used as the
+    SDK's: `async with ... as response:`. Entering acquires and makes the call
+    (retrying a 429); leaving closes the response and settles from what the
+    caller read through it (`parse()`, `json()`, `read()`, `text()`, a parsed
+    stream's events), else as reserved. Its headers are always forwarded."""
+
+    def __init__(self, resource: AsyncResource, method: str, /, **kwargs: Any) -> None:
+        self._resource = resource
+        self._method = method
+        self._kwargs = kwargs
+        self._manager: Any = None
+        self._response: Optional[AsyncLimitedResponse] = None
+
+    async def __aenter__(self) -> Any:
+        resource = self._resource
+        api = resource.api
+        kwargs = self._kwargs
+        hide_usage = api.prepare(kwargs)
+        sdk = resource._sdk(resource._wrapped._raw)
+        create = getattr(sdk.with_streaming_response, self._method)
+
+        async def call() -> tuple[Any, Any]:
+            manager = create(**kwargs)
+            return manager, await manager.__aenter__()
+
+        (self._manager, response), lease = await resource._gate.limited(api.cost(kwargs), call)
+        stream = kwargs.get("stream") is True
+        self._response = AsyncLimitedResponse(response, lease, resource, hide_usage, stream)
+        return self._response
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        try:
+            await self._manager.__aexit__(*exc_info)
+        finally:
+            if self._response is not None:
+                await self._response.finish()
+
+
+class AsyncLimitedResponse:
+    """The SDK's response of a `with_streaming_response` call, seen by the wrapper:
+    the usage of what is read through `parse()`, `json()`, `read()` and
+    `text()` is noted; everything else is the SDK's."""
+
+    def __init__(
+        self,
+        response: Any,
+        lease: AsyncLease,
+        resource: AsyncResource,
+        hide_usage: bool,
+        stream: bool,
+    ) -> None:
+        self._response = response
+        self._lease = lease
+        self._resource = resource
+        self._hide_usage = hide_usage
+        self._is_stream = stream
+        self._counts: Optional[calls.Counts] = None
+        self._stream: Optional[AsyncLimitedStream] = None
+
+    async def parse(self, **options: Any) -> Any:
+        """The SDK's `parse()`; a stream comes back as one that settles at its end."""
+        parsed = await self._response.parse(**options)
+        api = self._resource.api
+        if not self._is_stream:
+            self._counts = api.reply_counts(parsed)
+            return parsed
+        if self._stream is None:
+            lease, hide_usage = self._lease, self._hide_usage
+            gate, headers = self._resource._gate, self._response.headers
+            self._stream = AsyncLimitedStream(parsed, lease, api, hide_usage, gate, headers)
+        return self._stream
+
+    async def json(self) -> Any:
+        body = await self._response.json()
+        self._counts = self._resource.api.reply_counts(body)
+        return body
+
+    async def read(self) -> bytes:
+        body = await self._response.read()
+        self._counts = self._resource.api.body_counts(body)
+        return body
+
+    async def text(self) -> str:
+        body = await self._response.text()
+        self._counts = self._resource.api.body_counts(body)
+        return body
+
+    async def finish(self) -> None:
+        """Settles the lease from what was read (nothing: as reserved)."""
+        if self._stream is not None:
+            await self._stream.finish()
+        elif not self._lease.settled:
+            headers = self._response.headers
+            await self._resource._gate.settle(self._lease, self._counts, headers)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._response, name)
+
+
+class AsyncLimitedStreamManager:
+    """`chat.completions.stream(...)` of a wrapped client, used as the SDK's:
+    `async with ... as stream:`. Entering acquires and opens the SDK's stream
+    (retrying a 429) and gives it; leaving closes it and settles from its
+    snapshot's usage, which the last chunk carries (asked for with
+    `stream_options.include_usage`): a stream left unfinished keeps its
+    whole reservation."""
+
+    def __init__(self, resource: AsyncResource, kwargs: dict[str, Any]) -> None:
+        self._resource = resource
+        self._kwargs = kwargs
+        self._manager: Any = None
+        self._stream: Any = None
+        self._lease: Any = None
+
+    async def __aenter__(self) -> Any:
+        resource = self._resource
+        kwargs = self._kwargs
+        sdk = resource._sdk(resource._wrapped._raw)
+
+        async def call() -> tuple[Any, Any]:
+            manager = sdk.stream(**kwargs)
+            return manager, await manager.__aenter__()
+
+        cost = resource.api.cost(kwargs)
+        (self._manager, stream), self._lease = await resource._gate.limited(cost, call)
+        self._stream = self._observe(stream)
+        return self._stream
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        try:
+            await self._manager.__aexit__(*exc_info)
+        finally:
+            await self._resource._gate.settle(self._lease, self._counts(), None)
+
+    def _observe(self, stream: Any) -> Any:
+        return stream
+
+    def _counts(self) -> Optional[calls.Counts]:
+        return calls.snapshot_counts(self._resource.api, self._stream)
+
+
+class AsyncLimitedResponseStreamManager(AsyncLimitedStreamManager):
+    """`responses.stream(...)` of a wrapped client, as `AsyncLimitedStreamManager`;
+    the SDK's stream is seen through `AsyncObservedEvents` (it has no public
+    snapshot), and settles from the final event's usage."""
+
+    def _observe(self, stream: Any) -> Any:
+        return AsyncObservedEvents(stream, self._resource.api)
+
+    def _counts(self) -> Optional[calls.Counts]:
+        return self._resource.api.counts(self._stream.usage)
+
+
+class AsyncObservedEvents:
+    """The SDK's `responses.stream()` stream, whose events the wrapper sees pass
+    for the usage of the final one; its methods work as on the stream itself."""
+
+    def __init__(self, stream: Any, api: calls.Api) -> None:
+        self._stream = stream
+        self._api = api
+        #: The usage of the final event, once it passed.
+        self.usage: Any = None
+
+    def __aiter__(self) -> AsyncObservedEvents:
+        return self
+
+    async def __anext__(self) -> Any:
+        event = await self._stream.__anext__()
+        usage = self._api.event_usage(event)
+        if usage is not None:
+            self.usage = usage
+        return event
+
+    async def until_done(self) -> AsyncObservedEvents:
+        """Reads the stream to its end."""
+        async for _ in self:
+            pass
+        return self
+
+    async def get_final_response(self) -> Any:
+        """Reads the stream to its end and gives the SDK's final response."""
+        await self.until_done()
+        return await self._stream.get_final_response()
+
+    async def close(self) -> None:
+        await self._stream.close()
+
+    async def __aenter__(self) -> AsyncObservedEvents:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class AsyncCompletions(AsyncResource):
+    """`chat.completions` of a wrapped client: `create`, `parse` and `stream` are limited."""
+
+    api = calls.CHAT
+
+    async def create(self, **kwargs: Any) -> Any:
+        """`chat.completions.create`, limited: acquire, call, report the usage."""
+        return await self._create("create", kwargs)
+
+    async def parse(self, **kwargs: Any) -> Any:
+        """`chat.completions.parse`, limited as `create`."""
+        return await self._create("parse", kwargs)
+
+    def stream(self, **kwargs: Any) -> AsyncLimitedStreamManager:
+        """`chat.completions.stream`, limited: acquires on entering, settles on leaving."""
+        calls.ask_for_usage(kwargs)
+        return AsyncLimitedStreamManager(self, kwargs)
+
+
+class AsyncResponses(AsyncResource):
+    """`responses` of a wrapped client: `create`, `parse` and `stream` are limited."""
+
+    api = calls.RESPONSES
+
+    async def create(self, **kwargs: Any) -> Any:
+        """`responses.create`, limited: acquire, call, report the usage."""
+        return await self._create("create", kwargs)
+
+    async def parse(self, **kwargs: Any) -> Any:
+        """`responses.parse`, limited as `create`."""
+        return await self._create("parse", kwargs)
+
+    def stream(self, **kwargs: Any) -> Any:
+        """`responses.stream`, limited: acquires on entering, settles on leaving.
+        Streaming a response created before (`response_id=`) spends nothing new
+        and passes through."""
+        if "response_id" in kwargs:
+            return self._sdk(self._wrapped._client).stream(**kwargs)
+        return AsyncLimitedResponseStreamManager(self, kwargs)
+
+
+class AsyncEmbeddings(AsyncResource):
+    """`embeddings` of a wrapped client: `create` is limited."""
+
+    api = calls.EMBEDDINGS
+
+    async def create(self, **kwargs: Any) -> Any:
+        """`embeddings.create`, limited: acquire for the input, call, report the usage."""
+        return await self._create("create", kwargs)

@@ -1,0 +1,385 @@
+# Generated from src/ratekeeper/_openai_resources_async.py by scripts/unasync.py: do not edit.
+# Edit the source, then run `python scripts/unasync.py` in clients/python.
+"""The OpenAI endpoints the wrapper limits, written once: each way of calling them.
+
+`Completions` (`chat.completions`), `Responses` (`responses`) and
+`Embeddings` (`embeddings`) limit `create` (and `parse`) through the
+gate of `_openai_sync.py`, by the cost `_openai_calls.py` reads from the
+request, and settle from the usage of the answer, or of a stream's events
+when it ends. The same calls are limited under `with_raw_response` (the raw
+answer; its headers always forwarded) and `with_streaming_response` (settled
+when its `with` block is left, from what the caller read), and the SDK's
+`stream()` helpers settle when their `with` block is left. Everything else
+passes through to the SDK; what spends tokens there warns once.
+
+Written for asyncio; `scripts/unasync.py` generates the blocking
+`_openai_resources_sync.py` from this file (see `_async.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Optional
+
+from . import _openai_calls as calls
+from . import _openai_core as core
+from ._openai_sync import Gate, LimitedStream
+
+if TYPE_CHECKING:
+    from ._sync import Lease
+    from .openai import _Wrapped
+
+
+class Resource:
+    """An SDK resource whose `api.methods` are limited; the rest passes through."""
+
+    #: The endpoint: its cost, usage and limited methods (set by each subclass).
+    api: calls.Api
+
+    def __init__(self, wrapped: _Wrapped) -> None:
+        self._wrapped = wrapped
+        self._gate: Gate = wrapped.gate
+
+    def _sdk(self, client: Any) -> Any:
+        """This resource in `client` (the wrapped client, or its copy without retries)."""
+        for name in self.api.path.split("."):
+            client = getattr(client, name)
+        return client
+
+    def _unlimited(self, name: str, prefix: str = "") -> None:
+        if name in self.api.unlimited:
+            core.warn_unlimited(self._wrapped.warned, f"{self.api.path}.{prefix}{name}")
+
+    def __getattr__(self, name: str) -> Any:
+        self._unlimited(name)
+        return getattr(self._sdk(self._wrapped._client), name)
+
+    @property
+    def with_raw_response(self) -> RawCalls:
+        """The SDK's `with_raw_response`, with the same calls limited."""
+        return RawCalls(self)
+
+    @property
+    def with_streaming_response(self) -> StreamingCalls:
+        """The SDK's `with_streaming_response`, with the same calls limited."""
+        return StreamingCalls(self)
+
+    def _create(self, method: str, kwargs: dict) -> Any:
+        """`method` limited: acquire, call, report the usage (a stream: at its end)."""
+        api = self.api
+        gate = self._gate
+        hide_usage = api.prepare(kwargs)
+        sdk = self._sdk(self._wrapped._raw)
+
+        def call() -> tuple[Any, Any]:
+            """The answer, with its headers when a sample is due (else None)."""
+            if not gate.sampler.due():
+                return getattr(sdk, method)(**kwargs), None
+            answer = getattr(sdk.with_raw_response, method)(**kwargs)
+            return answer.parse(), answer.headers
+
+        (result, headers), lease = gate.limited(api.cost(kwargs), call)
+        if kwargs.get("stream") is True:
+            return LimitedStream(result, lease, api, hide_usage, gate, headers)
+        gate.settle(lease, api.reply_counts(result), headers)
+        return result
+
+    def _raw(self, method: str, /, **kwargs: Any) -> Any:
+        """`with_raw_response.<method>` limited; the SDK's raw answer, or for a
+        stream one whose `parse()` gives a stream that settles at its end."""
+        api = self.api
+        gate = self._gate
+        hide_usage = api.prepare(kwargs)
+        create = getattr(self._sdk(self._wrapped._raw).with_raw_response, method)
+
+        def call() -> Any:
+            return create(**kwargs)
+
+        answer, lease = gate.limited(api.cost(kwargs), call)
+        if kwargs.get("stream") is True:
+            parsed, headers = answer.parse(), answer.headers
+            stream = LimitedStream(parsed, lease, api, hide_usage, gate, headers)
+            return core.RawStreamResponse(answer, stream)
+        gate.settle(lease, api.reply_counts(answer.parse()), answer.headers)
+        return answer
+
+
+class RawCalls:
+    """`with_raw_response` of a limited resource: its limited calls answer the
+    SDK's raw response (`headers`, `parse()`), settled from the parsed usage."""
+
+    def __init__(self, resource: Resource) -> None:
+        self._resource = resource
+
+    def __getattr__(self, name: str) -> Any:
+        resource = self._resource
+        raw = resource._sdk(resource._wrapped._client).with_raw_response
+        if name in resource.api.methods and hasattr(raw, name):
+            return functools.partial(resource._raw, name)
+        resource._unlimited(name, "with_raw_response.")
+        return getattr(raw, name)
+
+
+class StreamingCalls:
+    """`with_streaming_response` of a limited resource: its limited calls give a
+    context manager, as the SDK's do, that settles when it is left."""
+
+    def __init__(self, resource: Resource) -> None:
+        self._resource = resource
+
+    def __getattr__(self, name: str) -> Any:
+        resource = self._resource
+        streaming = resource._sdk(resource._wrapped._client).with_streaming_response
+        if name in resource.api.methods and hasattr(streaming, name):
+            return functools.partial(LimitedResponseContext, resource, name)
+        resource._unlimited(name, "with_streaming_response.")
+        return getattr(streaming, name)
+
+
+class LimitedResponseContext:
+    """`with_streaming_response.<method>(...)` of a limited resource, used as the
+    SDK's: `with ... as response:`. Entering acquires and makes the call
+    (retrying a 429); leaving closes the response and settles from what the
+    caller read through it (`parse()`, `json()`, `read()`, `text()`, a parsed
+    stream's events), else as reserved. Its headers are always forwarded."""
+
+    def __init__(self, resource: Resource, method: str, /, **kwargs: Any) -> None:
+        self._resource = resource
+        self._method = method
+        self._kwargs = kwargs
+        self._manager: Any = None
+        self._response: Optional[LimitedResponse] = None
+
+    def __enter__(self) -> Any:
+        resource = self._resource
+        api = resource.api
+        kwargs = self._kwargs
+        hide_usage = api.prepare(kwargs)
+        sdk = resource._sdk(resource._wrapped._raw)
+        create = getattr(sdk.with_streaming_response, self._method)
+
+        def call() -> tuple[Any, Any]:
+            manager = create(**kwargs)
+            return manager, manager.__enter__()
+
+        (self._manager, response), lease = resource._gate.limited(api.cost(kwargs), call)
+        stream = kwargs.get("stream") is True
+        self._response = LimitedResponse(response, lease, resource, hide_usage, stream)
+        return self._response
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            self._manager.__exit__(*exc_info)
+        finally:
+            if self._response is not None:
+                self._response.finish()
+
+
+class LimitedResponse:
+    """The SDK's response of a `with_streaming_response` call, seen by the wrapper:
+    the usage of what is read through `parse()`, `json()`, `read()` and
+    `text()` is noted; everything else is the SDK's."""
+
+    def __init__(
+        self,
+        response: Any,
+        lease: Lease,
+        resource: Resource,
+        hide_usage: bool,
+        stream: bool,
+    ) -> None:
+        self._response = response
+        self._lease = lease
+        self._resource = resource
+        self._hide_usage = hide_usage
+        self._is_stream = stream
+        self._counts: Optional[calls.Counts] = None
+        self._stream: Optional[LimitedStream] = None
+
+    def parse(self, **options: Any) -> Any:
+        """The SDK's `parse()`; a stream comes back as one that settles at its end."""
+        parsed = self._response.parse(**options)
+        api = self._resource.api
+        if not self._is_stream:
+            self._counts = api.reply_counts(parsed)
+            return parsed
+        if self._stream is None:
+            lease, hide_usage = self._lease, self._hide_usage
+            gate, headers = self._resource._gate, self._response.headers
+            self._stream = LimitedStream(parsed, lease, api, hide_usage, gate, headers)
+        return self._stream
+
+    def json(self) -> Any:
+        body = self._response.json()
+        self._counts = self._resource.api.reply_counts(body)
+        return body
+
+    def read(self) -> bytes:
+        body = self._response.read()
+        self._counts = self._resource.api.body_counts(body)
+        return body
+
+    def text(self) -> str:
+        body = self._response.text()
+        self._counts = self._resource.api.body_counts(body)
+        return body
+
+    def finish(self) -> None:
+        """Settles the lease from what was read (nothing: as reserved)."""
+        if self._stream is not None:
+            self._stream.finish()
+        elif not self._lease.settled:
+            headers = self._response.headers
+            self._resource._gate.settle(self._lease, self._counts, headers)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._response, name)
+
+
+class LimitedStreamManager:
+    """`chat.completions.stream(...)` of a wrapped client, used as the SDK's:
+    `with ... as stream:`. Entering acquires and opens the SDK's stream
+    (retrying a 429) and gives it; leaving closes it and settles from its
+    snapshot's usage, which the last chunk carries (asked for with
+    `stream_options.include_usage`): a stream left unfinished keeps its
+    whole reservation."""
+
+    def __init__(self, resource: Resource, kwargs: dict[str, Any]) -> None:
+        self._resource = resource
+        self._kwargs = kwargs
+        self._manager: Any = None
+        self._stream: Any = None
+        self._lease: Any = None
+
+    def __enter__(self) -> Any:
+        resource = self._resource
+        kwargs = self._kwargs
+        sdk = resource._sdk(resource._wrapped._raw)
+
+        def call() -> tuple[Any, Any]:
+            manager = sdk.stream(**kwargs)
+            return manager, manager.__enter__()
+
+        cost = resource.api.cost(kwargs)
+        (self._manager, stream), self._lease = resource._gate.limited(cost, call)
+        self._stream = self._observe(stream)
+        return self._stream
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            self._manager.__exit__(*exc_info)
+        finally:
+            self._resource._gate.settle(self._lease, self._counts(), None)
+
+    def _observe(self, stream: Any) -> Any:
+        return stream
+
+    def _counts(self) -> Optional[calls.Counts]:
+        return calls.snapshot_counts(self._resource.api, self._stream)
+
+
+class LimitedResponseStreamManager(LimitedStreamManager):
+    """`responses.stream(...)` of a wrapped client, as `LimitedStreamManager`;
+    the SDK's stream is seen through `ObservedEvents` (it has no public
+    snapshot), and settles from the final event's usage."""
+
+    def _observe(self, stream: Any) -> Any:
+        return ObservedEvents(stream, self._resource.api)
+
+    def _counts(self) -> Optional[calls.Counts]:
+        return self._resource.api.counts(self._stream.usage)
+
+
+class ObservedEvents:
+    """The SDK's `responses.stream()` stream, whose events the wrapper sees pass
+    for the usage of the final one; its methods work as on the stream itself."""
+
+    def __init__(self, stream: Any, api: calls.Api) -> None:
+        self._stream = stream
+        self._api = api
+        #: The usage of the final event, once it passed.
+        self.usage: Any = None
+
+    def __iter__(self) -> ObservedEvents:
+        return self
+
+    def __next__(self) -> Any:
+        event = self._stream.__next__()
+        usage = self._api.event_usage(event)
+        if usage is not None:
+            self.usage = usage
+        return event
+
+    def until_done(self) -> ObservedEvents:
+        """Reads the stream to its end."""
+        for _ in self:
+            pass
+        return self
+
+    def get_final_response(self) -> Any:
+        """Reads the stream to its end and gives the SDK's final response."""
+        self.until_done()
+        return self._stream.get_final_response()
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> ObservedEvents:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class Completions(Resource):
+    """`chat.completions` of a wrapped client: `create`, `parse` and `stream` are limited."""
+
+    api = calls.CHAT
+
+    def create(self, **kwargs: Any) -> Any:
+        """`chat.completions.create`, limited: acquire, call, report the usage."""
+        return self._create("create", kwargs)
+
+    def parse(self, **kwargs: Any) -> Any:
+        """`chat.completions.parse`, limited as `create`."""
+        return self._create("parse", kwargs)
+
+    def stream(self, **kwargs: Any) -> LimitedStreamManager:
+        """`chat.completions.stream`, limited: acquires on entering, settles on leaving."""
+        calls.ask_for_usage(kwargs)
+        return LimitedStreamManager(self, kwargs)
+
+
+class Responses(Resource):
+    """`responses` of a wrapped client: `create`, `parse` and `stream` are limited."""
+
+    api = calls.RESPONSES
+
+    def create(self, **kwargs: Any) -> Any:
+        """`responses.create`, limited: acquire, call, report the usage."""
+        return self._create("create", kwargs)
+
+    def parse(self, **kwargs: Any) -> Any:
+        """`responses.parse`, limited as `create`."""
+        return self._create("parse", kwargs)
+
+    def stream(self, **kwargs: Any) -> Any:
+        """`responses.stream`, limited: acquires on entering, settles on leaving.
+        Streaming a response created before (`response_id=`) spends nothing new
+        and passes through."""
+        if "response_id" in kwargs:
+            return self._sdk(self._wrapped._client).stream(**kwargs)
+        return LimitedResponseStreamManager(self, kwargs)
+
+
+class Embeddings(Resource):
+    """`embeddings` of a wrapped client: `create` is limited."""
+
+    api = calls.EMBEDDINGS
+
+    def create(self, **kwargs: Any) -> Any:
+        """`embeddings.create`, limited: acquire for the input, call, report the usage."""
+        return self._create("create", kwargs)
