@@ -204,10 +204,19 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // The daemon's runtime has the threads its config asks for; a one-shot
+    // command needs one.
+    let (threads, loaded) = match &cli.command {
+        Command::Serve { config, .. } => match load_config(config.as_deref()) {
+            Ok(loaded) => (loaded.server.threads, Some(loaded)),
+            Err(failure) => {
+                say(&format!("ratekeeper: {failure:#}"));
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => (1, None),
+    };
+    let runtime = match runtime(threads) {
         Ok(runtime) => runtime,
         Err(runtime_error) => {
             say(&format!(
@@ -216,7 +225,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, loaded)) {
         Ok(code) => code,
         Err(failure) => {
             say(&format!("ratekeeper: {failure:#}"));
@@ -225,9 +234,31 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+/// One thread runs everything unless more are asked for: a request then
+/// never crosses threads on its way from the socket to Redis and back, which
+/// saves the futex wake-ups that cost the most CPU per acquire
+/// (bench/PROFILE.md). Token counting has its blocking threads either way.
+fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(threads);
+        builder
+    };
+    builder.enable_all().build()
+}
+
+/// Runs the command; `serve` gets its config already loaded.
+async fn run(cli: Cli, loaded: Option<Config>) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Serve { config, logging } => serve(config.as_deref(), &logging).await,
+        Command::Serve { config, logging } => {
+            let loaded = match loaded {
+                Some(loaded) => loaded,
+                None => load_config(config.as_deref())?,
+            };
+            serve(loaded, config.as_deref(), &logging).await
+        }
         Command::CheckConfig { file } => {
             let config = load_config(Some(&file))?;
             print!("{}", config.to_effective_toml());
@@ -280,8 +311,11 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
     app::load_config(path).context("invalid configuration")
 }
 
-async fn serve(config_path: Option<&Path>, logging: &LoggingArgs) -> anyhow::Result<ExitCode> {
-    let config = load_config(config_path)?;
+async fn serve(
+    config: Config,
+    config_path: Option<&Path>,
+    logging: &LoggingArgs,
+) -> anyhow::Result<ExitCode> {
     init_logging(logging)?;
     let mut app = App::new(config, config_path.map(Path::to_path_buf))?;
     // Signal handlers go in before the socket exists: a client that sees the

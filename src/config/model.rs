@@ -49,6 +49,9 @@ pub const DEFAULT_MAX_CONNECTIONS: u64 = 1024;
 /// Default `server.max_buffered_bytes` (64 MiB): sixteen 4 MiB frames
 /// arriving at once.
 pub const DEFAULT_MAX_BUFFERED_BYTES: u64 = 64 * 1024 * 1024;
+/// Largest `server.threads`: more than a sidecar's cores only adds wake-ups.
+pub const MAX_THREADS: u64 = 64;
+
 /// Largest `server.max_connections` (file descriptors are the real bound).
 pub const MAX_CONNECTIONS: u64 = 1_000_000;
 /// Largest `server.max_buffered_bytes` (16 GiB).
@@ -141,6 +144,8 @@ pub struct ServerConfig {
     pub hello_timeout_ms: u64,
     /// How long a frame may take to arrive, from its first byte to its last.
     pub frame_timeout_ms: u64,
+    /// Threads of the async runtime; 1 runs the whole daemon on one thread.
+    pub threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -155,6 +160,7 @@ impl Default for ServerConfig {
             max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
             hello_timeout_ms: 10_000,
             frame_timeout_ms: 10_000,
+            threads: 1,
         }
     }
 }

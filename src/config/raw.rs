@@ -51,6 +51,7 @@ pub(super) struct RawServer {
     pub max_buffered_bytes: Option<Spanned<i64>>,
     pub hello_timeout_ms: Option<Spanned<i64>>,
     pub frame_timeout_ms: Option<Spanned<i64>>,
+    pub threads: Option<Spanned<i64>>,
 }
 
 /// `[redis]`.

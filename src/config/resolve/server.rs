@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use crate::config::diagnostics::{Diagnostics, check_int};
 use crate::config::model::{
-    MAX_BUFFERED_BYTES, MAX_CONNECTIONS, MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, MAX_WAIT_MS,
-    ServerConfig,
+    MAX_BUFFERED_BYTES, MAX_CONNECTIONS, MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, MAX_THREADS,
+    MAX_WAIT_MS, ServerConfig,
 };
 use crate::config::raw::RawServer;
 use crate::proto::{LENGTH_PREFIX_LEN, MAX_FRAME_LEN};
@@ -47,6 +47,11 @@ pub(super) fn resolve_server(server: RawServer, out: &mut ServerConfig, d: &mut 
             if let Some(v) = check_int(d, "server", &label, id, 0, u64::from(u32::MAX)) {
                 target.push(v as u32);
             }
+        }
+    }
+    if let Some(threads) = server.threads {
+        if let Some(v) = check_int(d, "server", "threads", &threads, 1, MAX_THREADS) {
+            out.threads = v as usize;
         }
     }
     if let Some(drain) = server.drain_timeout_ms {

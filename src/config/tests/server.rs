@@ -10,19 +10,21 @@ fn config_server_bounds_default_to_fit_the_shipped_pod() {
     assert_eq!(server.max_buffered_bytes, 64 * 1024 * 1024);
     assert_eq!(server.hello_timeout_ms, 10_000);
     assert_eq!(server.frame_timeout_ms, 10_000);
+    assert_eq!(server.threads, 1);
 }
 
 #[test]
 fn config_server_bounds_are_read() {
     let server = parse_ok(
         "[server]\nmax_connections = 1\nmax_buffered_bytes = 4194308\n\
-         hello_timeout_ms = 250\nframe_timeout_ms = 3600000\n",
+         hello_timeout_ms = 250\nframe_timeout_ms = 3600000\nthreads = 4\n",
     )
     .server;
     assert_eq!(server.max_connections, 1);
     assert_eq!(server.max_buffered_bytes, 4_194_308);
     assert_eq!(server.hello_timeout_ms, 250);
     assert_eq!(server.frame_timeout_ms, 3_600_000);
+    assert_eq!(server.threads, 4);
 }
 
 #[test]
@@ -31,6 +33,14 @@ fn config_server_bound_mistakes_are_located() {
         (
             "[server]\nmax_connections = 0\n",
             "test.toml:2:19: server: max_connections must be greater than zero (got 0)",
+        ),
+        (
+            "[server]\nthreads = 0\n",
+            "test.toml:2:11: server: threads must be greater than zero (got 0)",
+        ),
+        (
+            "[server]\nthreads = 65\n",
+            "test.toml:2:11: server: threads must be at most 64 (got 65)",
         ),
         (
             "[server]\nmax_connections = 1_000_001\n",
