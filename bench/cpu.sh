@@ -4,10 +4,11 @@
 # 1, 8, 32, 64 and 256 connections (one acquire in flight each), on a
 # private Redis. Prints a Markdown table; see bench/PROFILE.md.
 #
-# Usage: bench/cpu.sh [SECONDS_PER_STEP] [BIN...]
-# With several BINs (daemon builds, e.g. before and after a change) each
-# step runs every build in turn under the same load generator, so the
-# columns compare within one sitting.
+# Usage: [THREADS="1 2"] bench/cpu.sh [SECONDS_PER_STEP] [BIN...]
+# With several BINs (daemon builds, e.g. before and after a change) or
+# several THREADS (the sidecar's [server] threads; default 1) each step runs
+# every combination in turn under the same load generator, so the columns
+# compare within one sitting.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_STEP="${1:-5}"
@@ -26,18 +27,22 @@ TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
 header="| connections |"
 rule="| ---: |"
+THREADS=(${THREADS:-1})
 for bin in "${BINS[@]}"; do
-    header+=" $(basename "$bin"): acquires/s | µs CPU/acquire |"
-    rule+=" ---: | ---: |"
+    for threads in "${THREADS[@]}"; do
+        header+=" $(basename "$bin") ×$threads: acquires/s | µs CPU/acquire |"
+        rule+=" ---: | ---: |"
+    done
 done
 echo "$header"
 echo "$rule"
 index=0
 for connections in "${CONNECTIONS[@]}"; do
     row="| $connections |"
-    for bin in "${BINS[@]}"; do
+    for column in $(for b in "${!BINS[@]}"; do for t in "${THREADS[@]}"; do echo "$b:$t"; done; done); do
+        bin="${BINS[${column%%:*}]}"
         index=$((index + 1))
-        start_sidecar "rk$index" "$bin"
+        SIDECAR_THREADS="${column##*:}" start_sidecar "rk$index" "$bin"
         pid="${PIDS[-1]}"
         "$LOADGEN" bench --socket "$SOCKET" --connections "$connections" --seconds 1 >/dev/null
         before=$(cpu_ticks "$pid")

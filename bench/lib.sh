@@ -63,6 +63,7 @@ start_sidecar() {
     cat > "$WORK/$name.toml" <<TOML
 [server]
 socket = "$SOCKET"
+threads = ${SIDECAR_THREADS:-1}
 
 [redis]
 url = "redis://127.0.0.1:$PORT/0"
