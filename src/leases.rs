@@ -6,7 +6,9 @@
 //! Forgetting a lease keeps its reservation — the tokens were most likely
 //! spent — and is counted.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -179,14 +181,14 @@ pub struct LeaseTable {
 
 #[derive(Default)]
 struct Leases {
-    by_id: HashMap<u64, Lease>,
+    by_id: FxHashMap<u64, Lease>,
     /// (grant time, id), oldest first.
     by_age: BTreeSet<(Instant, u64)>,
     /// Ids of each connection's leases.
-    by_owner: HashMap<ConnectionId, HashSet<u64>>,
+    by_owner: FxHashMap<ConnectionId, FxHashSet<u64>>,
     /// Tags of open leases; kept while a settlement may be retried, dropped
     /// with the leases that expire, are evicted or lose their connection.
-    tags: HashMap<u64, LeaseTag>,
+    tags: FxHashMap<u64, LeaseTag>,
 }
 
 impl Leases {

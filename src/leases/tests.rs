@@ -159,7 +159,7 @@ fn lease_ids_cannot_be_guessed_from_earlier_ones() {
     let table = LeaseTable::new(Duration::from_secs(60), 10_000);
     let ids: Vec<u64> = (0..1000).map(|_| table.insert(lease(1, now))).collect();
     assert!(ids.iter().all(|&id| id != 0));
-    let distinct: HashSet<u64> = ids.iter().copied().collect();
+    let distinct: std::collections::HashSet<u64> = ids.iter().copied().collect();
     assert_eq!(distinct.len(), ids.len());
     let next_is_previous_plus_small = ids
         .windows(2)
