@@ -138,10 +138,12 @@ def test_a_429_is_forwarded_pausing_every_worker_then_retried(daemon, provider):
         once = wrap(sync_anthropic(provider), limiter, limit="fleet", max_retries=0)
         with pytest.raises(anthropic.RateLimitError):
             once.messages.create(model=MODEL, max_tokens=10, messages=MESSAGES)
-        # Forwarded: every worker's acquire waits out the provider's retry-after.
+        # Forwarded: every worker's acquire waits out the provider's retry-after,
+        # plus the refill of its own token (0.5 ms, in whole ms) when it asks
+        # within a millisecond of the pause.
         with pytest.raises(RateLimited) as denied:
             other.acquire("fleet", 1, max_tokens=1, max_wait=0)
-        assert 0.5 < denied.value.retry_after <= 1.0
+        assert 0.5 < denied.value.retry_after <= 1.001
 
         claude = wrap(sync_anthropic(provider), limiter, limit="fleet")
         started = time.monotonic()

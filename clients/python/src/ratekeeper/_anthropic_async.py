@@ -18,9 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import _anthropic_core as core
-from ._errors import RatekeeperError
 from ._io_async import sleep
-from ._openai_async import forward_feedback, settle_failed
+from ._openai_async import forward_feedback, report_counts, settle_failed
 from ._openai_core import FeedbackSampler, retry_delay
 
 if TYPE_CHECKING:
@@ -98,7 +97,7 @@ class AsyncMessages:
         if sample:
             headers = result.headers
             result = await result.parse()
-        await _report(lease, core.usage_counts(getattr(result, "usage", None)))
+        await report_counts(lease, core.usage_counts(getattr(result, "usage", None)))
         await self._forward(lease, 200, headers)
         return result
 
@@ -116,17 +115,6 @@ class AsyncMessages:
         """Forwards an answer's rate-limit headers (callers pass every 429 and 529,
         and a sample of the others); True if the sidecar paused the limit."""
         return await forward_feedback(self._sampler, lease, status, headers)
-
-
-async def _report(lease: AsyncLease, counts: Any) -> None:
-    """Settles with the provider's usage; without one, the reservation counts as spent."""
-    try:
-        if counts is None:
-            await lease.settle_as_reserved()
-        else:
-            await lease.report(input_tokens=counts[0], output_tokens=counts[1])
-    except RatekeeperError as error:
-        core.log.warning("could not settle lease %s: %s", lease.lease_id, error)
 
 
 class AsyncLimitedStreamManager:
@@ -163,7 +151,7 @@ class AsyncLimitedStreamManager:
         finally:
             lease = self._lease
             counts = core.snapshot_counts(self._stream, lease.reserved.output_tokens)
-            await _report(lease, counts)
+            await report_counts(lease, counts)
             headers = self._messages._sampled(self._stream)
             await self._messages._forward(lease, 200, headers)
 
@@ -198,7 +186,7 @@ class AsyncLimitedEvents:
     async def _finish(self) -> None:
         lease = self._lease
         if not lease.settled:
-            await _report(lease, self._usage.counts(lease.reserved.output_tokens))
+            await report_counts(lease, self._usage.counts(lease.reserved.output_tokens))
             headers = self._messages._sampled(self._stream)
             await self._messages._forward(lease, 200, headers)
 

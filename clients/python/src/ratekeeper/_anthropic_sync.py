@@ -20,10 +20,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import _anthropic_core as core
-from ._errors import RatekeeperError
 from ._io_sync import sleep
 from ._openai_core import FeedbackSampler, retry_delay
-from ._openai_sync import forward_feedback, settle_failed
+from ._openai_sync import forward_feedback, report_counts, settle_failed
 
 if TYPE_CHECKING:
     from ._sync import Client, Lease
@@ -100,7 +99,7 @@ class Messages:
         if sample:
             headers = result.headers
             result = result.parse()
-        _report(lease, core.usage_counts(getattr(result, "usage", None)))
+        report_counts(lease, core.usage_counts(getattr(result, "usage", None)))
         self._forward(lease, 200, headers)
         return result
 
@@ -118,17 +117,6 @@ class Messages:
         """Forwards an answer's rate-limit headers (callers pass every 429 and 529,
         and a sample of the others); True if the sidecar paused the limit."""
         return forward_feedback(self._sampler, lease, status, headers)
-
-
-def _report(lease: Lease, counts: Any) -> None:
-    """Settles with the provider's usage; without one, the reservation counts as spent."""
-    try:
-        if counts is None:
-            lease.settle_as_reserved()
-        else:
-            lease.report(input_tokens=counts[0], output_tokens=counts[1])
-    except RatekeeperError as error:
-        core.log.warning("could not settle lease %s: %s", lease.lease_id, error)
 
 
 class LimitedStreamManager:
@@ -165,7 +153,7 @@ class LimitedStreamManager:
         finally:
             lease = self._lease
             counts = core.snapshot_counts(self._stream, lease.reserved.output_tokens)
-            _report(lease, counts)
+            report_counts(lease, counts)
             headers = self._messages._sampled(self._stream)
             self._messages._forward(lease, 200, headers)
 
@@ -200,7 +188,7 @@ class LimitedEvents:
     def _finish(self) -> None:
         lease = self._lease
         if not lease.settled:
-            _report(lease, self._usage.counts(lease.reserved.output_tokens))
+            report_counts(lease, self._usage.counts(lease.reserved.output_tokens))
             headers = self._messages._sampled(self._stream)
             self._messages._forward(lease, 200, headers)
 

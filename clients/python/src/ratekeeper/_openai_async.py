@@ -94,13 +94,7 @@ class AsyncGate:
     async def settle(self, lease: AsyncLease, counts: Optional[calls.Counts], headers: Any) -> None:
         """Reports `counts` (None: the reservation counts as spent) and forwards
         the answer's `headers` (None: not this one)."""
-        try:
-            if counts is None:
-                await lease.settle_as_reserved()
-            else:
-                await lease.report(input_tokens=counts[0], output_tokens=counts[1])
-        except RatekeeperError as error:
-            core.log_settle_error(lease, error)
+        await report_counts(lease, counts)
         await self.forward(lease, 200, headers)
 
     async def forward(self, lease: AsyncLease, status: int, headers: Any) -> bool:
@@ -123,6 +117,18 @@ async def forward_feedback(
         core.log.info("could not forward the provider's headers: %s", error)
         return False
     return noted is not None and noted.paused_ms > 0
+
+
+async def report_counts(lease: AsyncLease, counts: Optional[tuple[int, int]]) -> None:
+    """Settles with the provider's (input, output) usage; without one, the
+    reservation counts as spent (every wrapper's rule)."""
+    try:
+        if counts is None:
+            await lease.settle_as_reserved()
+        else:
+            await lease.report(input_tokens=counts[0], output_tokens=counts[1])
+    except RatekeeperError as error:
+        core.log_settle_error(lease, error)
 
 
 async def settle_failed(lease: AsyncLease, outcome: str) -> None:

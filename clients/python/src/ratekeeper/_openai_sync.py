@@ -96,13 +96,7 @@ class Gate:
     def settle(self, lease: Lease, counts: Optional[calls.Counts], headers: Any) -> None:
         """Reports `counts` (None: the reservation counts as spent) and forwards
         the answer's `headers` (None: not this one)."""
-        try:
-            if counts is None:
-                lease.settle_as_reserved()
-            else:
-                lease.report(input_tokens=counts[0], output_tokens=counts[1])
-        except RatekeeperError as error:
-            core.log_settle_error(lease, error)
+        report_counts(lease, counts)
         self.forward(lease, 200, headers)
 
     def forward(self, lease: Lease, status: int, headers: Any) -> bool:
@@ -125,6 +119,18 @@ def forward_feedback(
         core.log.info("could not forward the provider's headers: %s", error)
         return False
     return noted is not None and noted.paused_ms > 0
+
+
+def report_counts(lease: Lease, counts: Optional[tuple[int, int]]) -> None:
+    """Settles with the provider's (input, output) usage; without one, the
+    reservation counts as spent (every wrapper's rule)."""
+    try:
+        if counts is None:
+            lease.settle_as_reserved()
+        else:
+            lease.report(input_tokens=counts[0], output_tokens=counts[1])
+    except RatekeeperError as error:
+        core.log_settle_error(lease, error)
 
 
 def settle_failed(lease: Lease, outcome: str) -> None:
