@@ -1,11 +1,12 @@
 """Every command in the README's shell blocks runs as written, or says why not.
 
 The README is the first thing a user copies from. Each line of its ```sh and
-```console blocks is either run here, in order, from the repository root,
-with `ratekeeper` on PATH (the binary under test), `pip` from a fresh
-virtualenv and the daemon's socket in a temporary directory (the README's
-`serve` line is started in the background and stopped after its block), or it
-matches an entry of `NOT_RUN` with the reason. A new command in the README
+```console blocks is either run here, in order, from the repository root, or
+it matches an entry of `NOT_RUN` with the reason: `ratekeeper` is the binary
+the README's own `cargo install` line installed (into a scratch directory
+first on PATH), `pip` is a fresh virtualenv's, the daemon's socket is in a
+temporary directory, and the README's `serve` line runs in the background
+until the last command. A new command in the README
 fails `test_every_command_is_run_or_excused` until it is one or the other, and
 an excuse no command needs any more fails it too. A ```console block's output
 must be exactly what the command prints.
@@ -25,16 +26,11 @@ from typing import Optional
 
 import pytest
 
-from _daemon import daemon_binary
-
 ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
 
 #: Commands that cannot run here, by a pattern of their start, with why.
 NOT_RUN = {
-    r"cargo install --path \.": "a second release build of the daemon into ~/.cargo/bin; "
-    "the commands below run the binary that `cargo test` built from the same sources",
-    r"cargo build --release": "a release build; the same sources are built by `cargo test`",
     r"scripts/test": "the command that runs this test",
     r"sudo ": "installs into the machine's /etc and /usr/local and needs systemd as PID 1; "
     "tests/deploy_examples.rs checks the unit and its config (systemd-analyze verify)",
@@ -161,20 +157,24 @@ def test_the_readme_parser_reads_blocks_as_a_shell_would() -> None:
 
 @pytest.fixture
 def shell_env(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """PATH with the binary under test as `ratekeeper` and a fresh virtualenv's
-    `pip` (nothing installed yet), and a private socket for the daemon."""
+    """PATH with a fresh virtualenv's `pip` (nothing installed yet) and the bin
+    directory `cargo install` fills, and a private socket for the daemon."""
     scratch = tmp_path_factory.mktemp("readme")
-    bin_dir = scratch / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ratekeeper").symlink_to(daemon_binary())
     env_dir = scratch / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     env = dict(os.environ)
     env.pop("VIRTUAL_ENV", None)
-    env["PATH"] = os.pathsep.join([str(bin_dir), str(env_dir / "bin"), env["PATH"]])
+    env["PATH"] = os.pathsep.join([str(env_dir / "bin"), env["PATH"]])
     env["RATEKEEPER_SOCKET"] = str(scratch / "ratekeeper.sock")
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    env["HOME"] = str(scratch)
+    # `cargo install` puts the binary into a bin directory of the scratch
+    # space, first on PATH, so the commands after it run what it installed;
+    # it builds in the repository's target directory, where `cargo build
+    # --release` then finds its work done.
+    env["CARGO_INSTALL_ROOT"] = str(scratch / "cargo")
+    env["CARGO_TARGET_DIR"] = env.get("CARGO_TARGET_DIR", str(ROOT / "target"))
+    env["PATH"] = os.pathsep.join([str(scratch / "cargo" / "bin"), env["PATH"]])
+    env["RATEKEEPER_README_SCRATCH"] = str(scratch)
     return env
 
 
@@ -196,7 +196,8 @@ def test_readme_commands_run_as_written(shell_env: dict) -> None:
                 env=shell_env,
                 capture_output=True,
                 text=True,
-                timeout=300,
+                # A release build on two cores takes minutes.
+                timeout=1800,
             )
             assert done.returncode == 0, (
                 f"{where}\nexit {done.returncode}\n{done.stdout}{done.stderr}"
@@ -216,7 +217,7 @@ def test_readme_commands_run_as_written(shell_env: dict) -> None:
 
 def _start(text: str, env: dict, where: str) -> subprocess.Popen:
     """Starts the README's `serve` line and waits until `ratekeeper ping` answers."""
-    log = open(Path(env["HOME"]) / "serve.log", "w")  # noqa: SIM115 (closed by the caller)
+    log = open(Path(env["RATEKEEPER_README_SCRATCH"]) / "serve.log", "w")  # noqa: SIM115 (closed by the caller)
     daemon = subprocess.Popen(
         ["bash", "-c", f"exec {text}"],
         cwd=ROOT,
@@ -238,4 +239,4 @@ def _start(text: str, env: dict, where: str) -> subprocess.Popen:
 
 
 def _log(env: dict) -> str:
-    return (Path(env["HOME"]) / "serve.log").read_text()
+    return (Path(env["RATEKEEPER_README_SCRATCH"]) / "serve.log").read_text()
