@@ -606,8 +606,12 @@ async fn a_concurrency_limit_holds_across_sidecars_until_a_report_or_release() {
         released.elapsed()
     );
 
-    // A report gives the slot back too; so does a connection that closes.
+    // A report gives the slot back too; so does a connection that closes
+    // (the waiting acquire's, which ended with its task). Both happen after
+    // the answer, so the test watches the slots come free rather than
+    // racing the give-backs.
     a.call(report(one, 0)).await.unwrap();
+    wait_for_free_slots(&b, "local-llm", 2).await;
     let held_by_closed = {
         let c = second.client().await;
         lease_of(c.call(acquire("local-llm", 0, 0)).await.unwrap());
@@ -627,6 +631,22 @@ async fn a_concurrency_limit_holds_across_sidecars_until_a_report_or_release() {
     assert!(tokens(&status_of(&a, "gpt").await.1) >= tokens(&before));
     a.call(Request::Release { lease: gpt }).await.unwrap();
     lease_of(b.call(acquire("gpt", 1000, 3000)).await.unwrap());
+}
+
+/// Waits until `status` shows `free` slots of `limit`'s concurrency bucket.
+async fn wait_for_free_slots(client: &Client, limit: &str, free: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, buckets) = status_of(client, limit).await;
+        if buckets == vec![("concurrent".to_string(), free)] {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never {free} free slots of {limit}: {buckets:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Waits until `status` shows `count` waiters on `limit`.
