@@ -100,35 +100,6 @@ local function encode(numbers)
   return table.concat(parts, ',')
 end
 
--- The provider's view, `seen` (its count less the fleet's draws it had not
--- seen), less a margin for what will drain it unseen before the next
--- correction: other traffic on the same key, or a provider slower than
--- configured. Between corrections the gap between the provider's view and
--- the bucket shrinks by that drain; each correction measures how fast it
--- shrank since the last (fields c: its time, m: the gap it left) and
--- keeps a smoothed rate (field d, units per ms, over DRAIN_WINDOW ms).
--- The margin is that rate times DRAIN_HORIZON, plus the time since the
--- answered call was reserved: a lower level, never a lower rate, so it
--- costs no throughput once the limit is busy. src/limiter/drain.rs is the
--- embedded store's copy.
-local DRAIN_WINDOW, DRAIN_HORIZON = 2000, 1000
-local function margin_below(index, seen, since)
-  local state = redis.call('HMGET', KEYS[index], 'c', 'd', 'm')
-  local last, drain, left = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
-  if last and now > last then
-    local elapsed = now - last
-    local weight = math.min(1, elapsed / DRAIN_WINDOW)
-    local shrank = (left - (seen - level[index])) / elapsed
-    drain = math.max(0, drain + weight * (shrank - drain))
-    redis.call('HSET', KEYS[index], 'd', string.format('%.17g', drain))
-  end
-  -- The fields are written with the bucket, which also sets their expiry.
-  delta[index] = delta[index] or 0
-  -- The sidecar added the refill since the count at the configured rate:
-  -- the drain took its share of that too.
-  return seen - math.floor(drain * (DRAIN_HORIZON + since))
-end
-
 local replies, texts = {{1}}, {}
 local at = 4
 for _ = 1, count do
@@ -191,8 +162,6 @@ for _ = 1, count do
       local units = tonumber(ARGV[base + 3])
       if kind == 'l' then
         local reported, since = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
-        -- The provider's count less what the fleet drew that it had not seen.
-        local seen
         if reported >= 0 and history[index] == nil then
           -- Keep a history from now on (written with the bucket).
           history[index] = -1
@@ -208,22 +177,15 @@ for _ = 1, count do
             local entry = redis.call('HGET', KEYS[index], 'h' .. (slot % HISTORY_SLOTS))
             local at_slot, then_drawn = string.match(entry or '', '^(%-?%d+):(%d+)$')
             if at_slot and tonumber(at_slot) == slot then
-              seen = reported - (drawn[index] - tonumber(then_drawn))
+              units = math.min(units, reported - (drawn[index] - tonumber(then_drawn)))
               break
             end
           end
-        end
-        if seen then
-          units = math.min(units, margin_below(index, seen, since))
         end
         -- Only ever down, to the level asked for.
         local down = units - level[index]
         if down < 0 then
           add(index, down)
-        end
-        if seen then
-          redis.call('HSET', KEYS[index], 'c', string.format('%d', now),
-            'm', string.format('%d', seen - level[index]))
         end
       else
         add(index, units)
