@@ -33,7 +33,7 @@ ANTHROPIC_BLOCKS = frozenset(
 _SNIFF_BYTES = 256 * 1024
 
 
-def _as_mapping(value: Any) -> Any:
+def as_mapping(value: Any) -> Any:
     """SDK objects (pydantic models) as dicts; dicts and strings as they are."""
     if isinstance(value, (Mapping, str)):
         return value
@@ -43,10 +43,11 @@ def _as_mapping(value: Any) -> Any:
     return vars(value)
 
 
-def _json(value: Any) -> str:
+def compact_json(value: Any) -> str:
+    """`value` as compact JSON (SDK objects as their dicts); a string as it is."""
     if isinstance(value, str):
         return value
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_as_mapping)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=as_mapping)
 
 
 def image_size(data: bytes) -> Optional[tuple[int, int]]:
@@ -124,7 +125,7 @@ def _data_url_size(url: str) -> tuple[int, int]:
 
 
 def _anthropic_image(block: Mapping, where: str) -> p.ImageBlock:
-    source = _as_mapping(block.get("source") or {})
+    source = as_mapping(block.get("source") or {})
     if source.get("type") == "base64":
         return p.ImageBlock(*base64_image_size(str(source.get("data") or "")))
     if source.get("type") in ("url", "file"):
@@ -133,7 +134,7 @@ def _anthropic_image(block: Mapping, where: str) -> p.ImageBlock:
 
 
 def _anthropic_document(block: Mapping, where: str) -> list[p.Block]:
-    source = _as_mapping(block.get("source") or {})
+    source = as_mapping(block.get("source") or {})
     kind = source.get("type")
     blocks: list[p.Block] = [
         p.TextBlock(str(block[key])) for key in ("title", "context") if block.get(key)
@@ -151,7 +152,7 @@ def _anthropic_document(block: Mapping, where: str) -> list[p.Block]:
 
 
 def _anthropic_block(block: Any, where: str) -> list[p.Block]:
-    block = _as_mapping(block)
+    block = as_mapping(block)
     if isinstance(block, str):
         return [p.TextBlock(block)]
     kind = block.get("type")
@@ -160,7 +161,10 @@ def _anthropic_block(block: Any, where: str) -> list[p.Block]:
     if kind == "image":
         return [_anthropic_image(block, where)]
     if kind in ("tool_use", "server_tool_use", "mcp_tool_use"):
-        return [p.TextBlock(str(block.get("name") or "")), p.TextBlock(_json(block.get("input")))]
+        return [
+            p.TextBlock(str(block.get("name") or "")),
+            p.TextBlock(compact_json(block.get("input"))),
+        ]
     if kind == "tool_result":
         return anthropic_blocks(block.get("content"), f"{where}.content")
     if kind == "document":
@@ -173,7 +177,7 @@ def _anthropic_block(block: Any, where: str) -> list[p.Block]:
         head = [p.TextBlock(str(block.get(key) or "")) for key in ("title", "source")]
         return head + anthropic_blocks(block.get("content"), f"{where}.content")
     if isinstance(kind, str) and kind.endswith("_tool_result"):
-        return [p.TextBlock(_json(block.get("content")))]
+        return [p.TextBlock(compact_json(block.get("content")))]
     raise ValueError(
         f"{where}: content block type {kind!r} is not known to ratekeeper, so its tokens "
         "cannot be counted; acquire with tokens= counted yourself"
@@ -199,7 +203,7 @@ def _system_texts(system: Any) -> tuple[str, ...]:
         return (system,) if system else ()
     texts = []
     for index, block in enumerate(system):
-        block = _as_mapping(block)
+        block = as_mapping(block)
         if isinstance(block, str):
             texts.append(block)
         elif block.get("type", "text") == "text":
@@ -215,14 +219,14 @@ def anthropic_conversation(
     """An Anthropic Messages request as the `Conversation` the daemon counts."""
     turns = []
     for index, message in enumerate(messages):
-        message = _as_mapping(message)
+        message = as_mapping(message)
         blocks = anthropic_blocks(message.get("content"), f"messages[{index}].content")
         turns.append(p.Turn(str(message.get("role", "user")), tuple(blocks)))
     return p.Conversation(
         api=ANTHROPIC,
         messages=tuple(turns),
         system=_system_texts(system),
-        tools_json=_json(list(tools)) if tools else None,
+        tools_json=compact_json(list(tools)) if tools else None,
         max_output_tokens=max_tokens,
     )
 
@@ -233,7 +237,7 @@ def anthropic_conversation(
 
 
 def _openai_image(part: Mapping) -> p.ImageBlock:
-    image = _as_mapping(part.get("image_url") or {})
+    image = as_mapping(part.get("image_url") or {})
     if isinstance(image, str):
         return p.ImageBlock(*_data_url_size(image))
     return p.ImageBlock(
@@ -250,7 +254,7 @@ def openai_blocks(content: Any) -> list[p.Block]:
         return [p.TextBlock(content)]
     blocks: list[p.Block] = []
     for part in content:
-        part = _as_mapping(part)
+        part = as_mapping(part)
         if isinstance(part, str):
             blocks.append(p.TextBlock(part))
         elif part.get("type") == "image_url":
@@ -269,7 +273,7 @@ def openai_conversation(
     turns = []
     for converted, message in zip(chat.messages, messages):
         content = (
-            _as_mapping(message).get("content") if not isinstance(message, p.ChatMessage) else None
+            as_mapping(message).get("content") if not isinstance(message, p.ChatMessage) else None
         )
         blocks = (
             openai_blocks(content)
@@ -297,10 +301,10 @@ def _part_types(messages: Iterable[Any]) -> set:
     for message in messages:
         if isinstance(message, p.ChatMessage):
             continue
-        content = _as_mapping(message).get("content")
+        content = as_mapping(message).get("content")
         if isinstance(content, (list, tuple)):
             for part in content:
-                part = _as_mapping(part)
+                part = as_mapping(part)
                 if not isinstance(part, str):
                     kinds.add(part.get("type"))
     return kinds

@@ -5,7 +5,6 @@ acquire a client sends (encoded without building a dataclass per call).
 
 from __future__ import annotations
 
-import json
 import math
 import operator
 import struct
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from . import _content as content
 from . import _protocol as p
+from ._content import as_mapping, compact_json
 from ._errors import ErrorCode
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def _text_parts(content: Any) -> tuple[str, ...]:
         return (content,)
     parts = []
     for part in content:
-        part = _as_mapping(part)
+        part = as_mapping(part)
         if isinstance(part, str):
             parts.append(part)
         elif isinstance(part.get("text"), str):
@@ -83,29 +83,15 @@ def _text_parts(content: Any) -> tuple[str, ...]:
     return tuple(parts)
 
 
-def _as_mapping(value: Any) -> Any:
-    """SDK objects (pydantic models) as dicts; dicts and strings as they are."""
-    if isinstance(value, (Mapping, str)):
-        return value
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(exclude_none=True)
-    return vars(value)
-
-
 def _json_text(value: Any) -> Optional[str]:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_as_mapping)
+    return None if value is None else compact_json(value)
 
 
 def chat_message(message: MessageLike) -> p.ChatMessage:
     """One OpenAI-style chat message as the protocol's `ChatMessage`."""
     if isinstance(message, p.ChatMessage):
         return message
-    message = _as_mapping(message)
+    message = as_mapping(message)
     tool_calls = message.get("tool_calls")
     if tool_calls is None and message.get("function_call") is not None:
         tool_calls = [message["function_call"]]
