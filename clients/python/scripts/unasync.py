@@ -86,6 +86,7 @@ REPLACEMENTS = (
     (r"\bAsyncLimitedResponseStreamManager\b", "LimitedResponseStreamManager"),
     (r"\bAsyncObservedEvents\b", "ObservedEvents"),
     (r"\bAsyncLimitedStream\b", "LimitedStream"),
+    (r"\bAsyncStreamProxy\b", "StreamProxy"),
     (r"\bAsyncMessages\b", "Messages"),
     (r"\bAsyncLimitedEvents\b", "LimitedEvents"),
     (r"\bAsyncLimitedStreamManager\b", "LimitedStreamManager"),

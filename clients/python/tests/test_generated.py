@@ -63,6 +63,7 @@ PAIRS = [
     (ratekeeper.Lease, ratekeeper.AsyncLease),
     (_openai_sync.Gate, _openai_async.AsyncGate),
     (_openai_sync.LimitedStream, _openai_async.AsyncLimitedStream),
+    (_openai_sync.StreamProxy, _openai_async.AsyncStreamProxy),
     *(
         (getattr(_openai_resources_sync, name), getattr(_openai_resources_async, f"Async{name}"))
         for name in (

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _anthropic_core as core
 from ._io_async import sleep
-from ._openai_async import forward_feedback, report_counts, settle_failed
+from ._openai_async import AsyncStreamProxy, forward_feedback, report_counts, settle_failed
 from ._openai_core import FeedbackSampler, retry_delay
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ class AsyncLimitedStreamManager:
             await self._messages._forward(lease, 200, headers)
 
 
-class AsyncLimitedEvents:
+class AsyncLimitedEvents(AsyncStreamProxy):
     """A `messages.create(stream=True)` stream that reports its usage when it ends.
 
     Iterate it to the end or close it (it is a context manager, like the
@@ -184,24 +184,9 @@ class AsyncLimitedEvents:
         return event
 
     async def _finish(self) -> None:
+        """Settles the lease with the usage seen so far (the reserved output if none)."""
         lease = self._lease
         if not lease.settled:
             await report_counts(lease, self._usage.counts(lease.reserved.output_tokens))
             headers = self._messages._sampled(self._stream)
             await self._messages._forward(lease, 200, headers)
-
-    async def close(self) -> None:
-        """Closes the provider's stream and settles the lease."""
-        try:
-            await self._stream.close()
-        finally:
-            await self._finish()
-
-    async def __aenter__(self) -> AsyncLimitedEvents:
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from . import _anthropic_core as core
 from ._io_sync import sleep
 from ._openai_core import FeedbackSampler, retry_delay
-from ._openai_sync import forward_feedback, report_counts, settle_failed
+from ._openai_sync import StreamProxy, forward_feedback, report_counts, settle_failed
 
 if TYPE_CHECKING:
     from ._sync import Client, Lease
@@ -158,7 +158,7 @@ class LimitedStreamManager:
             self._messages._forward(lease, 200, headers)
 
 
-class LimitedEvents:
+class LimitedEvents(StreamProxy):
     """A `messages.create(stream=True)` stream that reports its usage when it ends.
 
     Iterate it to the end or close it (it is a context manager, like the
@@ -186,24 +186,9 @@ class LimitedEvents:
         return event
 
     def _finish(self) -> None:
+        """Settles the lease with the usage seen so far (the reserved output if none)."""
         lease = self._lease
         if not lease.settled:
             report_counts(lease, self._usage.counts(lease.reserved.output_tokens))
             headers = self._messages._sampled(self._stream)
             self._messages._forward(lease, 200, headers)
-
-    def close(self) -> None:
-        """Closes the provider's stream and settles the lease."""
-        try:
-            self._stream.close()
-        finally:
-            self._finish()
-
-    def __enter__(self) -> LimitedEvents:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)

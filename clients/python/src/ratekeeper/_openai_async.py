@@ -16,7 +16,7 @@ generated file is stale.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from . import _openai_calls as calls
 from . import _openai_core as core
@@ -26,6 +26,9 @@ from ._io_async import sleep
 if TYPE_CHECKING:
     from ._async import AsyncClient, AsyncLease
     from .openai import LimitOptions
+
+#: A stream proxy's own type, which `async with` gives back.
+_Proxy = TypeVar("_Proxy", bound="AsyncStreamProxy")
 
 
 class AsyncGate:
@@ -142,7 +145,36 @@ async def settle_failed(lease: AsyncLease, outcome: str) -> None:
         core.log_settle_error(lease, error)
 
 
-class AsyncLimitedStream:
+class AsyncStreamProxy:
+    """A provider stream seen through a wrapper, used as the stream itself: what
+    the wrapper does not define passes through to it, and it is a context
+    manager, as the stream is, whose leaving closes it. Every wrapper's streams
+    build on it; a subclass that holds a lease settles it in `_finish`, which
+    `close` calls once the stream is closed (the end of the stream, too)."""
+
+    _stream: Any
+
+    async def _finish(self) -> None:
+        """What closing does once the stream is closed: nothing here."""
+
+    async def close(self) -> None:
+        """Closes the provider's stream, then `_finish`es (settles a lease)."""
+        try:
+            await self._stream.close()
+        finally:
+            await self._finish()
+
+    async def __aenter__(self: _Proxy) -> _Proxy:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class AsyncLimitedStream(AsyncStreamProxy):
     """A provider stream that reports its usage to the lease when it ends.
 
     Iterate it to the end or close it (it is a context manager, like the
@@ -190,18 +222,4 @@ class AsyncLimitedStream:
         if not self._lease.settled:
             await self._gate.settle(self._lease, self._api.counts(self._usage), self._headers)
 
-    async def close(self) -> None:
-        """Closes the provider's stream and settles the lease."""
-        try:
-            await self._stream.close()
-        finally:
-            await self.finish()
-
-    async def __aenter__(self) -> AsyncLimitedStream:
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+    _finish = finish  # what `close` does once the stream is closed

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import _openai_calls as calls
 from . import _openai_core as core
-from ._openai_async import AsyncGate, AsyncLimitedStream
+from ._openai_async import AsyncGate, AsyncLimitedStream, AsyncStreamProxy
 
 if TYPE_CHECKING:
     from ._async import AsyncLease
@@ -288,7 +288,7 @@ class AsyncLimitedResponseStreamManager(AsyncLimitedStreamManager):
         return self._resource.api.counts(self._stream.usage)
 
 
-class AsyncObservedEvents:
+class AsyncObservedEvents(AsyncStreamProxy):
     """The SDK's `responses.stream()` stream, whose events the wrapper sees pass
     for the usage of the final one; its methods work as on the stream itself."""
 
@@ -318,18 +318,6 @@ class AsyncObservedEvents:
         """Reads the stream to its end and gives the SDK's final response."""
         await self.until_done()
         return await self._stream.get_final_response()
-
-    async def close(self) -> None:
-        await self._stream.close()
-
-    async def __aenter__(self) -> AsyncObservedEvents:
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
 
 
 class AsyncCompletions(AsyncResource):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import _openai_calls as calls
 from . import _openai_core as core
-from ._openai_sync import Gate, LimitedStream
+from ._openai_sync import Gate, LimitedStream, StreamProxy
 
 if TYPE_CHECKING:
     from ._sync import Lease
@@ -290,7 +290,7 @@ class LimitedResponseStreamManager(LimitedStreamManager):
         return self._resource.api.counts(self._stream.usage)
 
 
-class ObservedEvents:
+class ObservedEvents(StreamProxy):
     """The SDK's `responses.stream()` stream, whose events the wrapper sees pass
     for the usage of the final one; its methods work as on the stream itself."""
 
@@ -320,18 +320,6 @@ class ObservedEvents:
         """Reads the stream to its end and gives the SDK's final response."""
         self.until_done()
         return self._stream.get_final_response()
-
-    def close(self) -> None:
-        self._stream.close()
-
-    def __enter__(self) -> ObservedEvents:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
 
 
 class Completions(Resource):

@@ -18,7 +18,7 @@ generated file is stale.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from . import _openai_calls as calls
 from . import _openai_core as core
@@ -28,6 +28,9 @@ from ._io_sync import sleep
 if TYPE_CHECKING:
     from ._sync import Client, Lease
     from .openai import LimitOptions
+
+#: A stream proxy's own type, which `async with` gives back.
+_Proxy = TypeVar("_Proxy", bound="StreamProxy")
 
 
 class Gate:
@@ -144,7 +147,36 @@ def settle_failed(lease: Lease, outcome: str) -> None:
         core.log_settle_error(lease, error)
 
 
-class LimitedStream:
+class StreamProxy:
+    """A provider stream seen through a wrapper, used as the stream itself: what
+    the wrapper does not define passes through to it, and it is a context
+    manager, as the stream is, whose leaving closes it. Every wrapper's streams
+    build on it; a subclass that holds a lease settles it in `_finish`, which
+    `close` calls once the stream is closed (the end of the stream, too)."""
+
+    _stream: Any
+
+    def _finish(self) -> None:
+        """What closing does once the stream is closed: nothing here."""
+
+    def close(self) -> None:
+        """Closes the provider's stream, then `_finish`es (settles a lease)."""
+        try:
+            self._stream.close()
+        finally:
+            self._finish()
+
+    def __enter__(self: _Proxy) -> _Proxy:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class LimitedStream(StreamProxy):
     """A provider stream that reports its usage to the lease when it ends.
 
     Iterate it to the end or close it (it is a context manager, like the
@@ -192,18 +224,4 @@ class LimitedStream:
         if not self._lease.settled:
             self._gate.settle(self._lease, self._api.counts(self._usage), self._headers)
 
-    def close(self) -> None:
-        """Closes the provider's stream and settles the lease."""
-        try:
-            self._stream.close()
-        finally:
-            self.finish()
-
-    def __enter__(self) -> LimitedStream:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+    _finish = finish  # what `close` does once the stream is closed
