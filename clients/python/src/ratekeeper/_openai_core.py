@@ -2,7 +2,9 @@
 
 Reading the provider's rate-limit headers (`retry_delay`), when to forward
 them (`FeedbackSampler`), what a failed provider call means for its lease,
-and which parts of the client spend tokens unlimited. What each limited call
+which parts of the client spend tokens unlimited, and the options every
+wrapper's `LimitOptions` starts with (`CallOptions`; the Anthropic wrapper
+uses this module too). What each limited call
 costs and used is in `_openai_calls.py`; the halves that do wait are written
 once in `_openai_async.py` and `_openai_resources_async.py`, and the blocking
 ones are generated from them.
@@ -20,6 +22,7 @@ import re
 import time
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ._async import AsyncClient
@@ -30,6 +33,20 @@ log = logging.getLogger("ratekeeper.openai")
 
 #: Output tokens reserved by the client-side estimate when nothing says more.
 FALLBACK_MAX_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """The fields every wrapper's `LimitOptions` starts with: which limit a
+    wrapped client's calls acquire from, and how. Each wrapper's own fields
+    (its retries, which differ in the answers they retry) follow them."""
+
+    limit: str
+    tenant: Optional[str] = None
+    priority: Optional[str] = None
+    #: Seconds an acquire may wait for its reservation (None: the class default).
+    max_wait: Optional[float] = None
+
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}

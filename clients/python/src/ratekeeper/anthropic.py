@@ -39,7 +39,7 @@ from typing import Any, Optional, TypeVar, Union, cast
 from ._anthropic_async import AsyncMessages
 from ._anthropic_sync import Messages
 from ._async import AsyncClient
-from ._openai_core import is_async_sdk, without_retries
+from ._openai_core import CallOptions, is_async_sdk, without_retries
 from ._sync import Client
 
 __all__ = ["LimitOptions", "wrap"]
@@ -49,14 +49,10 @@ AnthropicClient = TypeVar("AnthropicClient")
 
 
 @dataclass(frozen=True)
-class LimitOptions:
-    """How a wrapped client acquires, and how it retries provider 429s and 529s."""
+class LimitOptions(CallOptions):
+    """How a wrapped client acquires (`limit`, `tenant`, `priority`, `max_wait`:
+    every wrapper's `CallOptions`), and how it retries provider 429s and 529s."""
 
-    limit: str
-    tenant: Optional[str] = None
-    priority: Optional[str] = None
-    #: Seconds an acquire may wait for its reservation (None: the class default).
-    max_wait: Optional[float] = None
     #: Provider 429s and 529s retried per call before the error is raised.
     max_retries: int = 3
     #: Longest single wait for a 429 or 529, whatever the headers say.

@@ -78,6 +78,7 @@ from ._openai_core import FALLBACK_MAX_TOKENS as FALLBACK_MAX_TOKENS
 from ._openai_core import (
     UNLIMITED_CHAT_PARTS,
     UNLIMITED_SPENDERS,
+    CallOptions,
     estimate_prompt_tokens,
     is_async_sdk,
     retry_delay,
@@ -93,14 +94,10 @@ __all__ = ["LimitOptions", "retry_delay", "wrap"]
 
 
 @dataclass(frozen=True)
-class LimitOptions:
-    """How a wrapped client acquires, and how it retries provider 429s."""
+class LimitOptions(CallOptions):
+    """How a wrapped client acquires (`limit`, `tenant`, `priority`, `max_wait`:
+    every wrapper's `CallOptions`), and how it retries provider 429s."""
 
-    limit: str
-    tenant: Optional[str] = None
-    priority: Optional[str] = None
-    #: Seconds an acquire may wait for its reservation (None: the class default).
-    max_wait: Optional[float] = None
     #: Output tokens reserved when a request names no `max_tokens` (Responses:
     #: `max_output_tokens`). None: the daemon's default for the limit, or
     #: `FALLBACK_MAX_TOKENS` when the client has to estimate.
