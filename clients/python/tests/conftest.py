@@ -1,4 +1,5 @@
-"""Fixtures: the real daemon on a private socket, and clients connected to it."""
+"""Fixtures: the real daemon on a private socket, clients connected to it, and a
+fake OpenAI provider."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from ratekeeper import Client
 
 from _daemon import Daemon, RedisServer, daemon_binary
+from _fake_openai import FakeProvider
 
 #: The configuration of the session's daemon. Every test that looks at bucket
 #: levels uses a limit of its own (or a daemon of its own), so tests never see
@@ -129,6 +131,14 @@ def make_daemon(request):
         if failed is not None and failed.failed:
             print(f"\n--- daemon log ---\n{daemon.log()[-6000:]}")
         daemon.close()
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    """A fake OpenAI provider of the test's own (test_anthropic.py has an Anthropic one)."""
+    fake = FakeProvider()
+    yield fake
+    fake.close()
 
 
 @pytest.fixture

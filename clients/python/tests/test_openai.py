@@ -40,13 +40,6 @@ MESSAGES = [
 
 
 @pytest.fixture
-def provider():
-    fake = FakeProvider()
-    yield fake
-    fake.close()
-
-
-@pytest.fixture
 def daemon(make_daemon, store):
     return make_daemon(CONFIG, store=store)
 

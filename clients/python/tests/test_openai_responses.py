@@ -69,13 +69,6 @@ REQUEST = {
 
 
 @pytest.fixture
-def provider():
-    fake = FakeProvider()
-    yield fake
-    fake.close()
-
-
-@pytest.fixture
 def daemon(make_daemon):
     return make_daemon(CONFIG)
 

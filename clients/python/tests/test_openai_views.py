@@ -36,13 +36,6 @@ RESPONSE = {"model": "gpt-4o-mini", "input": "Summarise Hamlet.", "max_output_to
 
 
 @pytest.fixture
-def provider():
-    fake = FakeProvider()
-    yield fake
-    fake.close()
-
-
-@pytest.fixture
 def daemon(make_daemon):
     return make_daemon(CONFIG)
 
