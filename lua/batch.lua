@@ -100,6 +100,54 @@ local function encode(numbers)
   return table.concat(parts, ',')
 end
 
+-- The provider's view, `seen` (its count less the fleet's draws it had not
+-- seen), less a margin for what will drain it unseen before the next
+-- correction: other traffic on the same key, or a provider slower than
+-- configured. Between corrections the gap between the provider's view and
+-- the bucket shrinks by that drain; each correction measures how much it
+-- shrank since the last (fields c: its time, m: the gap it left) and keeps
+-- a smoothed rate (d, units per ms, over up to DRAIN_WINDOW ms: a its age)
+-- and the mean square of the shrinks (s, over SCATTER_SAMPLES corrections).
+-- The margin is the part of the rate that the counts' noise cannot explain
+-- (DRAIN_SIGNIFICANCE standard errors), over DRAIN_HORIZON ms plus the time
+-- since the answered call was reserved; with nothing draining it is zero.
+-- The rate is never clamped: clamping noise at zero makes a drift. A lower
+-- level, never a lower rate, so a busy limit loses no throughput to it.
+-- src/limiter/drain.rs is the embedded store's copy.
+local DRAIN_WINDOW, DRAIN_HORIZON, DRAIN_SIGNIFICANCE, SCATTER_SAMPLES = 4000, 1000, 2, 16
+local function margin_below(index, seen, since)
+  local state = redis.call('HMGET', KEYS[index], 'c', 'm', 'd', 's', 'a')
+  local last, left = tonumber(state[1]), tonumber(state[2]) or 0
+  local drain, scatter, age = tonumber(state[3]) or 0, tonumber(state[4]) or 0, tonumber(state[5]) or 0
+  if last and now > last then
+    local elapsed = now - last
+    local shrank = left - (seen - level[index])
+    local first = age == 0
+    age = math.min(DRAIN_WINDOW, age + elapsed)
+    drain = drain + elapsed / age * (shrank / elapsed - drain)
+    if first then
+      scatter = shrank * shrank
+    else
+      scatter = scatter + (shrank * shrank - scatter) / SCATTER_SAMPLES
+    end
+    redis.call('HSET', KEYS[index], 'd', string.format('%.17g', drain),
+      's', string.format('%.17g', scatter), 'a', string.format('%.17g', age))
+  end
+  -- The fields are written with the bucket, which also sets their expiry.
+  delta[index] = delta[index] or 0
+  if age == 0 then
+    return seen
+  end
+  -- A shrink measured between two corrections carries the noise of both.
+  local significant = drain - DRAIN_SIGNIFICANCE * math.sqrt(scatter / 2) / age
+  if significant <= 0 then
+    return seen
+  end
+  -- The sidecar added the refill since the count at the configured rate:
+  -- the drain took its share of that too.
+  return seen - math.floor(significant * (DRAIN_HORIZON + math.max(0, since)))
+end
+
 local replies, texts = {{1}}, {}
 local at = 4
 for _ = 1, count do
@@ -162,6 +210,8 @@ for _ = 1, count do
       local units = tonumber(ARGV[base + 3])
       if kind == 'l' then
         local reported, since = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
+        -- The provider's count less what the fleet drew that it had not seen.
+        local seen
         if reported >= 0 and history[index] == nil then
           -- Keep a history from now on (written with the bucket).
           history[index] = -1
@@ -177,15 +227,22 @@ for _ = 1, count do
             local entry = redis.call('HGET', KEYS[index], 'h' .. (slot % HISTORY_SLOTS))
             local at_slot, then_drawn = string.match(entry or '', '^(%-?%d+):(%d+)$')
             if at_slot and tonumber(at_slot) == slot then
-              units = math.min(units, reported - (drawn[index] - tonumber(then_drawn)))
+              seen = reported - (drawn[index] - tonumber(then_drawn))
               break
             end
           end
+        end
+        if seen then
+          units = math.min(units, margin_below(index, seen, since))
         end
         -- Only ever down, to the level asked for.
         local down = units - level[index]
         if down < 0 then
           add(index, down)
+        end
+        if seen then
+          redis.call('HSET', KEYS[index], 'c', string.format('%d', now),
+            'm', string.format('%d', seen - level[index]))
         end
       else
         add(index, units)

@@ -8,6 +8,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use super::bucket::{self, BucketSpec, BucketState, Draw};
+use super::drain::Drain;
 use super::slots::{Holders, SlotSpec};
 use super::{Adjustment, Decision, Lowering, Origin, Store, StoreError, decision_from_plan};
 
@@ -34,6 +35,8 @@ const SWEEP_MIN_ENTRIES: usize = 1024;
 struct Entry {
     state: BucketState,
     full_at_ms: i64,
+    /// What drains the provider unseen, learnt from provider corrections.
+    drain: Drain,
 }
 
 /// Buckets in a map under one mutex; no await happens while it is held.
@@ -107,7 +110,20 @@ impl Buckets {
     fn store(&mut self, spec: &BucketSpec, state: BucketState) {
         let full_at_ms = state.updated_ms.saturating_add(state.ms_until_full(spec));
         self.states
-            .insert(spec.key.clone(), Entry { state, full_at_ms });
+            .entry(spec.key.clone())
+            .and_modify(|entry| {
+                entry.state = state;
+                entry.full_at_ms = full_at_ms;
+            })
+            .or_insert(Entry {
+                state,
+                full_at_ms,
+                drain: Drain::default(),
+            });
+    }
+
+    fn drain_mut(&mut self, spec: &BucketSpec) -> Option<&mut Drain> {
+        self.states.get_mut(&spec.key).map(|entry| &mut entry.drain)
     }
 
     /// Forgets buckets that are full by `now_ms` once the map has doubled:
@@ -161,10 +177,33 @@ impl Store for EmbeddedStore {
         let now = self.clock.now_ms();
         let mut buckets = self.lock();
         for lowering in lowerings {
-            let current = buckets.current(&lowering.bucket, now);
-            let lowered = current.lowered_to(&lowering.bucket, lowering.level);
-            if lowered != current {
-                buckets.store(&lowering.bucket, lowered);
+            let spec = &lowering.bucket;
+            let current = buckets.current(spec, now);
+            if lowering.fleet.is_none() {
+                // A pause, or a count without a provider's view to learn from.
+                let lowered = current.lowered_to(spec, lowering.level);
+                if lowered != current {
+                    buckets.store(spec, lowered);
+                }
+                continue;
+            }
+            // A count: a margin below it for what drains the provider unseen
+            // (lua/batch.lua does the same for the Redis store).
+            buckets.store(spec, current);
+            let seen = spec.signed_units(lowering.level);
+            let since = lowering
+                .fleet
+                .and_then(|fleet| fleet.reserved_ms_ago)
+                .map_or(0, |ago| ago.min(i64::MAX as u64) as i64);
+            if let Some(drain) = buckets.drain_mut(spec) {
+                let lowered = BucketState {
+                    level: current
+                        .level
+                        .min(drain.target(seen, current.level, now, since)),
+                    ..current
+                };
+                drain.corrected(seen, lowered.level, now);
+                buckets.store(spec, lowered);
             }
         }
         Ok(())
@@ -277,6 +316,46 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(levels, vec![900, 0]);
+    }
+
+    /// The embedded store keeps the same margin as `lua/batch.lua` below a
+    /// provider drained unseen (`tests/redis_store.rs` walks the Lua).
+    #[tokio::test]
+    async fn provider_counts_that_drain_unseen_leave_a_margin() {
+        for (unseen_per_step, margins) in [(200, 1_800..=2_000), (0, 0..=0)] {
+            let clock = Arc::new(ManualClock::default());
+            let store = EmbeddedStore::with_clock(clock.clone());
+            // 10 tokens a ms, all drawn: 1,000 every 100 ms.
+            let tokens = BucketSpec::per_minute("tokens", 60_000, 600_000);
+            let mut provider = 60_000i64;
+            for step in 1..=60 {
+                clock.0.store(step * 100, Ordering::SeqCst);
+                let draws = [Draw {
+                    bucket: tokens.clone(),
+                    cost: 1_000,
+                    floor: 0,
+                }];
+                store.acquire(&draws, 60_000).await.unwrap();
+                // The provider refilled, counted this call, and lost what
+                // drains it unseen.
+                provider = (provider + 1_000).min(60_000) - 1_000 - unseen_per_step;
+                let count = Lowering {
+                    bucket: tokens.clone(),
+                    level: provider,
+                    fleet: Some(super::super::FleetView {
+                        remaining: provider,
+                        reserved_ms_ago: Some(0),
+                    }),
+                };
+                store.lower(&[count]).await.unwrap();
+            }
+            let level = store.levels(std::slice::from_ref(&tokens)).await.unwrap()[0];
+            let margin = provider - level;
+            assert!(
+                margins.contains(&margin),
+                "{unseen_per_step}: margin {margin}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@
 
 pub mod backlog;
 pub mod bucket;
+pub mod drain;
 pub mod embedded;
 pub mod fail_fast;
 pub mod fallback;

@@ -58,13 +58,6 @@ def test_foreign_traffic_draws_429s_when_nothing_is_forwarded():
     assert outcome.rate_limited > 0, outcome.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not reached yet: measured 5.2-5.4 % 429s through 2 sidecars in bench/provider "
-    "(79-81 % without feedback). Between two corrections the buckets refill at the "
-    "configured rate, above what the other application leaves; see the README's "
-    "Provider feedback section",
-)
 def test_forwarded_headers_keep_429s_rare_under_foreign_traffic():
     outcome = measured(Scenario(**FOREIGN, feedback=True))
     figures = (outcome.rate_limited_fraction < 0.005, outcome.utilization >= 0.95)
