@@ -192,6 +192,20 @@ struct Leases {
 }
 
 impl Leases {
+    /// Hash maps keep the capacity of their peak: once a burst of leases has
+    /// been settled, give most of it back (the soak's memory floor stepped up
+    /// after its busiest minute and stayed there).
+    fn shrink_after_peak(&mut self) {
+        fn shrink<K: std::hash::Hash + Eq, V>(map: &mut FxHashMap<K, V>) {
+            if map.capacity() > 1024 && map.len() < map.capacity() / 4 {
+                map.shrink_to(map.len() * 2);
+            }
+        }
+        shrink(&mut self.by_id);
+        shrink(&mut self.by_owner);
+        shrink(&mut self.tags);
+    }
+
     fn add(&mut self, id: u64, lease: Lease) {
         self.by_age.insert((lease.granted_at, id));
         self.by_owner.entry(lease.owner).or_default().insert(id);
@@ -322,6 +336,7 @@ impl LeaseTable {
         while leases.remove_oldest(Some(cutoff)) {
             expired += 1;
         }
+        leases.shrink_after_peak();
         self.counters
             .expired
             .fetch_add(expired as u64, Ordering::Relaxed);

@@ -231,3 +231,21 @@ fn tags_outlive_a_retried_settlement_and_not_the_lease() {
     table.expire(Instant::now());
     assert_eq!(table.tag_of(second), None);
 }
+
+#[test]
+fn a_settled_burst_gives_its_memory_back_at_the_next_sweep() {
+    let now = Instant::now();
+    let table = LeaseTable::new(Duration::from_secs(60), 100_000);
+    let ids: Vec<u64> = (0..50_000)
+        .map(|owner| table.insert(lease(owner, now)))
+        .collect();
+    let peak = table.lock().by_id.capacity();
+    for id in &ids[10..] {
+        table.take(*id).unwrap();
+    }
+    table.expire(now);
+    let leases = table.lock();
+    assert!(leases.by_id.capacity() < peak / 100, "{}", leases.by_id.capacity());
+    assert!(leases.by_owner.capacity() < peak / 100);
+    assert_eq!(leases.by_id.len(), 10, "the open leases stay");
+}
