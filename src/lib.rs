@@ -8,7 +8,7 @@
 //! | [`config`] | the typed configuration: loading, validation, rendering |
 //! | [`proto`] | the wire protocol: frame bounds, messages, the framing codec; no I/O |
 //! | [`server`] | the Unix socket: bind, peer credentials, connection bounds, one task per connection driving its requests, drain |
-//! | [`service`] | the request handlers: acquire, report, release, estimate, status |
+//! | [`service`] | the request handlers: acquire, report, release, estimate, status, health, inspect, provider feedback; their typed error and wire codes |
 //! | [`plan`] | pure planning: limits → buckets, cost rules, priority floors, capacity |
 //! | [`leases`] | granted reservations awaiting their report, and settlement arithmetic |
 //! | [`limiter`] | the `Store` trait: Redis (the only module touching redis types), embedded, fail-fast, failure policy |

@@ -7,11 +7,13 @@
 //! | module | owns |
 //! | --- | --- |
 //! | `model` | the typed, validated settings, their defaults and bounds |
+//! | `limit` | one `[[limits]]` entry as the daemon reads it: buckets, windows, charging, usable bursts |
 //! | `raw` | the file as written: the serde schema, everything optional and spanned |
 //! | `diagnostics` | located problems and the checks every section shares |
 //! | `resolve` | raw → typed, one module a section (`server`, `redis`, `leases`, `metrics`, `groups`, `limits`, `priorities`) |
 //! | `env` | the environment overrides |
 //! | `render` | the effective file `check-config` prints; Redis URLs masked |
+//! | `warnings` | advice on a valid file that most likely does not mean what it says |
 //!
 //! The provider presets a limit starts from ([`Provider`] and its rules)
 //! live with token counting, in [`crate::tokens::preset`].
