@@ -245,7 +245,11 @@ fn a_settled_burst_gives_its_memory_back_at_the_next_sweep() {
     }
     table.expire(now);
     let leases = table.lock();
-    assert!(leases.by_id.capacity() < peak / 100, "{}", leases.by_id.capacity());
+    assert!(
+        leases.by_id.capacity() < peak / 100,
+        "{}",
+        leases.by_id.capacity()
+    );
     assert!(leases.by_owner.capacity() < peak / 100);
     assert_eq!(leases.by_id.len(), 10, "the open leases stay");
 }
