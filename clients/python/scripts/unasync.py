@@ -88,6 +88,7 @@ REPLACEMENTS = (
     (r"\bAsyncLimitedStream\b", "LimitedStream"),
     (r"\bAsyncStreamProxy\b", "StreamProxy"),
     (r"\bAsyncMessages\b", "Messages"),
+    (r"\bAsyncMessagesGate\b", "MessagesGate"),
     (r"\bAsyncLimitedEvents\b", "LimitedEvents"),
     (r"\bAsyncLimitedStreamManager\b", "LimitedStreamManager"),
 )

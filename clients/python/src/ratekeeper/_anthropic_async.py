@@ -18,13 +18,35 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import _anthropic_core as core
-from ._io_async import sleep
-from ._openai_async import AsyncStreamProxy, forward_feedback, report_counts, settle_failed
-from ._openai_core import FeedbackSampler, retry_delay
+from . import _openai_calls as calls
+from ._openai_async import AsyncGate, AsyncStreamProxy
 
 if TYPE_CHECKING:
-    from ._async import AsyncClient, AsyncLease
+    from ._async import AsyncLease
     from .anthropic import _Wrapped
+
+
+class AsyncMessagesGate(AsyncGate):
+    """The OpenAI wrapper's gate (acquire, call, settle, forward, retry) for
+    `messages`: the cost is the request's, in Anthropic's shape, and a 529
+    (overloaded) is retried as a 429 is."""
+
+    retried = core.RETRIED
+    log = core.log
+
+    async def acquire(self, cost: calls.Cost) -> AsyncLease:
+        settings = self.settings
+        return await self.limiter.acquire(
+            settings.limit,
+            messages=cost.messages,
+            system=cost.system,
+            tools=cost.tools,
+            max_tokens=cost.max_tokens,
+            api="anthropic",
+            tenant=settings.tenant,
+            priority=settings.priority,
+            max_wait=settings.max_wait,
+        )
 
 
 class AsyncMessages:
@@ -32,58 +54,19 @@ class AsyncMessages:
 
     def __init__(self, wrapped: _Wrapped) -> None:
         self._wrapped = wrapped
-        self._settings = wrapped.settings
-        self._sampler = FeedbackSampler(wrapped.settings.feedback_interval)
+        self._gate = AsyncMessagesGate(wrapped.limiter, wrapped.settings)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._wrapped._client.messages, name)
 
-    async def _acquire(self, kwargs: dict) -> AsyncLease:
-        settings = self._settings
-        limiter: AsyncClient = self._wrapped.limiter
-        messages, system, tools, max_tokens = core.cost(kwargs)
-        return await limiter.acquire(
-            settings.limit,
-            messages=messages,
-            system=system,
-            tools=tools,
-            max_tokens=max_tokens,
-            api="anthropic",
-            tenant=settings.tenant,
-            priority=settings.priority,
-            max_wait=settings.max_wait,
-        )
-
     async def _limited(self, kwargs: dict, call: Any) -> tuple[Any, AsyncLease]:
         """Acquires and makes `call()`; a 429 or 529 releases, is forwarded, waits, retries."""
-        settings = self._settings
-        attempt = 0
-        while True:
-            lease = await self._acquire(kwargs)
-            try:
-                result = await call()
-            except BaseException as error:
-                outcome = core.failure(error)
-                await settle_failed(lease, outcome)
-                if outcome != "retry":
-                    raise
-                headers = core.error_headers(error)
-                status = core.status_code(error) or 429
-                paused = await self._forward(lease, status, headers)
-                if attempt >= settings.max_retries:
-                    raise
-                # Paused in the sidecar: the next acquire waits exactly as long.
-                delay = 0.0 if paused else retry_delay(headers, attempt, settings.max_retry_wait)
-                core.log.info("provider answered %s; retrying in %.3fs", status, delay)
-                await sleep(delay)
-                attempt += 1
-                continue
-            return result, lease
+        return await self._gate.limited(core.cost(kwargs), call)
 
     async def create(self, **kwargs: Any) -> Any:
         """`messages.create`, limited: acquire, call, report the usage."""
         messages = self._wrapped._raw.messages
-        sample = not kwargs.get("stream") and self._sampler.due()
+        sample = not kwargs.get("stream") and self._gate.sampler.due()
 
         async def call() -> Any:
             if sample:
@@ -97,24 +80,18 @@ class AsyncMessages:
         if sample:
             headers = result.headers
             result = await result.parse()
-        await report_counts(lease, core.usage_counts(getattr(result, "usage", None)))
-        await self._forward(lease, 200, headers)
+        await self._gate.settle(lease, core.usage_counts(getattr(result, "usage", None)), headers)
         return result
 
     def stream(self, **kwargs: Any) -> AsyncLimitedStreamManager:
         """`messages.stream`, limited: acquires on entering, settles on leaving."""
         return AsyncLimitedStreamManager(self, kwargs)
 
-    def _sampled(self, stream: Any) -> Any:
-        """A stream's response headers when a sample is due, else None."""
-        if not self._sampler.due():
-            return None
-        return getattr(getattr(stream, "response", None), "headers", None)
-
-    async def _forward(self, lease: AsyncLease, status: int, headers: Any) -> bool:
-        """Forwards an answer's rate-limit headers (callers pass every 429 and 529,
-        and a sample of the others); True if the sidecar paused the limit."""
-        return await forward_feedback(self._sampler, lease, status, headers)
+    async def _settle_stream(self, lease: AsyncLease, counts: Any, stream: Any) -> None:
+        """Settles a stream's lease, forwarding its response headers when a sample is due."""
+        due = self._gate.sampler.due()
+        headers = getattr(getattr(stream, "response", None), "headers", None) if due else None
+        await self._gate.settle(lease, counts, headers)
 
 
 class AsyncLimitedStreamManager:
@@ -151,9 +128,7 @@ class AsyncLimitedStreamManager:
         finally:
             lease = self._lease
             counts = core.snapshot_counts(self._stream, lease.reserved.output_tokens)
-            await report_counts(lease, counts)
-            headers = self._messages._sampled(self._stream)
-            await self._messages._forward(lease, 200, headers)
+            await self._messages._settle_stream(lease, counts, self._stream)
 
 
 class AsyncLimitedEvents(AsyncStreamProxy):
@@ -187,6 +162,5 @@ class AsyncLimitedEvents(AsyncStreamProxy):
         """Settles the lease with the usage seen so far (the reserved output if none)."""
         lease = self._lease
         if not lease.settled:
-            await report_counts(lease, self._usage.counts(lease.reserved.output_tokens))
-            headers = self._messages._sampled(self._stream)
-            await self._messages._forward(lease, 200, headers)
+            counts = self._usage.counts(lease.reserved.output_tokens)
+            await self._messages._settle_stream(lease, counts, self._stream)

@@ -1,7 +1,8 @@
 """What both halves of the Anthropic wrapper share that never waits.
 
-Reading a request's cost and a reply's usage, adding up a stream's usage from
-its events, and what a failed provider call means for its lease. The halves
+Reading a request's cost and a reply's usage, and adding up a stream's usage
+from its events. What a failed call means for its lease is the OpenAI
+wrapper's rule (`_openai_core.failure`) with 529 retried as 429 is. The halves
 that do wait are written once in `_anthropic_async.py`, and
 `_anthropic_sync.py` is generated from it.
 
@@ -16,20 +17,22 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
+from ._openai_calls import Cost
+
 log = logging.getLogger("ratekeeper.anthropic")
 
 #: Provider statuses retried after `retry-after`: rate limited, and overloaded.
 RETRIED = (429, 529)
 
 
-def cost(kwargs: dict) -> tuple[list, Any, Any, Optional[int]]:
-    """(messages, system, tools, max_tokens) of a `messages.create` call; the SDK's
-    `NOT_GIVEN` and `omit` (both false) and an empty system are as if not given."""
-    return (
+def cost(kwargs: dict) -> Cost:
+    """The messages, system, tools and max_tokens of a `messages.create` call; the
+    SDK's `NOT_GIVEN` and `omit` (both false) and an empty system are as if not given."""
+    return Cost(
         list(kwargs.get("messages") or []),
-        kwargs.get("system") or None,
-        kwargs.get("tools") or None,
-        kwargs.get("max_tokens") or None,
+        tools=kwargs.get("tools") or None,
+        max_tokens=kwargs.get("max_tokens") or None,
+        system=kwargs.get("system") or None,
     )
 
 
@@ -91,28 +94,3 @@ def snapshot_counts(stream: Any, reserved_output: int) -> Optional[tuple[int, in
     if counts is None or getattr(snapshot, "stop_reason", None) is not None:
         return counts
     return counts[0], max(counts[1], reserved_output)
-
-
-def status_code(error: BaseException) -> Optional[int]:
-    status = getattr(error, "status_code", None)
-    return status if isinstance(status, int) else None
-
-
-def error_headers(error: BaseException) -> Any:
-    return getattr(getattr(error, "response", None), "headers", None)
-
-
-def failure(error: BaseException) -> str:
-    """What a failed provider call means for its lease.
-
-    `"retry"`: a 429 (rate limited) or 529 (overloaded) — refused, release
-    and try again after `retry-after`; `"release"`: another 4xx — refused,
-    never processed; `"keep"`: anything else (5xx, timeouts, broken
-    connections) — it may have been processed, so the reservation is kept.
-    """
-    status = status_code(error)
-    if status in RETRIED:
-        return "retry"
-    if status is not None and 400 <= status < 500:
-        return "release"
-    return "keep"

@@ -20,13 +20,35 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import _anthropic_core as core
-from ._io_sync import sleep
-from ._openai_core import FeedbackSampler, retry_delay
-from ._openai_sync import StreamProxy, forward_feedback, report_counts, settle_failed
+from . import _openai_calls as calls
+from ._openai_sync import Gate, StreamProxy
 
 if TYPE_CHECKING:
-    from ._sync import Client, Lease
+    from ._sync import Lease
     from .anthropic import _Wrapped
+
+
+class MessagesGate(Gate):
+    """The OpenAI wrapper's gate (acquire, call, settle, forward, retry) for
+    `messages`: the cost is the request's, in Anthropic's shape, and a 529
+    (overloaded) is retried as a 429 is."""
+
+    retried = core.RETRIED
+    log = core.log
+
+    def acquire(self, cost: calls.Cost) -> Lease:
+        settings = self.settings
+        return self.limiter.acquire(
+            settings.limit,
+            messages=cost.messages,
+            system=cost.system,
+            tools=cost.tools,
+            max_tokens=cost.max_tokens,
+            api="anthropic",
+            tenant=settings.tenant,
+            priority=settings.priority,
+            max_wait=settings.max_wait,
+        )
 
 
 class Messages:
@@ -34,58 +56,19 @@ class Messages:
 
     def __init__(self, wrapped: _Wrapped) -> None:
         self._wrapped = wrapped
-        self._settings = wrapped.settings
-        self._sampler = FeedbackSampler(wrapped.settings.feedback_interval)
+        self._gate = MessagesGate(wrapped.limiter, wrapped.settings)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._wrapped._client.messages, name)
 
-    def _acquire(self, kwargs: dict) -> Lease:
-        settings = self._settings
-        limiter: Client = self._wrapped.limiter
-        messages, system, tools, max_tokens = core.cost(kwargs)
-        return limiter.acquire(
-            settings.limit,
-            messages=messages,
-            system=system,
-            tools=tools,
-            max_tokens=max_tokens,
-            api="anthropic",
-            tenant=settings.tenant,
-            priority=settings.priority,
-            max_wait=settings.max_wait,
-        )
-
     def _limited(self, kwargs: dict, call: Any) -> tuple[Any, Lease]:
         """Acquires and makes `call()`; a 429 or 529 releases, is forwarded, waits, retries."""
-        settings = self._settings
-        attempt = 0
-        while True:
-            lease = self._acquire(kwargs)
-            try:
-                result = call()
-            except BaseException as error:
-                outcome = core.failure(error)
-                settle_failed(lease, outcome)
-                if outcome != "retry":
-                    raise
-                headers = core.error_headers(error)
-                status = core.status_code(error) or 429
-                paused = self._forward(lease, status, headers)
-                if attempt >= settings.max_retries:
-                    raise
-                # Paused in the sidecar: the next acquire waits exactly as long.
-                delay = 0.0 if paused else retry_delay(headers, attempt, settings.max_retry_wait)
-                core.log.info("provider answered %s; retrying in %.3fs", status, delay)
-                sleep(delay)
-                attempt += 1
-                continue
-            return result, lease
+        return self._gate.limited(core.cost(kwargs), call)
 
     def create(self, **kwargs: Any) -> Any:
         """`messages.create`, limited: acquire, call, report the usage."""
         messages = self._wrapped._raw.messages
-        sample = not kwargs.get("stream") and self._sampler.due()
+        sample = not kwargs.get("stream") and self._gate.sampler.due()
 
         def call() -> Any:
             if sample:
@@ -99,24 +82,18 @@ class Messages:
         if sample:
             headers = result.headers
             result = result.parse()
-        report_counts(lease, core.usage_counts(getattr(result, "usage", None)))
-        self._forward(lease, 200, headers)
+        self._gate.settle(lease, core.usage_counts(getattr(result, "usage", None)), headers)
         return result
 
     def stream(self, **kwargs: Any) -> LimitedStreamManager:
         """`messages.stream`, limited: acquires on entering, settles on leaving."""
         return LimitedStreamManager(self, kwargs)
 
-    def _sampled(self, stream: Any) -> Any:
-        """A stream's response headers when a sample is due, else None."""
-        if not self._sampler.due():
-            return None
-        return getattr(getattr(stream, "response", None), "headers", None)
-
-    def _forward(self, lease: Lease, status: int, headers: Any) -> bool:
-        """Forwards an answer's rate-limit headers (callers pass every 429 and 529,
-        and a sample of the others); True if the sidecar paused the limit."""
-        return forward_feedback(self._sampler, lease, status, headers)
+    def _settle_stream(self, lease: Lease, counts: Any, stream: Any) -> None:
+        """Settles a stream's lease, forwarding its response headers when a sample is due."""
+        due = self._gate.sampler.due()
+        headers = getattr(getattr(stream, "response", None), "headers", None) if due else None
+        self._gate.settle(lease, counts, headers)
 
 
 class LimitedStreamManager:
@@ -153,9 +130,7 @@ class LimitedStreamManager:
         finally:
             lease = self._lease
             counts = core.snapshot_counts(self._stream, lease.reserved.output_tokens)
-            report_counts(lease, counts)
-            headers = self._messages._sampled(self._stream)
-            self._messages._forward(lease, 200, headers)
+            self._messages._settle_stream(lease, counts, self._stream)
 
 
 class LimitedEvents(StreamProxy):
@@ -189,6 +164,5 @@ class LimitedEvents(StreamProxy):
         """Settles the lease with the usage seen so far (the reserved output if none)."""
         lease = self._lease
         if not lease.settled:
-            report_counts(lease, self._usage.counts(lease.reserved.output_tokens))
-            headers = self._messages._sampled(self._stream)
-            self._messages._forward(lease, 200, headers)
+            counts = self._usage.counts(lease.reserved.output_tokens)
+            self._messages._settle_stream(lease, counts, self._stream)

@@ -6,7 +6,10 @@ headers say and tries again, another 4xx releases, anything else keeps the
 reservation (see `core.failure`). `AsyncGate.settle` reports the usage the
 provider answered and forwards its rate-limit headers (every 429, a sample of
 the other answers, every raw answer). `AsyncLimitedStream` settles a stream
-when it ends. The endpoints built on them are in `_openai_resources_async.py`.
+when it ends; `AsyncStreamProxy` is what every wrapped stream shares (close,
+context manager, pass-through). The endpoints built on them are in
+`_openai_resources_async.py`; the Anthropic wrapper's gate and streams are
+subclasses (`_anthropic_async.py`).
 
 Written for asyncio; `scripts/unasync.py` generates the blocking
 `_openai_sync.py` from this file (see `_async.py`). Edit this one, then run
@@ -16,6 +19,7 @@ generated file is stale.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from . import _openai_calls as calls
@@ -25,7 +29,6 @@ from ._io_async import sleep
 
 if TYPE_CHECKING:
     from ._async import AsyncClient, AsyncLease
-    from .openai import LimitOptions
 
 #: A stream proxy's own type, which `async with` gives back.
 _Proxy = TypeVar("_Proxy", bound="AsyncStreamProxy")
@@ -33,10 +36,19 @@ _Proxy = TypeVar("_Proxy", bound="AsyncStreamProxy")
 
 class AsyncGate:
     """What every limited call of one wrapped client goes through: the limit,
-    the settings, and the sample of answers whose headers are forwarded."""
+    the settings, and the sample of answers whose headers are forwarded.
+    OpenAI's; another wrapper's gate is a subclass that acquires its own way
+    (`acquire`) and names the statuses it retries."""
 
-    def __init__(self, limiter: AsyncClient, settings: LimitOptions) -> None:
+    #: The provider statuses a call is retried after (its lease released).
+    retried: tuple[int, ...] = (429,)
+    #: Where the retries are told.
+    log: logging.Logger = core.log
+
+    def __init__(self, limiter: AsyncClient, settings: Any) -> None:
         self.limiter = limiter
+        #: The wrapper's `LimitOptions`: `ratekeeper.openai`'s, or in a subclass
+        #: another wrapper's.
         self.settings = settings
         self.sampler = core.FeedbackSampler(settings.feedback_interval)
 
@@ -67,8 +79,8 @@ class AsyncGate:
             return await limiter.acquire(settings.limit, prompt, max_tokens=output, **common)
 
     async def limited(self, cost: calls.Cost, call: Callable[[], Any]) -> tuple[Any, AsyncLease]:
-        """Acquires `cost` and awaits `call()`, retrying a provider 429 as the
-        module says; (what the call answered, its unsettled lease)."""
+        """Acquires `cost` and awaits `call()`, retrying a provider 429 (a status
+        in `retried`) as the module says; (what the call answered, its unsettled lease)."""
         settings = self.settings
         attempt = 0
         while True:
@@ -76,19 +88,20 @@ class AsyncGate:
             try:
                 result = await call()
             except BaseException as error:
-                outcome = core.failure(error)
+                outcome = core.failure(error, self.retried)
                 await settle_failed(lease, outcome)
                 if outcome != "retry":
                     raise
-                headers = getattr(getattr(error, "response", None), "headers", None)
-                paused = await self.forward(lease, 429, headers)
+                headers = core.error_headers(error)
+                status = core.status_code(error) or 429
+                paused = await self.forward(lease, status, headers)
                 if attempt >= settings.max_retries:
                     raise
                 # Paused in the sidecar: the next acquire waits exactly as long.
                 delay = (
                     0.0 if paused else core.retry_delay(headers, attempt, settings.max_retry_wait)
                 )
-                core.log.info("provider answered 429; retrying in %.3fs", delay)
+                self.log.info("provider answered %s; retrying in %.3fs", status, delay)
                 await sleep(delay)
                 attempt += 1
                 continue

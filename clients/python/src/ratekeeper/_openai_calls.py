@@ -24,14 +24,15 @@ Counts = tuple[int, int]
 
 @dataclass(frozen=True)
 class Cost:
-    """What one call acquires: chat `messages` (with `tools`) for the daemon to
-    count, or `tokens` counted here; `max_tokens` of output on top (None: the
-    limit's default)."""
+    """What one call acquires: chat `messages` (with `tools`, and for Anthropic
+    a top-level `system`) for the daemon to count, or `tokens` counted here;
+    `max_tokens` of output on top (None: the limit's default)."""
 
     messages: Optional[list] = None
     tools: Any = None
     max_tokens: Optional[int] = None
     tokens: Optional[int] = None
+    system: Any = None
 
 
 def _get(value: Any, name: str) -> Any:

@@ -21,7 +21,7 @@ import random
 import re
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -132,16 +132,21 @@ def status_code(error: BaseException) -> Optional[int]:
     return status if isinstance(status, int) else None
 
 
-def failure(error: BaseException) -> str:
-    """What a failed provider call means for its lease.
+def error_headers(error: BaseException) -> Any:
+    """The headers of the answer a provider call failed with (None: no answer)."""
+    return getattr(getattr(error, "response", None), "headers", None)
 
-    `"retry"`: a 429 — the request was refused, release and try again;
-    `"release"`: another 4xx — refused, never processed; `"keep"`: anything
-    else (5xx, timeouts, broken connections) — it may have been processed,
-    so the reservation is kept.
+
+def failure(error: BaseException, retried: Collection[int] = (429,)) -> str:
+    """What a failed provider call means for its lease (every wrapper's rule).
+
+    `"retry"`: a status in `retried` (a 429; Anthropic's 529 too) — the
+    request was refused, release and try again; `"release"`: another 4xx —
+    refused, never processed; `"keep"`: anything else (5xx, timeouts, broken
+    connections) — it may have been processed, so the reservation is kept.
     """
     status = status_code(error)
-    if status == 429:
+    if status in retried:
         return "retry"
     if status is not None and 400 <= status < 500:
         return "release"

@@ -8,7 +8,10 @@ headers say and tries again, another 4xx releases, anything else keeps the
 reservation (see `core.failure`). `Gate.settle` reports the usage the
 provider answered and forwards its rate-limit headers (every 429, a sample of
 the other answers, every raw answer). `LimitedStream` settles a stream
-when it ends. The endpoints built on them are in `_openai_resources_sync.py`.
+when it ends; `StreamProxy` is what every wrapped stream shares (close,
+context manager, pass-through). The endpoints built on them are in
+`_openai_resources_sync.py`; the Anthropic wrapper's gate and streams are
+subclasses (`_anthropic_async.py`).
 
 Written for asyncio; `scripts/unasync.py` generates the blocking
 `_openai_sync.py` from this file (see `_async.py`). Edit this one, then run
@@ -18,6 +21,7 @@ generated file is stale.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from . import _openai_calls as calls
@@ -27,7 +31,6 @@ from ._io_sync import sleep
 
 if TYPE_CHECKING:
     from ._sync import Client, Lease
-    from .openai import LimitOptions
 
 #: A stream proxy's own type, which `async with` gives back.
 _Proxy = TypeVar("_Proxy", bound="StreamProxy")
@@ -35,10 +38,19 @@ _Proxy = TypeVar("_Proxy", bound="StreamProxy")
 
 class Gate:
     """What every limited call of one wrapped client goes through: the limit,
-    the settings, and the sample of answers whose headers are forwarded."""
+    the settings, and the sample of answers whose headers are forwarded.
+    OpenAI's; another wrapper's gate is a subclass that acquires its own way
+    (`acquire`) and names the statuses it retries."""
 
-    def __init__(self, limiter: Client, settings: LimitOptions) -> None:
+    #: The provider statuses a call is retried after (its lease released).
+    retried: tuple[int, ...] = (429,)
+    #: Where the retries are told.
+    log: logging.Logger = core.log
+
+    def __init__(self, limiter: Client, settings: Any) -> None:
         self.limiter = limiter
+        #: The wrapper's `LimitOptions`: `ratekeeper.openai`'s, or in a subclass
+        #: another wrapper's.
         self.settings = settings
         self.sampler = core.FeedbackSampler(settings.feedback_interval)
 
@@ -69,8 +81,8 @@ class Gate:
             return limiter.acquire(settings.limit, prompt, max_tokens=output, **common)
 
     def limited(self, cost: calls.Cost, call: Callable[[], Any]) -> tuple[Any, Lease]:
-        """Acquires `cost` and awaits `call()`, retrying a provider 429 as the
-        module says; (what the call answered, its unsettled lease)."""
+        """Acquires `cost` and awaits `call()`, retrying a provider 429 (a status
+        in `retried`) as the module says; (what the call answered, its unsettled lease)."""
         settings = self.settings
         attempt = 0
         while True:
@@ -78,19 +90,20 @@ class Gate:
             try:
                 result = call()
             except BaseException as error:
-                outcome = core.failure(error)
+                outcome = core.failure(error, self.retried)
                 settle_failed(lease, outcome)
                 if outcome != "retry":
                     raise
-                headers = getattr(getattr(error, "response", None), "headers", None)
-                paused = self.forward(lease, 429, headers)
+                headers = core.error_headers(error)
+                status = core.status_code(error) or 429
+                paused = self.forward(lease, status, headers)
                 if attempt >= settings.max_retries:
                     raise
                 # Paused in the sidecar: the next acquire waits exactly as long.
                 delay = (
                     0.0 if paused else core.retry_delay(headers, attempt, settings.max_retry_wait)
                 )
-                core.log.info("provider answered 429; retrying in %.3fs", delay)
+                self.log.info("provider answered %s; retrying in %.3fs", status, delay)
                 sleep(delay)
                 attempt += 1
                 continue
