@@ -268,9 +268,12 @@ def test_shutting_down(make_daemon, raw):
     daemon = make_daemon(HOLD_CONFIG)
     connection = raw(daemon.socket)
     connection.hello()
-    connection.send(p.Acquire("hold", p.TokenCost(1)), request_id=30)
-    assert isinstance(connection.answer(30).response, p.Granted)
-    connection.send(p.Acquire("hold", p.TokenCost(1)), request_id=31)  # keeps the drain busy
+    granted = connection.send(p.Acquire("hold", p.TokenCost(1)))
+    assert isinstance(connection.answer(granted).response, p.Granted)
+    # Held: keeps the drain busy. (Its id comes from the session like the
+    # later ones: a fixed id was reused by the polling below once it had
+    # counted that far, and the daemon rightly answered DuplicateRequestId.)
+    connection.send(p.Acquire("hold", p.TokenCost(1)))
 
     def waiters() -> int:
         status = connection.answer(connection.send(p.Status("hold"))).response
