@@ -53,6 +53,7 @@ class Daemon:
         socket: Optional[str] = None,
         key_prefix: Optional[str] = None,
         on_failure: Optional[str] = None,
+        redis_options: str = "",
     ) -> None:
         # A short directory: Unix socket paths are limited to about 100 bytes.
         self.dir = Path(tempfile.mkdtemp(prefix="rk-py-"))
@@ -64,6 +65,7 @@ class Daemon:
                 config += f'key_prefix = "{key_prefix}"\n'
             if on_failure:
                 config += f'on_failure = "{on_failure}"\n'
+            config += redis_options  # more lines of the [redis] table
         self.store = "redis" if redis_url else "embedded"
         self.config_path.write_text(config)
         self.log_path = self.dir / "daemon.log"
@@ -189,6 +191,13 @@ class RedisServer:
                 return conn.recv(16).startswith(b"+PONG")
         except OSError:
             return False
+
+    def command(self, *args: str) -> bytes:
+        """Sends one command on a connection of its own; returns the raw reply."""
+        request = f"*{len(args)}\r\n" + "".join(f"${len(a)}\r\n{a}\r\n" for a in args)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as conn:
+            conn.sendall(request.encode())
+            return conn.recv(65536)
 
     def stop(self) -> None:
         """SIGKILL, as a crash; `start` brings it back on the same port."""

@@ -161,9 +161,17 @@ class AsyncClient:
 
         future.add_done_callback(release_late_grant)
 
-    async def _request_on(self, conn: Connection, request: core.AnyRequest) -> p.Response:
-        """One request on a given connection (a lease's), without reconnecting."""
-        deadline = core.Deadline(self.timeout)
+    async def _request_on(
+        self,
+        conn: Connection,
+        request: core.AnyRequest,
+        deadline: Optional[core.Deadline] = None,
+    ) -> p.Response:
+        """One request on a given connection (a lease's), without reconnecting.
+
+        Bounded by `deadline`, else by `timeout` from now.
+        """
+        deadline = deadline or core.Deadline(self.timeout)
         request_id, future = await conn.submit(request, deadline)
         return await self._wait(conn, request_id, future, request, deadline)
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, Literal, Optional, Union
 
 from . import _protocol as p
 from ._errors import (
+    ErrorCode,
     ProtocolError,
     RatekeeperError,
     RateLimited,
@@ -209,6 +210,31 @@ def reconnect_delays() -> Iterator[float]:
     while True:
         yield delay
         delay = min(delay * 2, 0.25)
+
+
+#: Pauses before each new attempt at a settlement the daemon could not apply:
+#: 50 ms doubling, so at most four attempts and 0.35 s of pauses in all.
+SETTLE_RETRY_DELAYS = (0.05, 0.1, 0.2)
+
+
+def settle_retry_pause(
+    error: RatekeeperError, pauses: Iterator[float], deadline: Deadline
+) -> Optional[float]:
+    """The pause before settling a lease again after `error`, or None to raise it.
+
+    Only `StoreUnavailable` is retried: the daemon answers it to a `Report` or
+    `Release` whose refund it could not apply (a Redis call timed out), and
+    keeps the lease so that the same settlement can be sent again; the lease
+    is settled at most once, so a retry can never refund twice. Pauses come
+    from `pauses` (`SETTLE_RETRY_DELAYS`), and none ends past `deadline`.
+    """
+    if error.code != ErrorCode.STORE_UNAVAILABLE:
+        return None
+    pause = next(pauses, None)
+    remaining = deadline.remaining()
+    if pause is None or (remaining is not None and remaining <= pause):
+        return None
+    return pause
 
 
 def sidecar_restarting(error: BaseException) -> bool:

@@ -13,7 +13,7 @@ from . import _protocol as p
 from . import _requests as req
 from ._core import ConnectionLost
 from ._errors import ErrorCode, RatekeeperError
-from ._io_async import Connection
+from ._io_async import Connection, sleep
 
 if TYPE_CHECKING:
     from ._async import AsyncClient
@@ -113,24 +113,39 @@ class AsyncLease:
         return await self._client.feedback(self.limit, status, headers, since_grant=since_grant)
 
     async def _settle(self, request: req.Settlement, kind: type) -> Optional[int]:
+        """Sends `request` on the lease's connection until it is settled.
+
+        A `StoreUnavailable` answer means the daemon could not apply the
+        settlement and kept the lease: the same request is sent again after
+        each pause of `core.SETTLE_RETRY_DELAYS`, within `timeout`, and the
+        last answer is raised if none settled it.
+        """
         if self.unlimited:
             self.settled = True
             return None
         conn = self._conn
-        try:
-            if conn is None or not conn.alive:
-                raise ConnectionLost("gone")
-            response = await self._client._request_on(conn, request)
-        except ConnectionLost:
-            self.settled = True
-            log.info("lease %s was lost with its connection; the daemon kept it", self.lease_id)
-            return None
-        try:
-            answer = core.expect(response, kind)
-        except RatekeeperError as error:
-            if error.code == ErrorCode.UNKNOWN_LEASE:
+        deadline = core.Deadline(self._client.timeout)
+        pauses = iter(core.SETTLE_RETRY_DELAYS)
+        while True:
+            try:
+                if conn is None or not conn.alive:
+                    raise ConnectionLost("gone")
+                response = await self._client._request_on(conn, request, deadline)
+            except ConnectionLost:
                 self.settled = True
-            raise
+                log.info("lease %s was lost with its connection; the daemon kept it", self.lease_id)
+                return None
+            try:
+                answer = core.expect(response, kind)
+                break
+            except RatekeeperError as error:
+                if error.code == ErrorCode.UNKNOWN_LEASE:
+                    self.settled = True
+                pause = core.settle_retry_pause(error, pauses, deadline)
+                if pause is None:
+                    raise
+                log.info("lease %s is not settled yet, retrying: %s", self.lease_id, error)
+            await sleep(pause)
         self.settled = True
         self.tokens_returned = answer.tokens_returned
         return answer.tokens_returned
