@@ -5,13 +5,14 @@
 
 mod support;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ratekeeper::client::Client;
 use ratekeeper::proto::{ErrorCode, Request, Response};
 use support::redis::RedisServer;
-use support::{Daemon, acquire, error_code, granted, level, report};
+use support::{Daemon, acquire, error_code, granted, http_get, level, metric, report};
 
 /// One token per second refills: levels barely move during a test.
 fn config(server: &RedisServer) -> String {
@@ -182,12 +183,141 @@ async fn a_report_during_an_outage_is_settled_once_redis_answers() {
     );
 }
 
-/// With `[redis] sentinels`, the primary dies in the middle of a lease:
-/// the report made while no primary answers is kept, acquires resume once
-/// the Sentinels promote the replica, and the report is applied there.
-#[tokio::test]
-async fn a_sentinel_failover_loses_no_report() {
+/// Tokens each acquire of the failover test asks for, and what its report
+/// says was used: every grant debits `FAILOVER_COST` and every report gives
+/// `FAILOVER_COST - FAILOVER_USED` back, each far more than the bucket
+/// refills during the test (a token a second), so a single debit or refund
+/// lost, or applied twice, moves the final level out of its bounds.
+const FAILOVER_COST: u64 = 1_000;
+const FAILOVER_USED: u64 = 300;
+
+/// What one load task of the failover test saw.
+#[derive(Default)]
+struct Load {
+    /// Grants so far, and those of acquires sent once the Sentinels were
+    /// seen to have promoted the replica.
+    grants: AtomicU64,
+    grants_after_promotion: AtomicU64,
+    /// Tokens granted, and given back by reports answered `Settled`.
+    granted: AtomicU64,
+    returned: AtomicU64,
+    /// Acquires answered `StoreUnavailable`, and reports retried after it.
+    unavailable: AtomicU64,
+    report_retries: AtomicU64,
+    /// When the first acquire sent after the kill was granted.
+    first_grant_after_kill: Mutex<Option<Instant>>,
+}
+
+/// Where the failover test is: the load tasks note it with each acquire.
+const RUNNING: u8 = 0;
+const KILLED: u8 = 1;
+const PROMOTED: u8 = 2;
+
+/// One load task: acquire, and report each grant at once, until `stop`.
+/// Every report must end `Settled` with the exact refund; one answered
+/// "retry the report" (`StoreUnavailable`) is sent again, as the clients do.
+async fn keep_acquiring(
+    client: Client,
+    load: Arc<Load>,
+    phase: Arc<AtomicU8>,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::SeqCst) {
+        let sent_in = phase.load(Ordering::SeqCst);
+        let answer = client.call(acquire("big", FAILOVER_COST, 0)).await.unwrap();
+        let lease = match answer {
+            Response::Granted { lease, tokens, .. } => {
+                assert_eq!(tokens, FAILOVER_COST);
+                load.granted.fetch_add(tokens, Ordering::SeqCst);
+                lease
+            }
+            other => {
+                assert_eq!(error_code(&other), ErrorCode::StoreUnavailable, "{other:?}");
+                load.unavailable.fetch_add(1, Ordering::SeqCst);
+                // Pacing while no primary answers, not a wait for an outcome.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
+        };
+        loop {
+            match client.call(report(lease, FAILOVER_USED)).await.unwrap() {
+                Response::Settled { tokens_returned } => {
+                    assert_eq!(tokens_returned, (FAILOVER_COST - FAILOVER_USED) as i64);
+                    load.returned
+                        .fetch_add(tokens_returned as u64, Ordering::SeqCst);
+                    break;
+                }
+                other => {
+                    assert_eq!(error_code(&other), ErrorCode::StoreUnavailable, "{other:?}");
+                    load.report_retries.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+        load.grants.fetch_add(1, Ordering::SeqCst);
+        if sent_in == PROMOTED {
+            load.grants_after_promotion.fetch_add(1, Ordering::SeqCst);
+        }
+        if sent_in >= KILLED {
+            load.first_grant_after_kill
+                .lock()
+                .unwrap()
+                .get_or_insert_with(Instant::now);
+        }
+    }
+}
+
+/// Polls `condition` every 10 ms until it holds; panics with `what` after `within`.
+async fn wait_for(
+    what: &str,
+    within: Duration,
+    daemon: &Daemon,
+    mut condition: impl FnMut() -> bool,
+) {
+    let deadline = Instant::now() + within;
+    while !condition() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A replication offset from `INFO replication`.
+fn replication_offset(server: &RedisServer, field: &str) -> Option<u64> {
+    let info = server.cli(&["INFO", "replication"])?;
+    info.lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|offset| offset.trim().parse().ok())
+}
+
+/// A series of the daemon's metrics.
+fn metric_at(address: &str, series: &str) -> f64 {
+    let (_, body) = http_get(address, "/metrics");
+    metric(&body, series).unwrap_or_else(|| panic!("no {series} in:\n{body}"))
+}
+
+/// With `[redis] sentinels`, the primary dies while four connections keep
+/// acquiring and reporting, and while one lease is open: acquires resume
+/// on every connection once the Sentinels promote the replica, every
+/// report is answered `Settled` (those made while no primary answered are
+/// replayed on the new one), and the new primary's level is exactly what
+/// the clients were granted less what their reports gave back.
+///
+/// Redis replicates asynchronously, so a primary that dies can take its
+/// last writes with it whatever its clients do. To check the daemon's own
+/// accounting, writes on the primary are paused (`CLIENT PAUSE WRITE`,
+/// scripts included) and the replica is waited for until it has every
+/// write before the kill; the load keeps running through the pause, whose
+/// calls time out unanswered and must then cost nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_under_load_loses_no_debit_and_no_report() {
     use support::redis::{RedisSentinels, SENTINEL_MASTER};
+    const BURST: i64 = 100_000_000;
+    const HELD: u64 = 500_000;
+    const HELD_USED: u64 = 100_000;
     let mut set = RedisSentinels::start();
     let sentinels: Vec<String> = set.urls().iter().map(|url| format!("\"{url}\"")).collect();
     let config = format!(
@@ -198,40 +328,169 @@ master_name = "{SENTINEL_MASTER}"
 timeout_ms = 250
 connect_timeout_ms = 250
 
+[metrics]
+listen = "127.0.0.1:0"
+
 [[limits]]
 name = "big"
 tokens_per_minute = 60
-burst_tokens = 1000000
+burst_tokens = {BURST}
 "#,
         sentinels.join(", ")
     );
     let daemon = Daemon::start(&config);
+    let metrics = daemon.metrics_address().await;
     let client = daemon.client().await;
-    let (lease, _, _) = granted(&client.call(acquire("big", 500_000, 0)).await.unwrap());
+    let started = Instant::now();
+    // A lease open across the kill, reported while no primary answers.
+    let (held, _, _) = granted(&client.call(acquire("big", HELD, 0)).await.unwrap());
+
+    let phase = Arc::new(AtomicU8::new(RUNNING));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let load = Arc::new(Load::default());
+        loads.push(load.clone());
+        tasks.push(tokio::spawn(keep_acquiring(
+            daemon.client().await,
+            load,
+            phase.clone(),
+            stop.clone(),
+        )));
+    }
+    let each_has = |field: fn(&Load) -> &AtomicU64, at_least: u64| {
+        let loads = loads.clone();
+        move || {
+            loads
+                .iter()
+                .all(|load| field(load).load(Ordering::SeqCst) >= at_least)
+        }
+    };
+    wait_for(
+        "the load to run",
+        Duration::from_secs(5),
+        &daemon,
+        each_has(|l| &l.grants, 20),
+    )
+    .await;
+
+    // No write reaches the primary from here on; once the replica has all
+    // it wrote, the primary dies.
+    assert_eq!(
+        set.primary
+            .cli(&["CLIENT", "PAUSE", "30000", "WRITE"])
+            .as_deref(),
+        Some("OK")
+    );
+    wait_for(
+        "the replica to catch up",
+        Duration::from_secs(5),
+        &daemon,
+        || {
+            let primary = replication_offset(&set.primary, "master_repl_offset");
+            let replica = replication_offset(&set.replica, "slave_repl_offset");
+            matches!((primary, replica), (Some(p), Some(r)) if r >= p)
+        },
+    )
+    .await;
     let replica = set.replica.port;
     set.primary.kill();
-    let settled = client.call(report(lease, 100_000)).await.unwrap();
+    let killed_at = Instant::now();
+    phase.store(KILLED, Ordering::SeqCst);
+
+    let settled = client.call(report(held, HELD_USED)).await.unwrap();
     assert_eq!(
         settled,
         Response::Settled {
-            tokens_returned: 400_000
+            tokens_returned: (HELD - HELD_USED) as i64
         }
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match client.call(acquire("big", 1, 0)).await.unwrap() {
-            Response::Granted { .. } => break,
-            other => assert_eq!(error_code(&other), ErrorCode::StoreUnavailable),
-        }
-        assert!(Instant::now() < deadline, "no promotion:\n{}", daemon.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_for(
+        "the Sentinels to promote the replica",
+        Duration::from_secs(10),
+        &daemon,
+        || set.master_port() == Some(replica),
+    )
+    .await;
+    let promoted_after = killed_at.elapsed();
+    phase.store(PROMOTED, Ordering::SeqCst);
+    // Every connection is granted again.
+    wait_for(
+        "acquires to resume on every connection",
+        Duration::from_secs(5),
+        &daemon,
+        each_has(|l| &l.grants_after_promotion, 20),
+    )
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        task.await.unwrap();
     }
-    assert_eq!(set.master_port(), Some(replica), "the replica was promoted");
-    daemon
-        .wait_for_log("settlements made during the outage are applied")
-        .await;
-    // The refund reached the new primary: 400 000 of the 500 000 are back
-    // (all of them if the debit had not been replicated yet).
-    let seen = level(&client, "big", "tokens").await;
-    assert!(seen >= 900_000 - 2, "level {seen}: the report was lost");
+    let resumed_after = loads
+        .iter()
+        .filter_map(|load| *load.first_grant_after_kill.lock().unwrap())
+        .min()
+        .expect("grants after the kill")
+        - killed_at;
+    assert!(
+        resumed_after < Duration::from_secs(10),
+        "resumed after {resumed_after:?}"
+    );
+    let sum = |field: fn(&Load) -> &AtomicU64| -> u64 {
+        loads
+            .iter()
+            .map(|load| field(load).load(Ordering::SeqCst))
+            .sum()
+    };
+    let (granted_tokens, returned) = (sum(|l| &l.granted), sum(|l| &l.returned));
+    assert_eq!(
+        returned,
+        sum(|l| &l.grants) * (FAILOVER_COST - FAILOVER_USED)
+    );
+    assert!(sum(|l| &l.unavailable) > 0, "the outage was not noticed");
+
+    // Once the reports made during the outage are replayed and the calls
+    // whose answer was lost are settled, the level is exactly the burst less
+    // what was granted plus what the reports gave back, give or take the
+    // refill since the first grant (one token a second).
+    let expected = BURST - (granted_tokens + HELD) as i64 + (returned + HELD - HELD_USED) as i64;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let seen = loop {
+        let seen = level(&client, "big", "tokens").await;
+        let idle = metric_at(&metrics, "ratekeeper_settlements_pending") == 0.0
+            && metric_at(&metrics, "ratekeeper_store_cancels_pending") == 0.0;
+        if (idle && seen >= expected) || Instant::now() > deadline {
+            break seen;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let refilled = started.elapsed().as_secs() as i64 + 1;
+    assert!(
+        (expected..=expected + refilled).contains(&seen),
+        "level {seen}, expected {expected} to {}: {} tokens of debits lost or refunds applied twice \
+         (if above), or refunds lost (if below)\n{}",
+        expected + refilled,
+        seen - expected,
+        daemon.log()
+    );
+    eprintln!(
+        "grants {} ({} after the promotion was seen), acquires unavailable {}, reports retried {}, \
+         promotion seen {promoted_after:?} and first grant {resumed_after:?} after the kill, \
+         level {seen} (expected {expected}), replayed {}",
+        sum(|l| &l.grants),
+        sum(|l| &l.grants_after_promotion),
+        sum(|l| &l.unavailable),
+        sum(|l| &l.report_retries),
+        metric_at(&metrics, "ratekeeper_settlements_replayed_total"),
+    );
+    assert_eq!(metric_at(&metrics, "ratekeeper_settlements_pending"), 0.0);
+    assert_eq!(
+        metric_at(&metrics, "ratekeeper_settlements_evicted_total"),
+        0.0
+    );
+    assert!(
+        metric_at(&metrics, "ratekeeper_settlements_replayed_total") >= 1.0,
+        "the report made while no primary answered was not replayed"
+    );
 }
