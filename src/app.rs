@@ -217,7 +217,7 @@ impl App {
             Err(cause) => {
                 tracing::warn!(
                     %nodes,
-                    on_failure = ?redis.on_failure,
+                    on_failure = redis.on_failure.name(),
                     %cause,
                     "Redis is not reachable at start; the failure policy answers until it is, \
                      and the daemon keeps trying in the background"
