@@ -3,7 +3,7 @@
 # combination of workload (token- or request-bound), acquire (by token count
 # or by messages) and 1 or 2 sidecars with no foreign traffic, then 20 %
 # foreign traffic with and without forwarding the provider's answers; prints
-# a Markdown table. See bench/provider/README.md.
+# a Markdown table. See the README, section "Provider feedback".
 #
 # Usage: bench/provider/run.sh [SECONDS]     (default 40)
 #   RATEKEEPER_BIN: the daemon to measure (default: a debug build of this tree)

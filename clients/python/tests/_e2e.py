@@ -94,6 +94,7 @@ class Outcome:
     requests: int  # every request the provider received, retries included
     rate_limited: int  # every 429 it answered
     first_429_at: Optional[float]
+    rate_limited_at: list  # when each 429 was answered, sorted
     binding: str  # the limit the workload exhausts: "tokens" or "requests"
     window_start: float  # the steady window runs from here to the deadline
     level_at_window_start: float  # of the binding bucket, as a fraction of its capacity
@@ -306,6 +307,7 @@ def analyse(scenario: Scenario, records: list[dict], start: float, tallies: list
         requests=len(records),
         rate_limited=len(refused),
         first_429_at=min(refused) if refused else None,
+        rate_limited_at=sorted(round(at, 2) for at in refused),
         binding=binding,
         window_start=lowest["arrival"] - start,
         level_at_window_start=lowest[level] / per_minute,
