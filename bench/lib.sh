@@ -57,13 +57,16 @@ start_redis() {
     until redis-cli -p "$PORT" PING >/dev/null 2>&1; do sleep 0.05; done
 }
 
+# SIDECAR_THREADS: the sidecar's [server] threads (default 1); set but empty
+# leaves the key out, for builds older than it.
 start_sidecar() {
-    local name="$1" bin="$2" extra="${3:-}"
+    local name="$1" bin="$2" extra="${3:-}" threads=""
+    [ -n "${SIDECAR_THREADS-1}" ] && threads="threads = ${SIDECAR_THREADS-1}"
     SOCKET="$WORK/$name.sock"
     cat > "$WORK/$name.toml" <<TOML
 [server]
 socket = "$SOCKET"
-threads = ${SIDECAR_THREADS:-1}
+$threads
 
 [redis]
 url = "redis://127.0.0.1:$PORT/0"

@@ -32,35 +32,11 @@ SIDECARS=("after-0:$SOCKET:${PIDS[-1]}:0")
 start_sidecar held "$BIN" "$LEASES_TOML"
 SIDECARS+=("after-$LEASES:$SOCKET:${PIDS[-1]}:$LEASES")
 
-# As lib.sh's start_sidecar, without `[server] threads`.
-start_old_sidecar() {
-    local name="$1" bin="$2"
-    SOCKET="$WORK/$name.sock"
-    cat > "$WORK/$name.toml" <<TOML
-[server]
-socket = "$SOCKET"
-
-[redis]
-url = "redis://127.0.0.1:$PORT/0"
-key_prefix = "$name"
-
-$LEASES_TOML
-
-[[limits]]
-name = "bench"
-tokens_per_minute = 1000000000
-burst_tokens = 10000000000
-requests_per_minute = 1000000000
-burst_requests = 10000000000
-TOML
-    "$bin" serve --config "$WORK/$name.toml" --log-level warn 2>"$WORK/$name.log" &
-    PIDS+=($!)
-    until [ -S "$SOCKET" ]; do sleep 0.05; done
-}
+# Builds before `[server] threads` refuse the key: leave it out for them.
 if [ -n "${BEFORE_BIN:-}" ]; then
-    start_old_sidecar before-none "$BEFORE_BIN"
+    SIDECAR_THREADS="" start_sidecar before-none "$BEFORE_BIN" "$LEASES_TOML"
     SIDECARS+=("before-0:$SOCKET:${PIDS[-1]}:0")
-    start_old_sidecar before-held "$BEFORE_BIN"
+    SIDECAR_THREADS="" start_sidecar before-held "$BEFORE_BIN" "$LEASES_TOML"
     SIDECARS+=("before-$LEASES:$SOCKET:${PIDS[-1]}:$LEASES")
 fi
 
