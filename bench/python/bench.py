@@ -2,13 +2,20 @@
 
 For each shape of workers (processes x threads, or processes x asyncio tasks),
 each mode runs for a fixed time and reports acquires per second, the p50/p99
-round trip, and the CPU time spent per acquire by each party:
+round trip, the CPU time spent per acquire by each party, and the Redis
+commands each acquire cost:
 
 - client: the worker processes' own CPU (`getrusage` in each process, user +
   system, over its measured window);
 - daemon: the sidecar's CPU, from /proc/PID/stat (utime + stime) before and
   after the window;
-- redis: the redis-server's CPU, the same way.
+- redis: the redis-server's CPU, the same way;
+- script calls / acquire: EVAL, EVALSHA and their read-only and FCALL
+  variants that Redis ran in the window (`INFO commandstats`, before and
+  after), per acquire;
+- Redis commands / acquire: every command Redis ran in the window, those the
+  scripts ran inside included (commandstats counts them too), less the INFO
+  and CONFIG calls of the bench itself, per acquire.
 
 Modes, all measured in the same run:
 
@@ -30,7 +37,9 @@ Modes, all measured in the same run:
 The sidecar and `redis-py` run the same script (lua/batch.lua) on the same two
 buckets (tokens and requests) of the same Redis, sized so that every acquire
 of 10 tokens is a grant; each direct call carries a fresh call id, as the
-sidecar's calls do. Run it with bench/python/run.sh, which starts Redis and the
+sidecar's calls do. Every mode uses the same Redis, so the Redis columns
+compare across modes: the sidecar's coalescing shows as script calls below
+one per acquire. Run it with bench/python/run.sh, which starts Redis and the
 sidecar and passes their pids.
 
     python bench/python/bench.py --socket /tmp/rk.sock --redis redis://127.0.0.1:6379/0 \\
@@ -60,7 +69,8 @@ LUA = Path(__file__).resolve().parents[2] / "lua"
 SCRIPT = (LUA / "bucket.lua").read_text() + (LUA / "batch.lua").read_text()
 #: The tutorial's token bucket: one key, the caller's clock, a float wait.
 TUTORIAL = """
-local capacity, rate, now, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local capacity, rate = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, cost = tonumber(ARGV[3]), tonumber(ARGV[4])
 local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
 local tokens = tonumber(state[1]) or capacity
 local ts = tonumber(state[2]) or now
@@ -73,6 +83,11 @@ if allowed then return {1, 0} end
 return {0, tostring((cost - tokens) / rate)}
 """
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: The commands that run a script, as INFO commandstats names them.
+SCRIPT_COMMANDS = frozenset({"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"})
+#: What the bench itself sends to Redis around a window (commandstats names
+#: subcommands `config|get`): not counted as the workload's.
+OWN_COMMANDS = frozenset({"info", "config"})
 
 
 def script_args() -> Callable[[], tuple[list[str], list]]:
@@ -174,21 +189,36 @@ async def tutorial_async(socket: str, redis_url: str, baseline: Optional[str] = 
     return acquire
 
 
+class Start:
+    """The start of a measured window, shared by the parent and its workers:
+    every worker process waits at `ready` after its warm-up and at `go`
+    before its window, and the parent samples the counters between the two,
+    so that no warm-up call and no measured call falls outside its window."""
+
+    def __init__(self, context, parties: int) -> None:
+        self.ready = context.Barrier(parties)
+        self.go = context.Barrier(parties)
+
+    def wait(self) -> None:
+        self.ready.wait()
+        self.go.wait()
+
+
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
 
-def run_threads(make: Callable, threads: int, seconds: float, barrier) -> dict:
-    """Every thread calls the acquire in a loop for `seconds` after the barrier."""
+def run_threads(make: Callable, threads: int, seconds: float, start: Start) -> dict:
+    """Every thread calls the acquire in a loop for `seconds` after the start."""
     acquire = make()
     for _ in range(100):
         acquire()  # warm up: connected, script loaded, code paths taken
     latencies: list[list[float]] = [[] for _ in range(threads)]
-    start = threading.Barrier(threads + 1)
+    begin = threading.Barrier(threads + 1)
 
     def loop(out: list[float]) -> None:
-        start.wait()
+        begin.wait()
         end = time.perf_counter() + seconds
         while True:
             started = time.perf_counter()
@@ -200,16 +230,16 @@ def run_threads(make: Callable, threads: int, seconds: float, barrier) -> dict:
     workers = [threading.Thread(target=loop, args=(out,)) for out in latencies]
     for worker in workers:
         worker.start()
-    barrier.wait()
-    cpu = _cpu()
     start.wait()
+    cpu = _cpu()
+    begin.wait()
     for worker in workers:
         worker.join()
     return {"cpu": _cpu() - cpu, "latencies": [x for out in latencies for x in out]}
 
 
-def run_tasks(make: Callable, tasks: int, seconds: float, barrier) -> dict:
-    """Every task awaits the acquire in a loop for `seconds` after the barrier."""
+def run_tasks(make: Callable, tasks: int, seconds: float, start: Start) -> dict:
+    """Every task awaits the acquire in a loop for `seconds` after the start."""
 
     async def main() -> dict:
         acquire = await make()
@@ -226,7 +256,7 @@ def run_tasks(make: Callable, tasks: int, seconds: float, barrier) -> dict:
                 await acquire()
                 latencies.append(time.perf_counter() - started)
 
-        barrier.wait()  # blocks the loop, on purpose: nothing runs before the start
+        start.wait()  # blocks the loop, on purpose: nothing runs before the start
         cpu = _cpu()
         await asyncio.gather(*(loop() for _ in range(tasks)))
         return {"cpu": _cpu() - cpu, "latencies": latencies}
@@ -247,18 +277,19 @@ MODES = {
 }
 
 
-def _worker(mode: str, options: dict, workers: int, barrier, results) -> None:
+def _worker(mode: str, options: dict, workers: int, start: Start, results) -> None:
     make, runner, baseline = MODES[mode]
     base = options["baseline_client"] if baseline else None
 
     def made():
         return make(options["socket"], options["redis"], base)
 
-    results.put(runner(made, workers, options["seconds"], barrier))
+    results.put(runner(made, workers, options["seconds"], start))
 
 
 # ---------------------------------------------------------------------------
-# The parent: starts the processes, samples the daemon's and Redis's CPU
+# The parent: starts the processes, samples the daemon's and Redis's CPU and
+# Redis's command counts
 # ---------------------------------------------------------------------------
 
 
@@ -270,20 +301,47 @@ def process_cpu(pid: Optional[int]) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def run(mode: str, processes: int, workers: int, options: dict) -> dict:
+class CommandStats:
+    """Redis's `INFO commandstats`: how many times it ran each command."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url)
+        self._redis.ping()  # connected now, not inside a window
+
+    def sample(self) -> dict[str, int]:
+        """Calls per command (lower case, `config|get` for subcommands) since
+        Redis started, those run inside scripts included."""
+        stats = self._redis.info("commandstats")
+        return {name.removeprefix("cmdstat_"): fields["calls"] for name, fields in stats.items()}
+
+
+def command_counts(before: dict[str, int], after: dict[str, int]) -> tuple[int, int]:
+    """Script calls and all commands between two samples, less the bench's own."""
+    ran = {name: calls - before.get(name, 0) for name, calls in after.items()}
+    scripts = sum(calls for name, calls in ran.items() if name in SCRIPT_COMMANDS)
+    commands = sum(calls for name, calls in ran.items() if name.split("|")[0] not in OWN_COMMANDS)
+    return scripts, commands
+
+
+def run(mode: str, processes: int, workers: int, options: dict, stats: CommandStats) -> dict:
     context = multiprocessing.get_context("spawn")
-    barrier, results = context.Barrier(processes + 1), context.Queue()
+    start, results = Start(context, processes + 1), context.Queue()
     children = [
-        context.Process(target=_worker, args=(mode, options, workers, barrier, results))
+        context.Process(target=_worker, args=(mode, options, workers, start, results))
         for _ in range(processes)
     ]
     for child in children:
         child.start()
-    barrier.wait(timeout=60)
+    start.ready.wait(timeout=60)
+    commands = stats.sample()
     daemon, redis = process_cpu(options["daemon_pid"]), process_cpu(options["redis_pid"])
+    start.go.wait(timeout=60)
     outcomes = [results.get(timeout=options["seconds"] + 60) for _ in children]
     daemon = process_cpu(options["daemon_pid"]) - daemon
     redis = process_cpu(options["redis_pid"]) - redis
+    scripts, commands = command_counts(commands, stats.sample())
     for child in children:
         child.join()
     latencies = sorted(x for outcome in outcomes for x in outcome["latencies"])
@@ -298,12 +356,18 @@ def run(mode: str, processes: int, workers: int, options: dict) -> dict:
         "client_us": client / count * 1e6,
         "daemon_us": daemon / count * 1e6 if sidecar else 0.0,
         "redis_us": redis / count * 1e6,
+        "scripts_per_acquire": scripts / count,
+        "commands_per_acquire": commands / count,
     }
 
 
 def parse_shape(text: str) -> tuple[int, int]:
+    """`PxW` (or `P` alone for `Px1`): processes, and workers in each."""
     processes, _, workers = text.partition("x")
-    return int(processes), int(workers or 1)
+    shape = int(processes), int(workers or 1)
+    if min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"shape {text!r}: processes and workers must be >= 1")
+    return shape
 
 
 def main() -> None:
@@ -316,8 +380,9 @@ def main() -> None:
     parser.add_argument(
         "--shapes",
         nargs="+",
-        default=["1x1", "1x8", "4x8"],
-        help="processes x threads (sync) or x tasks (asyncio) per process",
+        type=parse_shape,
+        default=[(1, 1), (1, 8), (4, 8)],
+        help="processes x threads (sync) or x tasks (asyncio) per process (default: 1x1 1x8 4x8)",
     )
     parser.add_argument("--baseline-client", help="another client's src dir, run as 'baseline'")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), help="default: all that apply")
@@ -327,31 +392,32 @@ def main() -> None:
         for mode, (_, _, baseline) in MODES.items()
         if options["baseline_client"] or not baseline
     ]
+    stats = CommandStats(options["redis"])
     print(
         "| workers | mode | acquires/s | p50 µs | p99 µs "
         "| client CPU µs | daemon CPU µs | Redis CPU µs | total CPU µs | total vs redis-py "
-        "| acquires/s vs tutorial |"
+        "| acquires/s vs tutorial | script calls / acquire | Redis commands / acquire |"
     )
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for shape in options["shapes"]:
-        processes, workers = parse_shape(shape)
-        results = {mode: run(mode, processes, workers, options) for mode in modes}
+    print("| ---: | --- |" + " ---: |" * 11)
+    for processes, workers in options["shapes"]:
+        results = {mode: run(mode, processes, workers, options, stats) for mode in modes}
         for mode, result in results.items():
             total = result["client_us"] + result["daemon_us"] + result["redis_us"]
             kind = "sync" if mode.endswith("sync") else "asyncio"
             reference = results.get(f"redis-py {kind}")
             ratio = ""
             if reference:
-                ratio = f"{total / (reference['client_us'] + reference['redis_us']):.2f}×"
+                ratio = f"{total / (reference['client_us'] + reference['redis_us']):.2f}×"  # noqa: RUF001
             tutorial = results.get(f"tutorial {kind}")
             speed = ""
             if tutorial:
-                speed = f"{result['per_second'] / tutorial['per_second']:.2f}×"
+                speed = f"{result['per_second'] / tutorial['per_second']:.2f}×"  # noqa: RUF001
             print(
-                f"| {processes}×{workers} | {mode} | {result['per_second']:,.0f} "
+                f"| {processes}×{workers} | {mode} | {result['per_second']:,.0f} "  # noqa: RUF001
                 f"| {result['p50_us']:,.0f} | {result['p99_us']:,.0f} "
                 f"| {result['client_us']:.0f} | {result['daemon_us']:.0f} "
-                f"| {result['redis_us']:.0f} | {total:.0f} | {ratio} | {speed} |",
+                f"| {result['redis_us']:.0f} | {total:.0f} | {ratio} | {speed} "
+                f"| {result['scripts_per_acquire']:.3f} | {result['commands_per_acquire']:.2f} |",
                 flush=True,
             )
 
