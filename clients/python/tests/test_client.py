@@ -333,6 +333,22 @@ def test_an_interrupted_acquire_is_cancelled_and_its_reservation_returned(make_d
         assert level(client, "exact") >= 0
 
 
+def test_an_acquire_answered_after_its_deadline_is_cancelled_or_released(make_daemon):
+    daemon = make_daemon()
+    with Client(daemon.socket, timeout=0.2) as client:
+        full = level(client, "exact")
+        daemon.process.send_signal(signal.SIGSTOP)  # silent: the acquire waits past its deadline
+        try:
+            with pytest.raises(SidecarUnavailable, match="no answer from the sidecar"):
+                client.acquire("exact", 10, max_wait=0)
+        finally:
+            daemon.process.send_signal(signal.SIGCONT)
+        # The daemon now reads the acquire and the client's Cancel behind it:
+        # either it cancels the acquire, or it grants it and the client, on
+        # reading the late grant, releases it. No reservation is left behind.
+        wait_for(lambda: level(client, "exact") == full, 5, "the bucket to be full again")
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [

@@ -37,6 +37,10 @@ Future = asyncio.Future
 #: What `Connection.wait` raises at its deadline (not the builtin before Python 3.11).
 Timeout = asyncio.TimeoutError
 
+#: What `Connection.call` hands a request to when its caller leaves before the
+#: answer: `abandon(connection, request_id, future)`.
+Abandon = Callable[["Connection", int, asyncio.Future], None]
+
 
 async def sleep(seconds: float) -> None:
     """Suspends the calling task (`asyncio.sleep`, looked up at each call)."""
@@ -206,6 +210,28 @@ class Connection:
         if drained is not None:  # the write buffer is full: wait until it drains
             await asyncio.shield(drained)
         return request_id, future
+
+    async def call(
+        self,
+        request: core.AnyRequest,
+        deadline: core.Deadline,
+        abandon: Optional[Abandon] = None,
+    ) -> p.Response:
+        """Sends `request` and returns its answer: `submit`, then `wait`.
+
+        A caller that leaves before the answer (its deadline passed, it was
+        cancelled) hands the request to `abandon(self, request_id, future)`
+        first, unless the connection broke (`ConnectionLost`).
+        """
+        request_id, future = await self.submit(request, deadline)
+        try:
+            return await self.wait(future, deadline)
+        except ConnectionLost:
+            raise
+        except BaseException:
+            if abandon is not None:
+                abandon(self, request_id, future)
+            raise
 
     def send_and_forget(self, request: core.AnyRequest) -> None:
         """Sends a request whose answer nobody awaits (cancels, late releases)."""

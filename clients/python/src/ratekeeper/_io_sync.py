@@ -36,7 +36,7 @@ from typing import Callable, Optional
 from . import _core as core
 from . import _protocol as p
 from ._core import ConnectionLost
-from ._errors import RatekeeperError, TooManyInFlight
+from ._errors import ProtocolError, RatekeeperError, TooManyInFlight
 
 log = logging.getLogger("ratekeeper")
 
@@ -47,6 +47,13 @@ NEED_DATA = p.NEED_DATA
 
 #: What `Connection.wait` raises at its deadline.
 Timeout = TimeoutError
+
+#: What `Connection.call` hands a request to when its caller leaves before the
+#: answer: `abandon(connection, request_id, future)`.
+Abandon = Callable[["Connection", int, "Future"], None]
+
+#: An id no answer carries (ids are unsigned): `_read` delivers every answer.
+NO_ID = -1
 
 #: Longest a reader blocks in `recv_into` before it looks at its deadline again
 #: (the socket's SO_RCVTIMEO); closer to the deadline it polls for the rest.
@@ -204,6 +211,144 @@ class Connection:
             self._fail(ConnectionLost(f"sending failed: {error}"))
         return request_id, future
 
+    def call(
+        self,
+        request: core.AnyRequest,
+        deadline: core.Deadline,
+        abandon: Optional[Abandon] = None,
+    ) -> p.Response:
+        """Sends `request` and returns its answer: `submit` and `wait` in one.
+
+        A caller alone on the connection (nobody reading, room in the
+        daemon's bound) becomes the reader before it sends, so its answer can
+        only come to itself: it needs no future, takes the lock once to send
+        and once to finish, and picks its answer out of the stream as it
+        reads. Otherwise it submits and waits like any other. A caller that
+        leaves before the answer (the deadline passed: `Timeout`; or an
+        exception such as KeyboardInterrupt) hands the request to
+        `abandon(self, request_id, future)` first, unless the connection
+        broke (`ConnectionLost`).
+        """
+        counted = type(request) not in core.NOT_COUNTED
+        with self._state:
+            alone = not self._reading and self._closed is None
+            if alone and counted and self._in_flight >= self.session.max_in_flight:
+                alone = False
+            if alone:
+                request_id, data = self.session.request_frame(request)
+                self._reading = True
+                if counted:
+                    self._in_flight += 1
+        if not alone:
+            request_id, future = self.submit(request, deadline)
+            try:
+                return self.wait(future, deadline)
+            except ConnectionLost:
+                raise
+            except BaseException:
+                if abandon is not None:
+                    abandon(self, request_id, future)
+                raise
+        answered = False
+        try:
+            try:
+                with self._send:
+                    self._sock.sendall(data)
+            except OSError as error:
+                self._fail(ConnectionLost(f"sending failed: {error}"))
+                raise self._closed from None  # type: ignore[misc]
+            response = self._read(deadline, request_id, None)
+            if response is None:
+                raise Timeout if self._closed is None else self._closed
+            answered = True
+            return response
+        except ConnectionLost:
+            raise
+        except BaseException:
+            future = self._expect(request_id, counted)
+            if abandon is not None:
+                abandon(self, request_id, future)
+            raise
+        finally:
+            self._stop_reading(counted and answered)
+
+    def _read(
+        self, deadline: core.Deadline, own_id: int, future: Optional[Future]
+    ) -> Optional[p.Response]:
+        """The reader's loop: reads and delivers answers until `future` is done,
+        or, with no future (a request `call` sent alone), until the answer to
+        `own_id` is in, which it returns instead of delivering.
+
+        Returns None at the deadline and when the connection failed (then
+        `_closed` says why, and every future has it). Far from the deadline a
+        read blocks in `recv_into` at most a tick (the socket's receive
+        timeout), so a round trip costs one system call to wait and read;
+        within a tick of the deadline it polls for the rest.
+        """
+        decoder = self.session.decoder
+        sock = self._sock
+        at = deadline.at
+        deliver = self._deliver
+        while future is None or not future._done:
+            if at is not None:
+                remaining = at - time.monotonic()
+                if remaining < self._tick and not self._poll.poll(max(0.0, remaining) * 1000):
+                    return None  # the deadline passed
+            try:
+                received = sock.recv_into(decoder.get_buffer())
+            except BlockingIOError:
+                continue  # a tick without an answer
+            except OSError as error:
+                self._fail(ConnectionLost(str(error)))
+                return None
+            if not received:
+                self._fail(ConnectionLost("the daemon closed the connection"))
+                return None
+            decoder.buffer_updated(received)
+            own = None
+            try:
+                answer = decoder.next_answer()
+                while answer is not NEED_DATA:
+                    if answer[0] == own_id:
+                        own = answer[1]
+                    else:
+                        deliver(answer[0], answer[1])
+                    answer = decoder.next_answer()
+            except ProtocolError as error:
+                log.error("closing the connection to the sidecar: %s", error)
+                self._fail(ConnectionLost(f"protocol error: {error}"))
+                return own
+            if own is not None:
+                return own
+        return None
+
+    def _expect(self, request_id: int, counted: bool) -> Future:
+        """The future of a request `call` sent alone and left before its answer,
+        for whichever caller reads next to complete."""
+        future = Future(self._state, counted)
+        with self._state:
+            if self._closed is None:
+                self._pending[request_id] = future
+                return future
+            future._error = self._closed
+            future._done = True
+        return future
+
+    def _stop_reading(self, answered: bool) -> None:
+        """The end of `call` alone: stops reading, gives back the in-flight slot
+        of an answered request, and wakes a caller still waiting to read on."""
+        with self._state:
+            self._reading = False
+            if answered and self._closed is None:
+                self._in_flight -= 1
+                if self._room_waiters:
+                    self._room.notify()
+            if not self._sleepers:
+                return
+            successor = next((waiting for waiting in self._sleepers if not waiting._done), None)
+        if successor is not None:
+            successor._wake.set()  # type: ignore[union-attr]
+
     def _wait_for_room(self, deadline: core.Deadline) -> None:
         """With `_state` held: until fewer than the daemon's bound are unanswered."""
         self._room_waiters += 1
@@ -251,9 +396,9 @@ class Connection:
                     self._sleepers[future] = None
             if reader:
                 try:
-                    self._read_until(future, deadline)
+                    self._read(deadline, NO_ID, future)
                 finally:
-                    self._hand_over()
+                    self._stop_reading(False)
             else:
                 wake.wait(deadline.remaining())
                 with self._state:
@@ -264,47 +409,6 @@ class Connection:
         if future._error is not None:
             raise future._error
         return future._result  # type: ignore[return-value]  # `future.result()`
-
-    def _read_until(self, future: Future, deadline: core.Deadline) -> None:
-        """Reads and delivers answers until `future` has its own, or the deadline passed.
-
-        Far from the deadline a read blocks in `recv_into` at most a tick (the
-        socket's receive timeout), so a round trip costs one system call to
-        wait and read; within a tick of the deadline it polls for the rest.
-        """
-        decoder = self.session.decoder
-        sock = self._sock
-        at = deadline.at
-        try:
-            while not future._done:
-                if at is not None:
-                    remaining = at - time.monotonic()
-                    if remaining < self._tick and not self._poll.poll(max(0.0, remaining) * 1000):
-                        return  # the deadline passed; the caller's loop raises
-                try:
-                    received = sock.recv_into(decoder.get_buffer())
-                except BlockingIOError:
-                    continue  # a tick without an answer
-                if not received:
-                    self._fail(ConnectionLost("the daemon closed the connection"))
-                    return
-                decoder.buffer_updated(received)
-                lost = core.deliver_answers(decoder, self._deliver)
-                if lost is not None:
-                    self._fail(lost)
-                    return
-        except OSError as error:
-            self._fail(ConnectionLost(str(error)))
-
-    def _hand_over(self) -> None:
-        """Stops reading; wakes one caller still waiting so that it reads on."""
-        with self._state:
-            self._reading = False
-            if not self._sleepers:
-                return
-            successor = next((waiting for waiting in self._sleepers if not waiting._done), None)
-        if successor is not None:
-            successor._wake.set()  # type: ignore[union-attr]
 
     def _deliver(self, request_id: int, response: p.Response) -> None:
         if request_id == 0:

@@ -177,6 +177,8 @@ BUFFER_SIZE = 64 * 1024
 MIN_FREE = 4 * 1024
 
 _LENGTH = struct.Struct("<I")
+#: A client frame's head: the length prefix and `ClientFrame.request_id`.
+FRAME_HEAD = struct.Struct("<IQ")
 
 
 class _NeedData:

@@ -199,6 +199,7 @@ class AcquireRequest:
         "output_tokens",
         "priority",
         "tenant",
+        "_body",
     )
 
     def __init__(
@@ -219,6 +220,9 @@ class AcquireRequest:
         self.tenant = tenant
         self.priority = priority
         self.max_wait_ms = max_wait_ms
+        #: A token cost's frame after its request id, once encoded: the same
+        #: for every attempt and, through `build_acquire`'s cache, every call.
+        self._body: Optional[bytes] = None
 
     @property
     def cost(self) -> p.Cost:
@@ -233,7 +237,10 @@ class AcquireRequest:
     def frame(self, request_id: int, max_frame_len: int) -> bytes:
         """The encoded `ClientFrame` of this acquire under `request_id`."""
         if self.chat is None:
-            return p.encode_token_acquire(
+            body = self._body
+            if body is not None and len(body) + 8 <= max_frame_len:
+                return p.FRAME_HEAD.pack(len(body) + 8, request_id) + body
+            frame = p.encode_token_acquire(
                 request_id,
                 self.limit,
                 self.tenant,
@@ -242,7 +249,9 @@ class AcquireRequest:
                 self.output_tokens,
                 self.max_wait_ms,
                 max_frame_len,
-            )
+            )  # raises what the arguments or the daemon's bound refuse
+            self._body = frame[p.FRAME_HEAD.size :]
+            return frame
         return p.encode_frame(p.ClientFrame(request_id, self.message()), max_frame_len)
 
     def with_max_wait_ms(self, max_wait_ms: Optional[int]) -> AcquireRequest:
@@ -267,6 +276,12 @@ class AcquireRequest:
         return f"<AcquireRequest {self.message()!r}>"
 
 
+#: `build_acquire`'s token-cost acquires by their arguments (limit, tokens,
+#: tenant, priority, max_wait), at most this many.
+_TOKEN_ACQUIRES_KEPT = 1024
+_token_acquires: dict[tuple[Any, ...], AcquireRequest] = {}
+
+
 def build_acquire(
     limit: str,
     tokens: Optional[int],
@@ -280,11 +295,26 @@ def build_acquire(
     api: Optional[str] = None,
 ) -> AcquireRequest:
     """The acquire of the public API's arguments, checked before anything is sent."""
-    max_wait_ms = None if max_wait is None else wait_ms(max_wait)
     if type(tokens) is int and tokens > 0 and messages is None and max_tokens is None:
         if system is not None:
             raise ValueError("system= is counted with messages=, not with tokens=")
-        return AcquireRequest(limit, tokens, 0, None, tenant, priority, max_wait_ms)  # the usual
+        # The usual acquire: the same few arguments call after call. Made and
+        # checked once, it keeps its encoded frame (`AcquireRequest.frame`).
+        key = (limit, tokens, tenant, priority, max_wait)
+        try:
+            request = _token_acquires.get(key)
+        except TypeError:  # an unhashable name: refused by the encoder below
+            key, request = None, None
+        if request is None:
+            request = AcquireRequest(
+                limit, tokens, 0, None, tenant, priority, wait_ms(max_wait)
+            )
+            if key is not None:
+                if len(_token_acquires) >= _TOKEN_ACQUIRES_KEPT:
+                    _token_acquires.clear()
+                _token_acquires[key] = request
+        return request
+    max_wait_ms = None if max_wait is None else wait_ms(max_wait)
     counts = _token_counts(tokens, messages, max_tokens)
     if counts is None:
         cost = message_cost(messages, max_tokens, tools, system, api)  # type: ignore[arg-type]

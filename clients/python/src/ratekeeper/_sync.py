@@ -124,35 +124,29 @@ class Client:
         slot.down = True
         raise core.unavailable(self.socket_path, last)
 
-    def _wait(
+    def _request_on(
         self,
         conn: Connection,
-        request_id: int,
-        future: Future,
         request: core.AnyRequest,
-        deadline: core.Deadline,
+        deadline: Optional[core.Deadline] = None,
     ) -> p.Response:
-        """The answer to a sent request; an acquire nobody waits for any more is abandoned."""
+        """One request on a given connection (a lease's), without reconnecting;
+        an acquire nobody waits for any more is abandoned.
+
+        Bounded by `deadline`, else by `timeout` from now.
+        """
+        deadline = deadline or core.Deadline(self.timeout)
+        abandon = self._abandon if type(request) is req.AcquireRequest else None
         try:
-            return conn.wait(future, deadline)
-        except ConnectionLost:
-            raise
+            return conn.call(request, deadline, abandon)
         except Timeout:
-            self._abandon(conn, request_id, future, request)
             raise SidecarUnavailable(
                 f"no answer from the sidecar within {self.timeout}s of the deadline"
             ) from None
-        except BaseException:  # KeyboardInterrupt, a cancelled task: the answer will come
-            self._abandon(conn, request_id, future, request)
-            raise
 
     @staticmethod
-    def _abandon(
-        conn: Connection, request_id: int, future: Future, request: core.AnyRequest
-    ) -> None:
+    def _abandon(conn: Connection, request_id: int, future: Future) -> None:
         """Cancels an acquire nobody waits for any more; releases it if granted anyway."""
-        if not isinstance(request, req.AcquireRequest):
-            return
         conn.send_and_forget(p.Cancel(request_id))
 
         def release_late_grant(done: Future) -> None:
@@ -162,20 +156,6 @@ class Client:
                 conn.send_and_forget(p.Release(done.result().lease))
 
         future.add_done_callback(release_late_grant)
-
-    def _request_on(
-        self,
-        conn: Connection,
-        request: core.AnyRequest,
-        deadline: Optional[core.Deadline] = None,
-    ) -> p.Response:
-        """One request on a given connection (a lease's), without reconnecting.
-
-        Bounded by `deadline`, else by `timeout` from now.
-        """
-        deadline = deadline or core.Deadline(self.timeout)
-        request_id, future = conn.submit(request, deadline)
-        return self._wait(conn, request_id, future, request, deadline)
 
     def _call(self, request: p.Request) -> p.Response:
         """A request that may be resent on a new connection if the old one broke."""
@@ -231,8 +211,7 @@ class Client:
                 except SidecarUnavailable as error:
                     return self._unavailable(limit, request, error)
             try:
-                request_id, future = conn.submit(attempt, overall)
-                response = self._wait(conn, request_id, future, attempt, overall)
+                response = self._request_on(conn, attempt, overall)
             except ConnectionLost as error:
                 retry_until = retry_until or overall.earlier(self.connect_timeout)
                 if retry_until.expired:
