@@ -411,12 +411,27 @@ class FrameDecoder:
 
     def next_answer(self) -> Any:
         """The next `(request_id, response)` of a `ServerFrame` stream, or `NEED_DATA`."""
-        if self._end - self._start < LENGTH_PREFIX_LEN and self._broken is None:
-            return NEED_DATA
-        at = self._next_payload()
-        if at is None:
-            return NEED_DATA
+        start, end = self._start, self._end
         buffer = self._buffer
+        if end - start < LENGTH_PREFIX_LEN or self._broken is not None:
+            if self._broken is None:
+                return NEED_DATA
+            at = self._next_payload()  # raises why the stream broke
+        else:
+            # `_next_payload` inline for a whole frame within the bound, the usual.
+            at = start + LENGTH_PREFIX_LEN
+            stop = at + _LENGTH.unpack_from(buffer, start)[0]
+            if stop <= end and stop - at <= self.max_frame_len:
+                self._stop = stop
+                if stop == end:
+                    self._start = self._end = 0
+                else:
+                    self._start = stop
+            else:
+                at = self._next_payload()
+                if at is None:
+                    return NEED_DATA
+                buffer = self._buffer
         fixed = FIXED_ANSWERS.get((self._stop - at, buffer[at + 8]))
         if fixed is not None:  # Granted, Settled, ...: integers only, one `unpack` each
             layout, tag, make = fixed

@@ -192,6 +192,7 @@ class AcquireRequest:
     """
 
     __slots__ = (
+        "_body",
         "chat",
         "input_tokens",
         "limit",
@@ -199,7 +200,6 @@ class AcquireRequest:
         "output_tokens",
         "priority",
         "tenant",
-        "_body",
     )
 
     def __init__(
@@ -306,9 +306,7 @@ def build_acquire(
         except TypeError:  # an unhashable name: refused by the encoder below
             key, request = None, None
         if request is None:
-            request = AcquireRequest(
-                limit, tokens, 0, None, tenant, priority, wait_ms(max_wait)
-            )
+            request = AcquireRequest(limit, tokens, 0, None, tenant, priority, wait_ms(max_wait))
             if key is not None:
                 if len(_token_acquires) >= _TOKEN_ACQUIRES_KEPT:
                     _token_acquires.clear()

@@ -140,9 +140,13 @@ class Client:
         try:
             return conn.call(request, deadline, abandon)
         except Timeout:
-            raise SidecarUnavailable(
-                f"no answer from the sidecar within {self.timeout}s of the deadline"
-            ) from None
+            raise self._silent() from None
+
+    def _silent(self) -> SidecarUnavailable:
+        """What a call raises when the sidecar sent no answer by its deadline."""
+        return SidecarUnavailable(
+            f"no answer from the sidecar within {self.timeout}s of the deadline"
+        )
 
     @staticmethod
     def _abandon(conn: Connection, request_id: int, future: Future) -> None:
@@ -211,15 +215,15 @@ class Client:
                 except SidecarUnavailable as error:
                     return self._unavailable(limit, request, error)
             try:
-                response = self._request_on(conn, attempt, overall)
+                response = conn.call(attempt, overall, self._abandon)
             except ConnectionLost as error:
                 retry_until = retry_until or overall.earlier(self.connect_timeout)
                 if retry_until.expired:
                     return self._unavailable(limit, request, error)
                 attempt = req.with_remaining_wait(request, overall, self.timeout)
                 continue
-            except SidecarUnavailable as error:  # alive but silent past the deadline
-                return self._unavailable(limit, request, error)
+            except Timeout:  # alive but silent past the deadline
+                return self._unavailable(limit, request, self._silent())
             if type(response) is p.Granted:
                 return Lease(self, conn, limit, response, request)
             if isinstance(response, p.ErrorReply) and response.code == ErrorCode.SHUTTING_DOWN:
