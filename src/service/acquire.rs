@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::due::{self, DueTimer};
 use super::feedback::Granted;
 use super::{ConnectionId, Service, ServiceError, Snapshot};
 use crate::config::{LimitConfig, LimitMode};
@@ -142,7 +143,7 @@ impl Service {
         // Counted until the reservation is granted or given back, so that
         // status never shows a waiter gone while its tokens are still out.
         let _waiter = (wait_ms > 0).then(|| Waiter::enter(&snapshot.waiters[&limit.name]));
-        if !wait_until_due(wait_ms, &cancel).await {
+        if !self.wait_until_due(wait_ms, due, &cancel).await {
             let refunds = refund_all(&plan.reserved);
             if let Err(store_error) = self.store.adjust(&refunds, origin).await {
                 tracing::warn!(limit = %limit.name, %store_error, "could not return a cancelled reservation");
@@ -413,18 +414,35 @@ impl Service {
     }
 }
 
-/// Sleeps `wait_ms` unless cancelled first; true when the wait completed.
-async fn wait_until_due(wait_ms: u64, cancel: &CancellationToken) -> bool {
-    if cancel.is_cancelled() {
-        return false;
+impl Service {
+    /// Sleeps until `due` (`wait_ms` from now) unless cancelled first; true
+    /// when the wait completed.
+    async fn wait_until_due(&self, wait_ms: u64, due: Instant, cancel: &CancellationToken) -> bool {
+        if cancel.is_cancelled() {
+            return false;
+        }
+        if wait_ms == 0 {
+            return true;
+        }
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => false,
+            () = due::sleep_until(self.due_timer(), due) => true,
+        }
     }
-    if wait_ms == 0 {
-        return true;
-    }
-    tokio::select! {
-        biased;
-        _ = cancel.cancelled() => false,
-        _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => true,
+
+    /// The timer that ends waits to the µs, made on first use (inside the
+    /// runtime that serves); none if it cannot be made.
+    fn due_timer(&self) -> Option<&DueTimer> {
+        self.due_timer
+            .get_or_init(|| {
+                DueTimer::new()
+                    .inspect_err(|error| {
+                        tracing::warn!(%error, "no precise wait timer: waits end on tokio's, up to 2 ms late");
+                    })
+                    .ok()
+            })
+            .as_ref()
     }
 }
 

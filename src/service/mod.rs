@@ -8,6 +8,7 @@
 
 mod acquire;
 mod counting;
+mod due;
 mod error;
 mod feedback;
 mod inspect;
@@ -17,7 +18,7 @@ mod status;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -86,6 +87,8 @@ pub struct Service {
     /// Takes and gives back the concurrency slots of limits with
     /// `max_concurrent`.
     slots: Arc<SlotKeeper>,
+    /// Ends the waits of granted acquires at their due time to the µs.
+    due_timer: OnceLock<Option<due::DueTimer>>,
 }
 
 /// The configuration in force, planned, its metric labels, and the waiters
@@ -132,6 +135,7 @@ impl Service {
             store_health,
             recent: observe::RecentTenants::default(),
             warned: feedback::Warned::default(),
+            due_timer: OnceLock::new(),
         }
     }
 
