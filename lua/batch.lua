@@ -110,7 +110,8 @@ end
 -- and the mean square of the shrinks (s, over SCATTER_SAMPLES corrections).
 -- The margin is the part of the rate that the counts' noise cannot explain
 -- (DRAIN_SIGNIFICANCE standard errors), over DRAIN_HORIZON ms plus the time
--- since the answered call was reserved; with nothing draining it is zero.
+-- since the answered call was reserved (at most the rate's age while that
+-- is below the window); with nothing draining it is zero.
 -- The rate is never clamped: clamping noise at zero makes a drift. A lower
 -- level, never a lower rate, so a busy limit loses no throughput to it.
 -- src/limiter/drain.rs is the embedded store's copy.
@@ -144,8 +145,14 @@ local function margin_below(index, seen, since)
     return seen
   end
   -- The sidecar added the refill since the count at the configured rate:
-  -- the drain took its share of that too.
-  return seen - math.floor(significant * (DRAIN_HORIZON + math.max(0, since)))
+  -- the drain took its share of that too. But while the rate has been
+  -- measured for less than its window, it predicts no further ahead than
+  -- it was measured: a few ms of answers arriving together, a few ms.
+  local ahead = DRAIN_HORIZON + math.max(0, since)
+  if age < DRAIN_WINDOW then
+    ahead = math.min(ahead, age)
+  end
+  return seen - math.floor(significant * ahead)
 end
 
 local replies, texts = {{1}}, {}
