@@ -4,12 +4,15 @@
 # Redis, in the same run. Prints a Markdown table; see bench/redis/README.md.
 #
 # Usage: bench/redis/run.sh [SECONDS_PER_STEP]   (default 10)
+# CLIENTS="1 8 64 256" (the default) sets the steps: connections for the
+# sidecar's load generator, clients for redis-benchmark.
 # RATEKEEPER_BIN=path runs another daemon build (e.g. an older one) under the
 # same load generator, for before/after ratios.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECONDS_PER_STEP="${1:-10}"
-CLIENTS=(1 8 64)
+# shellcheck disable=SC2206  # a list of numbers, split on purpose
+CLIENTS=(${CLIENTS:-1 8 64 256})
 
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
