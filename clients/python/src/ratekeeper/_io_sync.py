@@ -219,11 +219,14 @@ class Connection:
     ) -> p.Response:
         """Sends `request` and returns its answer: `submit` and `wait` in one.
 
-        A caller alone on the connection (nobody reading, room in the
-        daemon's bound) becomes the reader before it sends, so its answer can
-        only come to itself: it needs no future, takes the lock once to send
-        and once to finish, and picks its answer out of the stream as it
-        reads. Otherwise it submits and waits like any other. A caller that
+        A caller alone on the connection (nobody reading, no other request
+        unanswered, room in the daemon's bound) becomes the reader before it
+        sends, so its answer can only come to itself: it needs no future,
+        takes the lock once to send and once to finish, and picks its answer
+        out of the stream as it reads. Otherwise it submits and waits like
+        any other: while others' answers are due, a caller that took the
+        reading back at once would wake their next reader for nothing (with
+        8 threads a process, 4 processes on 2 cores: 0.85x the acquires/s). A caller that
         leaves before the answer (the deadline passed: `Timeout`; or an
         exception such as KeyboardInterrupt) hands the request to
         `abandon(self, request_id, future)` first, unless the connection
@@ -231,7 +234,7 @@ class Connection:
         """
         counted = type(request) not in core.NOT_COUNTED
         with self._state:
-            alone = not self._reading and self._closed is None
+            alone = not self._reading and not self._pending and self._closed is None
             if alone and counted and self._in_flight >= self.session.max_in_flight:
                 alone = False
             if alone:
