@@ -18,6 +18,7 @@ import pytest
 from ratekeeper import _protocol as p
 from ratekeeper._errors import FrameTooLarge, MalformedMessage
 from ratekeeper._requests import Settlement
+from ratekeeper._token_acquire import encode_token_acquire
 
 VECTORS = Path(__file__).resolve().parents[3] / "proto-spec" / "vectors"
 
@@ -224,7 +225,7 @@ def test_encode_request_gives_the_vector_bytes(frame_type, case):
     assert p.encode_request(frame.request_id, frame.request).hex() == case["hex"]
     request = frame.request
     if isinstance(request, p.Acquire) and isinstance(request.cost, p.TokenCost):
-        packed = p.encode_token_acquire(
+        packed = encode_token_acquire(
             frame.request_id,
             request.limit,
             request.tenant,
@@ -304,9 +305,7 @@ def test_encode_token_acquire_is_encode_frame(limit, tenant, priority, counts, m
     for request_id in (1, 77, 2**64 - 1):
         expected = p.encode_frame(p.ClientFrame(request_id, acquire))
         for _ in range(2):  # the layout built, then the layout cached
-            packed = p.encode_token_acquire(
-                request_id, limit, tenant, priority, *counts, max_wait_ms
-            )
+            packed = encode_token_acquire(request_id, limit, tenant, priority, *counts, max_wait_ms)
             assert packed == expected
 
 
@@ -327,13 +326,13 @@ def test_encode_token_acquire_refuses_what_the_codec_refuses(args, error):
             p.ClientFrame(1, p.Acquire(args[0], p.TokenCost(*args[3:5]), *args[1:3], args[5]))
         )
     with pytest.raises(error):
-        p.encode_token_acquire(1, *args)
+        encode_token_acquire(1, *args)
 
 
 def test_encode_token_acquire_checks_the_frame_bound():
     with pytest.raises(FrameTooLarge):
-        p.encode_token_acquire(1, "x" * 100, None, None, 1, 0, None, max_frame_len=100)
-    assert p.encode_token_acquire(1, "x" * 10, None, None, 1, 0, None, max_frame_len=100)
+        encode_token_acquire(1, "x" * 100, None, None, 1, 0, None, max_frame_len=100)
+    assert encode_token_acquire(1, "x" * 10, None, None, 1, 0, None, max_frame_len=100)
 
 
 @pytest.mark.parametrize(("frame_type", "case"), SERVER_VALID)

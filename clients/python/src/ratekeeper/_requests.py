@@ -16,6 +16,7 @@ from . import _content as content
 from . import _protocol as p
 from ._content import as_mapping, compact_json
 from ._errors import ErrorCode
+from ._token_acquire import encode_token_acquire
 
 if TYPE_CHECKING:
     from ._core import Deadline
@@ -187,7 +188,7 @@ class AcquireRequest:
     """An acquire as the policy holds it across attempts: its checked arguments.
 
     Not a message: a token cost (the common case) is packed straight from
-    these fields by `p.encode_token_acquire`, with no dataclass built on the
+    these fields by `encode_token_acquire` (`_token_acquire.py`), with no dataclass built on the
     way; a message cost keeps its `p.ChatRequest` and goes through `p.Acquire`.
     """
 
@@ -240,7 +241,7 @@ class AcquireRequest:
             body = self._body
             if body is not None and len(body) + 8 <= max_frame_len:
                 return p.FRAME_HEAD.pack(len(body) + 8, request_id) + body
-            frame = p.encode_token_acquire(
+            frame = encode_token_acquire(
                 request_id,
                 self.limit,
                 self.tenant,
