@@ -349,6 +349,33 @@ def test_an_acquire_answered_after_its_deadline_is_cancelled_or_released(make_da
         wait_for(lambda: level(client, "exact") == full, 5, "the bucket to be full again")
 
 
+def test_a_call_takes_the_lone_path_only_with_nothing_else_unanswered(client, monkeypatch):
+    """With another request out, a call waits for its answer like any other
+    instead of taking the reading (the next reader would be woken for
+    nothing: 0.85x the acquires/s with 8 threads in each of 4 processes)."""
+    from ratekeeper import _io_sync
+    from ratekeeper import _protocol as p
+
+    client.ping()
+    conn = client._slot.conn
+    submitted = []
+    submit = _io_sync.Connection.submit
+
+    def counted_submit(self, request, deadline):
+        submitted.append(type(request).__name__)
+        return submit(self, request, deadline)
+
+    monkeypatch.setattr(_io_sync.Connection, "submit", counted_submit)
+    client.ping()
+    assert submitted == []  # alone: sent and read in one call, no future
+    conn.send_and_forget(p.Ping())  # out, and nobody reads for it yet
+    client.ping()
+    assert submitted == ["Ping", "Ping"]  # the forgotten one, then this call's
+    assert not conn._pending  # this call's reading delivered both answers
+    client.ping()
+    assert submitted == ["Ping", "Ping"]  # alone again
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
