@@ -61,6 +61,10 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+# The shared helpers of bench/, beside this script's directory.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from redis_commands import command_counts
+
 LIMIT = "bench"
 TOKENS = 10
 CAPACITY, PER_MINUTE = 10_000_000_000, 1_000_000_000
@@ -83,8 +87,6 @@ if allowed then return {1, 0} end
 return {0, tostring((cost - tokens) / rate)}
 """
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-#: The commands that run a script, as INFO commandstats names them.
-SCRIPT_COMMANDS = frozenset({"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"})
 #: What the bench itself sends to Redis around a window (commandstats names
 #: subcommands `config|get`): not counted as the workload's.
 OWN_COMMANDS = frozenset({"info", "config"})
@@ -317,14 +319,6 @@ class CommandStats:
         return {name.removeprefix("cmdstat_"): fields["calls"] for name, fields in stats.items()}
 
 
-def command_counts(before: dict[str, int], after: dict[str, int]) -> tuple[int, int]:
-    """Script calls and all commands between two samples, less the bench's own."""
-    ran = {name: calls - before.get(name, 0) for name, calls in after.items()}
-    scripts = sum(calls for name, calls in ran.items() if name in SCRIPT_COMMANDS)
-    commands = sum(calls for name, calls in ran.items() if name.split("|")[0] not in OWN_COMMANDS)
-    return scripts, commands
-
-
 def run(mode: str, processes: int, workers: int, options: dict, stats: CommandStats) -> dict:
     context = multiprocessing.get_context("spawn")
     start, results = Start(context, processes + 1), context.Queue()
@@ -341,7 +335,7 @@ def run(mode: str, processes: int, workers: int, options: dict, stats: CommandSt
     outcomes = [results.get(timeout=options["seconds"] + 60) for _ in children]
     daemon = process_cpu(options["daemon_pid"]) - daemon
     redis = process_cpu(options["redis_pid"]) - redis
-    scripts, commands = command_counts(commands, stats.sample())
+    scripts, commands = command_counts(commands, stats.sample(), OWN_COMMANDS)
     for child in children:
         child.join()
     latencies = sorted(x for outcome in outcomes for x in outcome["latencies"])

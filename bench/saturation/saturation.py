@@ -44,8 +44,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-#: The commands that run a script, as INFO commandstats names them.
-SCRIPT_COMMANDS = frozenset({"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"})
+# The shared helpers of bench/, beside this script's directory.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from redis_commands import command_counts
+
 #: What this script sends to Redis itself: not the sidecar's.
 OWN_COMMANDS = frozenset({"info", "config", "monitor"})
 #: Grants this much earlier than the ideal are within the bucket's clock
@@ -85,14 +87,6 @@ def commandstats(port: int) -> dict[str, int]:
             stats = dict(field.split("=") for field in fields.split(","))
             calls[name.removeprefix("cmdstat_")] = int(stats["calls"])
     return calls
-
-
-def command_counts(before: dict[str, int], after: dict[str, int]) -> tuple[int, int]:
-    """Script calls and all commands between two samples, less this script's own."""
-    ran = {name: calls - before.get(name, 0) for name, calls in after.items()}
-    scripts = sum(calls for name, calls in ran.items() if name in SCRIPT_COMMANDS)
-    commands = sum(calls for name, calls in ran.items() if name.split("|")[0] not in OWN_COMMANDS)
-    return scripts, commands
 
 
 class FirstUse(threading.Thread):
@@ -152,7 +146,7 @@ def ample(options) -> list[dict]:
     for connections in options.connections:
         before = commandstats(options.port)
         report = loadgen(options, options.ample_limit, connections, options.ample_seconds)
-        scripts, commands = command_counts(before, commandstats(options.port))
+        scripts, commands = command_counts(before, commandstats(options.port), OWN_COMMANDS)
         granted = report["granted"]
         rows.append(
             {
@@ -202,7 +196,7 @@ def saturate(options, workdir: Path) -> dict:
     report = loadgen(
         options, options.limit, options.saturation_connections, options.seconds, *extra
     )
-    scripts, commands = command_counts(before, commandstats(options.port))
+    scripts, commands = command_counts(before, commandstats(options.port), OWN_COMMANDS)
     first_use.join(timeout=10)
     if first_use.at_ms is None:
         raise SystemExit(f"no first use of {options.limit!r} seen: {first_use.error}")
