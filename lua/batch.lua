@@ -21,8 +21,9 @@
 --        (negative: to take)
 --   "l", n, and n times: key index, capacity, refill rate, a level that the
 --        bucket is lowered to if it is above it (provider feedback; never
---        raises), then the provider's remaining count (-1: none) and how
---        long ago (ms) the answered call was reserved (-1: unknown): see below
+--        raises), then the provider's remaining count (-1: none), how
+--        long ago (ms) the answered call was reserved (-1: unknown) and at
+--        most how long ago the provider counted (ms): see below
 --
 -- Provider feedback across sidecars. A bucket counts in n the units its
 -- acquires ever drew. Once a lowering carries a count, the bucket also
@@ -109,14 +110,15 @@ end
 -- a smoothed rate (d, units per ms, over up to DRAIN_WINDOW ms: a its age)
 -- and the mean square of the shrinks (s, over SCATTER_SAMPLES corrections).
 -- The margin is the part of the rate that the counts' noise cannot explain
--- (DRAIN_SIGNIFICANCE standard errors), over DRAIN_HORIZON ms plus the time
--- since the answered call was reserved (at most the rate's age while that
--- is below the window); with nothing draining it is zero.
+-- (DRAIN_SIGNIFICANCE standard errors), over DRAIN_HORIZON ms plus the
+-- count's age plus the wait already promised to the bucket's latest
+-- reservation (at most the rate's age while that is below the window); with
+-- nothing draining it is zero.
 -- The rate is never clamped: clamping noise at zero makes a drift. A lower
 -- level, never a lower rate, so a busy limit loses no throughput to it.
 -- src/limiter/drain.rs is the embedded store's copy.
 local DRAIN_WINDOW, DRAIN_HORIZON, DRAIN_SIGNIFICANCE, SCATTER_SAMPLES = 4000, 1000, 2, 16
-local function margin_below(index, seen, since)
+local function margin_below(index, seen, counted)
   local state = redis.call('HMGET', KEYS[index], 'c', 'm', 'd', 's', 'a')
   local last, left = tonumber(state[1]), tonumber(state[2]) or 0
   local drain, scatter, age = tonumber(state[3]) or 0, tonumber(state[4]) or 0, tonumber(state[5]) or 0
@@ -145,10 +147,17 @@ local function margin_below(index, seen, since)
     return seen
   end
   -- The sidecar added the refill since the count at the configured rate:
-  -- the drain took its share of that too. But while the rate has been
-  -- measured for less than its window, it predicts no further ahead than
-  -- it was measured: a few ms of answers arriving together, a few ms.
-  local ahead = DRAIN_HORIZON + math.max(0, since)
+  -- the drain took its share of that too. And a bucket in debt has told
+  -- its latest reservation to wait -level / rate ms: it lands when the
+  -- drain has taken that much more, and no later correction moves it.
+  -- But while the rate has been measured for less than its window, it
+  -- predicts no further ahead than it was measured: a few ms of answers
+  -- arriving together, a few ms.
+  local promised = 0
+  if level[index] < 0 and rate[index] > 0 then
+    promised = math.floor(-level[index] / rate[index])
+  end
+  local ahead = DRAIN_HORIZON + math.max(0, counted) + promised
   if age < DRAIN_WINDOW then
     ahead = math.min(ahead, age)
   end
@@ -208,7 +217,7 @@ for _ = 1, count do
     local n = tonumber(ARGV[at + 1])
     local stride = 4
     if kind == 'l' then
-      stride = 6
+      stride = 7
     end
     for change = 1, n do
       local base = at + 2 + stride * (change - 1)
@@ -217,6 +226,7 @@ for _ = 1, count do
       local units = tonumber(ARGV[base + 3])
       if kind == 'l' then
         local reported, since = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
+        local counted = tonumber(ARGV[base + 6])
         -- The provider's count less what the fleet drew that it had not seen.
         local seen
         if reported >= 0 and history[index] == nil then
@@ -240,7 +250,7 @@ for _ = 1, count do
           end
         end
         if seen then
-          units = math.min(units, margin_below(index, seen, since))
+          units = math.min(units, margin_below(index, seen, counted))
         end
         -- Only ever down, to the level asked for.
         local down = units - level[index]

@@ -191,15 +191,18 @@ impl Store for EmbeddedStore {
             // (lua/batch.lua does the same for the Redis store).
             buckets.store(spec, current);
             let seen = spec.signed_units(lowering.level);
-            let since = lowering
+            let counted_ms_ago = lowering
                 .fleet
-                .and_then(|fleet| fleet.reserved_ms_ago)
-                .map_or(0, |ago| ago.min(i64::MAX as u64) as i64);
+                .map_or(0, |fleet| fleet.counted_ms_ago.min(i64::MAX as u64) as i64);
             if let Some(drain) = buckets.drain_mut(spec) {
                 let lowered = BucketState {
-                    level: current
-                        .level
-                        .min(drain.target(seen, current.level, now, since)),
+                    level: current.level.min(drain.target(
+                        seen,
+                        current.level,
+                        spec.units_per_ms(),
+                        now,
+                        counted_ms_ago,
+                    )),
                     ..current
                 };
                 drain.corrected(seen, lowered.level, now);
@@ -345,6 +348,7 @@ mod tests {
                     fleet: Some(super::super::FleetView {
                         remaining: provider,
                         reserved_ms_ago: Some(0),
+                        counted_ms_ago: 0,
                     }),
                 };
                 store.lower(&[count]).await.unwrap();

@@ -165,8 +165,8 @@ pub struct Lowering {
     pub fleet: Option<FleetView>,
 }
 
-/// The provider's count for a bucket and when the call it answered was
-/// reserved.
+/// The provider's count for a bucket, when the call it answered was
+/// reserved, and how old the count is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FleetView {
     /// Tokens (or requests) the provider has left now by its count: what
@@ -176,6 +176,10 @@ pub struct FleetView {
     /// sidecar still knows it (a count without it only starts the store's
     /// history of draws, for the next one).
     pub reserved_ms_ago: Option<u64>,
+    /// How long ago, at most, the provider counted: `remaining` credits
+    /// the refill since at the configured rate, and what drains the
+    /// provider unseen took its share of that.
+    pub counted_ms_ago: u64,
 }
 
 /// Why a store could not answer.

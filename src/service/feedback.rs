@@ -257,6 +257,7 @@ impl Service {
                     .map(|remaining| FleetView {
                         remaining,
                         reserved_ms_ago,
+                        counted_ms_ago: feedback.since_grant_ms,
                     });
                 lowerings.push(Lowering {
                     bucket: spec.clone(),

@@ -138,19 +138,21 @@ impl Call {
                     cmd.arg("l").arg(lowerings.len());
                     for (lowering, index) in lowerings.iter().zip(indices) {
                         let bucket = &lowering.bucket;
-                        let (remaining, reserved_ms_ago) = match lowering.fleet {
+                        let (remaining, reserved_ms_ago, counted_ms_ago) = match lowering.fleet {
                             Some(fleet) => (
                                 bucket.signed_units(fleet.remaining),
                                 fleet.reserved_ms_ago.map_or(-1, |ago| ago as i64),
+                                fleet.counted_ms_ago.min(i64::MAX as u64) as i64,
                             ),
-                            None => (-1, -1),
+                            None => (-1, -1, 0),
                         };
                         cmd.arg(*index)
                             .arg(bucket.capacity_units())
                             .arg(bucket.units_per_ms())
                             .arg(bucket.signed_units(lowering.level))
                             .arg(remaining)
-                            .arg(reserved_ms_ago);
+                            .arg(reserved_ms_ago)
+                            .arg(counted_ms_ago);
                     }
                 }
             }
