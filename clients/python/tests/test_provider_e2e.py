@@ -1,18 +1,25 @@
 """Issue 11's "done when": the shipped default config against a strict OpenAI-like provider.
 
-Each case is one 40 s run of `_e2e.run`: a real `redis-server`, real
-`ratekeeper` daemons started with `examples/ratekeeper.toml` (only the first
-limit's rates set to the provider's, and the Redis URL), the fake provider
-as its own process (continuous buckets, OpenAI's character-based charge, no
-refunds, 20-200 ms latency), and 4 worker processes of 8 threads using the
-Python client. The figures asserted are the issue's.
+Each case is one 40 s run (the foreign-traffic goal two, below) of
+`_e2e.run`: a real `redis-server`, real `ratekeeper` daemons started with
+`examples/ratekeeper.toml` (only the first limit's rates set to the
+provider's, and the Redis URL), the fake provider as its own process
+(continuous buckets, OpenAI's character-based charge, no refunds, 20-200 ms
+latency), and 4 worker processes of 8 threads using the Python client. The
+figures asserted are the issue's.
 
 The matrix, within the CI budget of about 8 minutes on 2 cores: the three
 factors of the zero-429 requirement (token- or request-bound workload, 1 or
 2 sidecars, acquire by token count or by messages) are covered pairwise in 4
 runs instead of all 8, so every pair of levels (e.g. by messages through 2
 sidecars, request-bound by token count) is measured once; `bench/provider`
-runs all 8. The two foreign-traffic runs differ only in forwarding.
+runs all 8. The foreign-traffic runs differ only in forwarding.
+
+The foreign-traffic goal with feedback is measured over two runs (seeds 1
+and 2): its 429s come as a handful in the seconds after the burst runs out,
+when the workers queue up (0-5 a run measured), so in one run of about 920
+requests one more of them decided the 0.5 % line. Two runs measure the
+same rate, edge included, with less variance.
 
 Request-bound runs use 1,200 requests a minute instead of the issue's 3,000:
 a Python fleet on 2 cores sends 110-150 requests a second, so a 3,000-request
@@ -59,6 +66,9 @@ def test_foreign_traffic_draws_429s_when_nothing_is_forwarded():
 
 
 def test_forwarded_headers_keep_429s_rare_under_foreign_traffic():
-    outcome = measured(Scenario(**FOREIGN, feedback=True))
-    figures = (outcome.rate_limited_fraction < 0.005, outcome.utilization >= 0.95)
-    assert figures == (True, True), outcome.summary()
+    outcomes = [measured(Scenario(**FOREIGN, feedback=True, seed=seed)) for seed in (1, 2)]
+    summaries = "; ".join(outcome.summary() for outcome in outcomes)
+    rate_limited = sum(outcome.rate_limited for outcome in outcomes)
+    requests = sum(outcome.requests for outcome in outcomes)
+    assert rate_limited < 0.005 * requests, f"{rate_limited} 429s in {requests}: {summaries}"
+    assert all(outcome.utilization >= 0.95 for outcome in outcomes), summaries
