@@ -122,17 +122,20 @@ local function margin_below(index, seen, counted)
   local state = redis.call('HMGET', KEYS[index], 'c', 'm', 'd', 's', 'a')
   local last, left = tonumber(state[1]), tonumber(state[2]) or 0
   local drain, scatter, age = tonumber(state[3]) or 0, tonumber(state[4]) or 0, tonumber(state[5]) or 0
-  if last and now > last then
+  -- Two counts in the same ms (one call carries several) measure no time,
+  -- only how far apart they are; that still enters the rate, so that each
+  -- count's error cancels against the next shrink instead of staying in it.
+  local grown = last and now >= last and math.min(DRAIN_WINDOW, age + now - last)
+  if grown and grown > 0 then
     local elapsed = now - last
     local shrank = left - (seen - level[index])
-    local first = age == 0
-    age = math.min(DRAIN_WINDOW, age + elapsed)
-    drain = drain + elapsed / age * (shrank / elapsed - drain)
-    if first then
+    drain = drain + (shrank - elapsed * drain) / grown
+    if age == 0 then
       scatter = shrank * shrank
     else
       scatter = scatter + (shrank * shrank - scatter) / SCATTER_SAMPLES
     end
+    age = grown
     redis.call('HSET', KEYS[index], 'd', string.format('%.17g', drain),
       's', string.format('%.17g', scatter), 'a', string.format('%.17g', age))
   end

@@ -672,6 +672,53 @@ async fn a_drain_the_fleet_does_not_see_becomes_a_margin_below_the_provider() {
     assert_eq!(margin, 0);
 }
 
+/// One script call carries the counts of several answers, all at the same
+/// Redis time (`src/limiter/drain.rs` holds its copy to the same). The
+/// rate skipped such a count but kept the gap it left, so the error of the
+/// count before it stayed in the rate: with nothing draining unseen, each
+/// step's count followed in the same call by one 500 higher made a rate of
+/// 5 tokens a ms, a margin of about 5,000 below the lower count. Now none.
+#[tokio::test]
+async fn counts_in_one_script_call_make_no_drain_of_their_own() {
+    let server = RedisServer::start();
+    let redis = store(&server);
+    // 10 tokens a ms; the fleet draws all of it, 1,000 every 100 ms.
+    let tokens = bucket("same-ms:{x}:tokens", 60_000, 600_000);
+    let count = |remaining: i64| {
+        BatchOp::Lower(vec![Lowering {
+            bucket: tokens.clone(),
+            level: i64::MAX,
+            fleet: Some(FleetView {
+                remaining,
+                reserved_ms_ago: Some(0),
+                counted_ms_ago: 0,
+            }),
+        }])
+    };
+    let mut now = 1_800_000_000_000i64;
+    for _ in 0..60 {
+        let acquire = BatchOp::Acquire {
+            draws: vec![draw(&tokens, 1_000)],
+            max_wait_ms: 60_000,
+        };
+        // The provider has 59,000 left after this call; one count says 500 less.
+        for result in redis
+            .batch_at(vec![acquire, count(58_500), count(59_000)], now)
+            .await
+        {
+            result.unwrap();
+        }
+        now += 100;
+    }
+    let level = redis
+        .levels_at(std::slice::from_ref(&tokens), Some(now - 100))
+        .await
+        .unwrap()[0];
+    // The lower count less this slot's draw (the answered call's own).
+    let margin = 58_500 - 1_000 - level;
+    assert!((0..=50).contains(&margin), "margin {margin}");
+}
+
 /// Seen in a run with no foreign traffic: a fleet's first answers, a few ms
 /// apart while its burst is being spent, each counted a request or so below
 /// the last. The drain rate measured over those few ms was carried over a

@@ -51,17 +51,23 @@ impl Drain {
         now_ms: i64,
         counted_ms_ago: i64,
     ) -> i64 {
-        if let Some(last) = self.last_ms.filter(|last| now_ms > *last) {
+        if let Some(last) = self.last_ms.filter(|last| now_ms >= *last) {
             let elapsed = (now_ms - last) as f64;
-            let shrank = self.left.saturating_sub(seen.saturating_sub(level)) as f64;
-            let first = self.age_ms == 0.0;
-            self.age_ms = (self.age_ms + elapsed).min(DRAIN_WINDOW_MS);
-            self.per_ms += elapsed / self.age_ms * (shrank / elapsed - self.per_ms);
-            self.scatter = if first {
-                shrank * shrank
-            } else {
-                self.scatter + (shrank * shrank - self.scatter) / SCATTER_SAMPLES
-            };
+            let age = (self.age_ms + elapsed).min(DRAIN_WINDOW_MS);
+            // Two counts in the same ms (one script call carries several)
+            // measure no time, only how far apart they are; that still
+            // enters the rate, so that each count's error cancels against
+            // the next shrink instead of staying in the rate.
+            if age > 0.0 {
+                let shrank = self.left.saturating_sub(seen.saturating_sub(level)) as f64;
+                self.per_ms += (shrank - elapsed * self.per_ms) / age;
+                self.scatter = if self.age_ms == 0.0 {
+                    shrank * shrank
+                } else {
+                    self.scatter + (shrank * shrank - self.scatter) / SCATTER_SAMPLES
+                };
+                self.age_ms = age;
+            }
         }
         seen.saturating_sub(self.margin(counted_ms_ago, promised_ms(level, units_per_ms)))
     }
@@ -196,6 +202,30 @@ mod tests {
     fn a_drain_above_the_noise_is_found_through_it() {
         let (mean, _) = margins_through_noise(25);
         assert!(mean >= 300, "mean {mean}");
+    }
+
+    /// Found in the 429s of issue 11's foreign-traffic run: one script
+    /// call carries the counts of several answers, all in the same ms. The
+    /// rate skipped such a count but kept the gap it left, so the error of
+    /// the count before it stayed in the rate instead of cancelling against
+    /// the next shrink. With nothing draining, each correction followed in
+    /// its ms by a count 500 units higher must leave no margin below the
+    /// lower count (the rate came out at 5 units a ms).
+    #[test]
+    fn counts_in_the_same_ms_make_no_rate_of_their_own() {
+        let provider = 60_000i64;
+        let mut drain = Drain::default();
+        let mut level = provider;
+        for step in 0..100 {
+            let now = 1_000 + step * 100;
+            for seen in [provider - 500, provider] {
+                let target = drain.target(seen, level, 1, now, 0);
+                level = level.min(target);
+                drain.corrected(seen, level, now);
+            }
+        }
+        let margin = provider - 500 - level;
+        assert!(margin <= 50, "margin {margin}, rate {}", drain.per_ms);
     }
 
     /// Seen in CI, issue 11's foreign-traffic run: 429s in the seconds
