@@ -33,6 +33,20 @@ fn draw(bucket: &BucketSpec, cost: u64) -> Draw {
     }
 }
 
+/// A provider's count for `bucket`, `remaining` after a call reserved in
+/// this history slot, counted just now (provider feedback).
+fn count_now(bucket: &BucketSpec, remaining: i64) -> BatchOp {
+    BatchOp::Lower(vec![Lowering {
+        bucket: bucket.clone(),
+        level: i64::MAX,
+        fleet: Some(FleetView {
+            remaining,
+            reserved_ms_ago: Some(0),
+            counted_ms_ago: 0,
+        }),
+    }])
+}
+
 #[tokio::test]
 async fn a_refused_request_bucket_leaves_the_token_bucket_untouched() {
     let server = RedisServer::start();
@@ -599,17 +613,6 @@ async fn a_drain_the_fleet_does_not_see_becomes_a_margin_below_the_provider() {
             let mut provider = 60_000i64;
             // The first step leaves 59,000 in the bucket: all queued too.
             let queued = if debt > 0 { 59_000 + debt } else { 0 };
-            let lower = |remaining: i64| {
-                BatchOp::Lower(vec![Lowering {
-                    bucket: tokens.clone(),
-                    level: i64::MAX,
-                    fleet: Some(FleetView {
-                        remaining,
-                        reserved_ms_ago: Some(0),
-                        counted_ms_ago: 0,
-                    }),
-                }])
-            };
             let mut last_seen = 0;
             for step in 0..60 {
                 let acquire = BatchOp::Acquire {
@@ -619,7 +622,7 @@ async fn a_drain_the_fleet_does_not_see_becomes_a_margin_below_the_provider() {
                 provider = (provider + 1_000).min(60_000) - 1_000 - foreign_per_ms * 100;
                 let unseen = if step > 0 { queued } else { 0 };
                 for result in redis
-                    .batch_at(vec![acquire, lower(provider - unseen)], now)
+                    .batch_at(vec![acquire, count_now(&tokens, provider - unseen)], now)
                     .await
                 {
                     result.unwrap();
@@ -684,17 +687,6 @@ async fn counts_in_one_script_call_make_no_drain_of_their_own() {
     let redis = store(&server);
     // 10 tokens a ms; the fleet draws all of it, 1,000 every 100 ms.
     let tokens = bucket("same-ms:{x}:tokens", 60_000, 600_000);
-    let count = |remaining: i64| {
-        BatchOp::Lower(vec![Lowering {
-            bucket: tokens.clone(),
-            level: i64::MAX,
-            fleet: Some(FleetView {
-                remaining,
-                reserved_ms_ago: Some(0),
-                counted_ms_ago: 0,
-            }),
-        }])
-    };
     let mut now = 1_800_000_000_000i64;
     for _ in 0..60 {
         let acquire = BatchOp::Acquire {
@@ -703,7 +695,14 @@ async fn counts_in_one_script_call_make_no_drain_of_their_own() {
         };
         // The provider has 59,000 left after this call; one count says 500 less.
         for result in redis
-            .batch_at(vec![acquire, count(58_500), count(59_000)], now)
+            .batch_at(
+                vec![
+                    acquire,
+                    count_now(&tokens, 58_500),
+                    count_now(&tokens, 59_000),
+                ],
+                now,
+            )
             .await
         {
             result.unwrap();
@@ -739,16 +738,10 @@ async fn corrections_a_few_ms_apart_lower_the_bucket_by_no_more_than_they_saw() 
         };
         // The provider saw this call and 500 more than the fleet drew.
         provider -= 600;
-        let lower = BatchOp::Lower(vec![Lowering {
-            bucket: tokens.clone(),
-            level: i64::MAX,
-            fleet: Some(FleetView {
-                remaining: provider,
-                reserved_ms_ago: Some(0),
-                counted_ms_ago: 0,
-            }),
-        }]);
-        for result in redis.batch_at(vec![acquire, lower], now).await {
+        for result in redis
+            .batch_at(vec![acquire, count_now(&tokens, provider)], now)
+            .await
+        {
             result.unwrap();
         }
         now += 1;
