@@ -40,10 +40,11 @@ pub struct Drain {
 }
 
 impl Drain {
-    /// The level to lower a bucket at `level`, refilled at `units_per_ms`,
-    /// to, given the provider's view `seen` at `now_ms` (units), counted at
-    /// most `counted_ms_ago`; updates the rate from the gap's shrinking.
-    pub fn target(
+    /// Corrects a bucket at `level`, refilled at `units_per_ms`, by the
+    /// provider's view `seen` at `now_ms` (units), counted at most
+    /// `counted_ms_ago`: the level it is lowered to (never above `level`).
+    /// Updates the rate from the gap's shrinking and notes the gap left.
+    pub fn correct(
         &mut self,
         seen: i64,
         level: i64,
@@ -69,13 +70,12 @@ impl Drain {
                 self.age_ms = age;
             }
         }
-        seen.saturating_sub(self.margin(counted_ms_ago, promised_ms(level, units_per_ms)))
-    }
-
-    /// Notes the correction: the level the bucket was left at.
-    pub fn corrected(&mut self, seen: i64, level: i64, now_ms: i64) {
+        let target =
+            seen.saturating_sub(self.margin(counted_ms_ago, promised_ms(level, units_per_ms)));
+        let lowered = level.min(target);
         self.last_ms = Some(now_ms);
-        self.left = seen.saturating_sub(level);
+        self.left = seen.saturating_sub(lowered);
+        lowered
     }
 
     /// The units to stay below the provider's view: the significant part of
@@ -129,9 +129,7 @@ mod tests {
             let now = 1_000 + step * 100;
             provider -= unseen;
             let seen = provider + noise(step);
-            let target = drain.target(seen, level, 1, now, 0);
-            level = level.min(target);
-            drain.corrected(seen, level, now);
+            level = drain.correct(seen, level, 1, now, 0);
             margin = provider - level;
         }
         margin
@@ -169,9 +167,7 @@ mod tests {
             let now = 1_000 + step * 25;
             provider -= unseen_per_step;
             let seen = provider + noise();
-            let target = drain.target(seen, level, 1, now, 0);
-            level = level.min(target);
-            drain.corrected(seen, level, now);
+            level = drain.correct(seen, level, 1, now, 0);
             if step >= 200 {
                 let margin = drain.margin(0, 0);
                 sum += margin;
@@ -219,9 +215,7 @@ mod tests {
         for step in 0..100 {
             let now = 1_000 + step * 100;
             for seen in [provider - 500, provider] {
-                let target = drain.target(seen, level, 1, now, 0);
-                level = level.min(target);
-                drain.corrected(seen, level, now);
+                level = drain.correct(seen, level, 1, now, 0);
             }
         }
         let margin = provider - 500 - level;
@@ -242,9 +236,7 @@ mod tests {
         for step in 0..100 {
             let now = 1_000 + step * 100;
             provider -= 200;
-            let target = drain.target(provider, level, units_per_ms, now, 0);
-            level = level.min(target);
-            drain.corrected(provider, level, now);
+            level = drain.correct(provider, level, units_per_ms, now, 0);
         }
         let (margin, promised) = (provider - level, -level / units_per_ms);
         // 2 units a ms over the second ahead and the latest wait, less the
@@ -269,9 +261,7 @@ mod tests {
         let (mut level, mut seen) = (300_000i64, 300_000i64);
         for now in 1_000..1_004 {
             seen -= 600;
-            let target = drain.target(seen, level, 1, now, 190);
-            level = level.min(target);
-            drain.corrected(seen, level, now);
+            level = drain.correct(seen, level, 1, now, 190);
         }
         // Over 3 ms the gap shrank by 1,800 units: no more than that.
         assert!(seen - level <= 1_800, "margin {}", seen - level);

@@ -196,16 +196,15 @@ impl Store for EmbeddedStore {
                 .map_or(0, |fleet| fleet.counted_ms_ago.min(i64::MAX as u64) as i64);
             if let Some(drain) = buckets.drain_mut(spec) {
                 let lowered = BucketState {
-                    level: current.level.min(drain.target(
+                    level: drain.correct(
                         seen,
                         current.level,
                         spec.units_per_ms(),
                         now,
                         counted_ms_ago,
-                    )),
+                    ),
                     ..current
                 };
-                drain.corrected(seen, lowered.level, now);
                 buckets.store(spec, lowered);
             }
         }
