@@ -33,6 +33,14 @@ fn draw(bucket: &BucketSpec, cost: u64) -> Draw {
     }
 }
 
+/// The level of `bucket` at script time `at`.
+async fn level_at(redis: &RedisStore, bucket: &BucketSpec, at: i64) -> i64 {
+    redis
+        .levels_at(std::slice::from_ref(bucket), Some(at))
+        .await
+        .unwrap()[0]
+}
+
 /// A provider's count for `bucket`, `remaining` after a call reserved in
 /// this history slot, counted just now (provider feedback).
 fn count_now(bucket: &BucketSpec, remaining: i64) -> BatchOp {
@@ -645,10 +653,7 @@ async fn a_drain_the_fleet_does_not_see_becomes_a_margin_below_the_provider() {
                 }
                 now += 100;
             }
-            let level = redis
-                .levels_at(std::slice::from_ref(&tokens), Some(now - 100))
-                .await
-                .unwrap()[0];
+            let level = level_at(redis, &tokens, now - 100).await;
             (last_seen - level, level)
         }
     };
@@ -709,10 +714,7 @@ async fn counts_in_one_script_call_make_no_drain_of_their_own() {
         }
         now += 100;
     }
-    let level = redis
-        .levels_at(std::slice::from_ref(&tokens), Some(now - 100))
-        .await
-        .unwrap()[0];
+    let level = level_at(&redis, &tokens, now - 100).await;
     // The lower count less this slot's draw (the answered call's own).
     let margin = 58_500 - 1_000 - level;
     assert!((0..=50).contains(&margin), "margin {margin}");
@@ -746,10 +748,7 @@ async fn corrections_a_few_ms_apart_lower_the_bucket_by_no_more_than_they_saw() 
         }
         now += 1;
     }
-    let level = redis
-        .levels_at(std::slice::from_ref(&tokens), Some(now - 1))
-        .await
-        .unwrap()[0];
+    let level = level_at(&redis, &tokens, now - 1).await;
     // Three shrinks of 500 were measured (the first correction only starts
     // the history, the second only the gap): no more than 1,500 below.
     assert!(
