@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import select
 import socket
-import struct
 import threading
 import time
 from typing import Callable, Optional
@@ -53,8 +51,8 @@ Abandon = Callable[["Connection", int, "Future"], None]
 #: An id no answer carries (ids are unsigned): `_read` delivers every answer.
 NO_ID = -1
 
-#: Longest a reader blocks in `recv_into` before it looks at its deadline again
-#: (the socket's SO_RCVTIMEO); closer to the deadline it polls for the rest.
+#: Longest a reader waits in `poll` before it looks at its deadline (and at
+#: whether the connection was closed under it) again.
 RECV_TICK = 0.25
 
 
@@ -148,7 +146,6 @@ class Connection:
         self._in_flight = 0  # unanswered requests that count against the daemon's bound
         self._room = threading.Condition(self._state)  # notified when one of those is answered
         self._room_waiters = 0
-        self._tick = _set_receive_timeout(sock, RECV_TICK)
         for frame in leftover:
             self._deliver(frame.request_id, frame.response)
 
@@ -281,24 +278,29 @@ class Connection:
         `own_id` is in, which it returns instead of delivering.
 
         Returns None at the deadline and when the connection failed (then
-        `_closed` says why, and every future has it). Far from the deadline a
-        read blocks in `recv_into` at most a tick (the socket's receive
-        timeout), so a round trip costs one system call to wait and read;
-        within a tick of the deadline it polls for the rest.
+        `_closed` says why, and every future has it). The reader waits in
+        `poll`, at most a tick at a time, and reads only what is there: a
+        thread blocked in `recv` on a Unix socket is woken (for nothing) each
+        time the daemon reads a request of that socket, since the kernel
+        wakes every sleeper of the socket when its send buffer drains, while
+        `poll` waits for incoming data alone. That saves a context switch per
+        round trip, in the daemon (which wakes) and in the client.
         """
         decoder = self.session.decoder
         sock = self._sock
         at = deadline.at
         deliver = self._deliver
+        poll = self._poll.poll
         while future is None or not future._done:
+            wait = RECV_TICK
             if at is not None:
-                remaining = at - time.monotonic()
-                if remaining < self._tick and not self._poll.poll(max(0.0, remaining) * 1000):
+                wait = min(wait, at - time.monotonic())
+            if not poll(max(0.0, wait) * 1000):
+                if at is not None and time.monotonic() >= at:
                     return None  # the deadline passed
+                continue
             try:
                 received = sock.recv_into(decoder.get_buffer())
-            except BlockingIOError:
-                continue  # a tick without an answer
             except OSError as error:
                 self._fail(ConnectionLost(str(error)))
                 return None
@@ -456,14 +458,3 @@ class Connection:
         """
         with contextlib.suppress(OSError):
             self._sock.close()
-
-
-def _set_receive_timeout(sock: socket.socket, seconds: float) -> float:
-    """Sets SO_RCVTIMEO on a blocking socket; returns it, or infinity (poll always) if refused."""
-    whole = int(seconds)
-    try:
-        timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
-    except (OSError, struct.error):
-        return math.inf
-    return seconds
