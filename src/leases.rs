@@ -6,7 +6,8 @@
 //! Forgetting a lease keeps its reservation — the tokens were most likely
 //! spent — and is counted.
 
-use std::collections::BTreeSet;
+use std::collections::VecDeque;
+use std::collections::hash_map::Entry;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -179,15 +180,28 @@ pub struct LeaseTable {
     pub counters: LeaseCounters,
 }
 
+/// An open lease, with its tag once the grant was observed: kept together,
+/// so that tagging, evicting and expiring touch one entry.
+struct Open {
+    lease: Lease,
+    tag: Option<LeaseTag>,
+}
+
 #[derive(Default)]
 struct Leases {
-    by_id: FxHashMap<u64, Lease>,
-    /// (grant time, id), oldest first.
-    by_age: BTreeSet<(Instant, u64)>,
+    by_id: FxHashMap<u64, Open>,
+    /// (grant time, id) of every open lease, oldest first, in the order of
+    /// the grants: appending is all a grant costs (leases come in age
+    /// order). A settled lease's entry stays until it reaches the front or
+    /// the queue is compacted (when most of it is such entries), so that
+    /// settling costs nothing here either.
+    by_age: VecDeque<(Instant, u64)>,
     /// Ids of each connection's leases.
     by_owner: FxHashMap<ConnectionId, FxHashSet<u64>>,
-    /// Tags of open leases; kept while a settlement may be retried, dropped
-    /// with the leases that expire, are evicted or lose their connection.
+    /// Tags of leases taken out to be settled, until the settlement is
+    /// observed (untagged), or put back with the lease when it failed (to be
+    /// retried). An open lease's tag is in its entry and goes with it when
+    /// it expires, is evicted or loses its connection.
     tags: FxHashMap<u64, LeaseTag>,
 }
 
@@ -204,51 +218,95 @@ impl Leases {
         shrink(&mut self.by_id);
         shrink(&mut self.by_owner);
         shrink(&mut self.tags);
+        if self.by_age.capacity() > 1024 && self.by_age.len() < self.by_age.capacity() / 4 {
+            self.by_age.shrink_to(self.by_age.len() * 2);
+        }
     }
 
-    fn add(&mut self, id: u64, lease: Lease) {
-        self.by_age.insert((lease.granted_at, id));
+    /// Records a new lease under a fresh, unguessable, non-zero id.
+    fn add_new(&mut self, lease: Lease) -> u64 {
+        loop {
+            let id: u64 = rand::random();
+            if id == 0 {
+                continue;
+            }
+            if let Entry::Vacant(vacant) = self.by_id.entry(id) {
+                self.by_age.push_back((lease.granted_at, id));
+                self.by_owner.entry(lease.owner).or_default().insert(id);
+                vacant.insert(Open { lease, tag: None });
+                return id;
+            }
+        }
+    }
+
+    /// Puts a taken lease back, with its age: its queue entry is most
+    /// likely still there; if a compaction dropped it, it goes back in its
+    /// place.
+    fn add_back(&mut self, id: u64, lease: Lease) {
+        let entry = (lease.granted_at, id);
+        let from = self
+            .by_age
+            .partition_point(|&(at, _)| at < lease.granted_at);
+        let queued = self
+            .by_age
+            .range(from..)
+            .take_while(|&&(at, _)| at == lease.granted_at)
+            .any(|&queued| queued == entry);
+        if !queued {
+            let place = self
+                .by_age
+                .partition_point(|&(at, _)| at <= lease.granted_at);
+            self.by_age.insert(place, entry);
+        }
         self.by_owner.entry(lease.owner).or_default().insert(id);
-        self.by_id.insert(id, lease);
+        let tag = self.tags.remove(&id);
+        self.by_id.insert(id, Open { lease, tag });
     }
 
-    fn remove(&mut self, id: u64) -> Option<Lease> {
-        let lease = self.by_id.remove(&id)?;
-        self.by_age.remove(&(lease.granted_at, id));
+    /// Whether a queue entry is an open lease's (not a settled one's).
+    fn is_open(&self, &(granted_at, id): &(Instant, u64)) -> bool {
+        self.by_id
+            .get(&id)
+            .is_some_and(|open| open.lease.granted_at == granted_at)
+    }
+
+    /// Takes an open lease out with its tag.
+    fn remove(&mut self, id: u64) -> Option<(Lease, Option<LeaseTag>)> {
+        let Open { lease, tag } = self.by_id.remove(&id)?;
+        // Mostly entries of settled leases: drop them (amortized: at least
+        // half the queue was settled since the last compaction).
+        if self.by_age.len() > 2 * self.by_id.len() + 1024 {
+            let mut queue = std::mem::take(&mut self.by_age);
+            queue.retain(|entry| self.is_open(entry));
+            self.by_age = queue;
+        }
         if let Some(owned) = self.by_owner.get_mut(&lease.owner) {
             owned.remove(&id);
             if owned.is_empty() {
                 self.by_owner.remove(&lease.owner);
             }
         }
-        Some(lease)
+        Some((lease, tag))
     }
 
     /// Removes a lease for good, its tag too.
     fn forget(&mut self, id: u64) -> Option<Lease> {
-        self.tags.remove(&id);
-        self.remove(id)
+        self.remove(id).map(|(lease, _)| lease)
     }
 
     /// Forgets the oldest lease granted before `cutoff` (any, without one);
     /// false when there is none.
     fn remove_oldest(&mut self, cutoff: Option<Instant>) -> bool {
-        match self.by_age.first() {
-            Some(&(granted_at, id)) if cutoff.is_none_or(|cutoff| granted_at < cutoff) => {
-                self.forget(id).is_some()
+        while let Some(&entry) = self.by_age.front() {
+            if cutoff.is_some_and(|cutoff| entry.0 >= cutoff) {
+                return false;
             }
-            _ => false,
-        }
-    }
-
-    /// A fresh, unguessable, non-zero id.
-    fn new_id(&self) -> u64 {
-        loop {
-            let id: u64 = rand::random();
-            if id != 0 && !self.by_id.contains_key(&id) {
-                return id;
+            self.by_age.pop_front();
+            if self.is_open(&entry) {
+                return self.forget(entry.1).is_some();
             }
         }
+        false
     }
 }
 
@@ -269,19 +327,22 @@ impl LeaseTable {
         while leases.by_id.len() >= self.max_open && leases.remove_oldest(None) {
             self.counters.expired.fetch_add(1, Ordering::Relaxed);
         }
-        let id = leases.new_id();
-        leases.add(id, lease);
-        id
+        leases.add_new(lease)
     }
 
     /// Takes a lease out to settle it; `None` if unknown or already settled.
     pub fn take(&self, id: u64) -> Option<Lease> {
-        self.lock().remove(id)
+        let mut leases = self.lock();
+        let (lease, tag) = leases.remove(id)?;
+        if let Some(tag) = tag {
+            leases.tags.insert(id, tag);
+        }
+        Some(lease)
     }
 
     /// Puts back a lease whose settlement failed, so it can be retried.
     pub fn restore(&self, id: u64, lease: Lease) {
-        self.lock().add(id, lease);
+        self.lock().add_back(id, lease);
     }
 
     pub fn len(&self) -> usize {
@@ -305,15 +366,18 @@ impl LeaseTable {
 
     /// Tags the open lease `id`; nothing if it is already settled.
     pub fn tag(&self, id: u64, tag: LeaseTag) {
-        let mut leases = self.lock();
-        if leases.by_id.contains_key(&id) {
-            leases.tags.insert(id, tag);
+        if let Some(open) = self.lock().by_id.get_mut(&id) {
+            open.tag = Some(tag);
         }
     }
 
     /// The tag of lease `id`, if it was tagged and is not yet untagged.
     pub fn tag_of(&self, id: u64) -> Option<LeaseTag> {
-        self.lock().tags.get(&id).cloned()
+        let leases = self.lock();
+        match leases.by_id.get(&id) {
+            Some(open) => open.tag.clone(),
+            None => leases.tags.get(&id).cloned(),
+        }
     }
 
     /// Takes the tag of a settled lease out.
@@ -322,7 +386,7 @@ impl LeaseTable {
     }
 
     /// Forgets leases granted before `now - expire_after`, and the tags of
-    /// leases no longer open; returns how many leases expired.
+    /// settlements never observed; returns how many leases expired.
     pub fn expire(&self, now: Instant) -> usize {
         let mut leases = self.lock();
         if leases.tags.len() > leases.by_id.len() {

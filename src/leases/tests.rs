@@ -253,3 +253,42 @@ fn a_settled_burst_gives_its_memory_back_at_the_next_sweep() {
     assert!(leases.by_owner.capacity() < peak / 100);
     assert_eq!(leases.by_id.len(), 10, "the open leases stay");
 }
+
+#[test]
+fn settled_leases_leave_no_lasting_trace_in_the_age_queue() {
+    let start = Instant::now();
+    let table = LeaseTable::new(Duration::from_secs(3600), 1_000_000);
+    let unreported = table.insert(lease(1, start));
+    for i in 0..20_000 {
+        let id = table.insert(lease(2, start + Duration::from_micros(i)));
+        assert!(table.take(id).is_some());
+    }
+    let queued = table.lock().by_age.len();
+    assert!(
+        queued <= 2 + 1024,
+        "{queued} queue entries for one open lease"
+    );
+    assert_eq!(table.len(), 1);
+    assert_eq!(table.expire(start + Duration::from_secs(3601)), 1);
+    assert!(table.take(unreported).is_none());
+}
+
+#[test]
+fn a_lease_restored_after_its_queue_entry_was_dropped_keeps_its_age() {
+    let start = Instant::now();
+    let after = |seconds| start + Duration::from_secs(seconds);
+    let table = LeaseTable::new(Duration::from_secs(60), 1_000_000);
+    let old = table.insert(lease(1, start));
+    let taken = table.take(old).unwrap();
+    // Enough settled leases behind it that the queue is compacted.
+    for _ in 0..5_000 {
+        let id = table.insert(lease(2, after(10)));
+        table.take(id);
+    }
+    let young = table.insert(lease(1, after(30)));
+    assert!(!table.lock().by_age.iter().any(|&(_, id)| id == old));
+    table.restore(old, taken);
+    assert_eq!(table.expire(after(61)), 1);
+    assert!(table.take(old).is_none(), "the old lease expired first");
+    assert!(table.take(young).is_some());
+}
