@@ -12,8 +12,10 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use tokio::io::Interest;
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -145,7 +147,7 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
                         );
                     }
                 };
-                match stream.try_read_buf(space) {
+                match read_arrived(&stream, space) {
                     Ok(0) if buffer.buffered() == 0 => break CLOSED_BY_CLIENT.to_string(),
                     Ok(0) => {
                         break format!(
@@ -213,6 +215,29 @@ fn refuse(state: &mut Requests, reason: String) -> String {
         error(ErrorCode::Overloaded, reason.clone()),
     );
     reason
+}
+
+/// Reads what has arrived into `space`. A read that leaves room unused has
+/// emptied the socket, and tells tokio so (as a `WouldBlock` would): the next
+/// turn waits for more instead of asking the kernel again for nothing, which
+/// saves a system call per request on a connection that sends one at a time.
+/// (Data arriving meanwhile is not missed: tokio clears the readiness only if
+/// no newer event came.)
+fn read_arrived(stream: &UnixStream, space: &mut BytesMut) -> io::Result<usize> {
+    let mut arrived = None;
+    let result = stream.try_io(Interest::READABLE, || {
+        let room = space.capacity() - space.len();
+        let read = stream.try_read_buf(space)?;
+        arrived = Some(read);
+        if read > 0 && read < room {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(read)
+    });
+    match (result, arrived) {
+        (Err(io_error), Some(read)) if io_error.kind() == io::ErrorKind::WouldBlock => Ok(read),
+        (result, _) => result,
+    }
 }
 
 /// Writes what the socket takes now; `Ok(false)` when it took nothing.
