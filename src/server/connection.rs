@@ -365,3 +365,43 @@ impl Timers {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    #[tokio::test]
+    async fn a_short_read_leaves_the_socket_waiting_for_more_without_a_second_recv() {
+        let (stream, mut peer) = UnixStream::pair().unwrap();
+        let mut space = BytesMut::with_capacity(64);
+        peer.write_all(b"first").await.unwrap();
+        stream.readable().await.unwrap();
+        assert_eq!(read_arrived(&stream, &mut space).unwrap(), 5);
+        // Tokio knows the socket is empty: trying again asks the kernel nothing.
+        let asked = std::cell::Cell::new(false);
+        let again = stream.try_io(Interest::READABLE, || {
+            asked.set(true);
+            Ok(())
+        });
+        assert_eq!(again.unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        assert!(!asked.get());
+        // And what arrives next wakes it.
+        peer.write_all(b"second").await.unwrap();
+        stream.readable().await.unwrap();
+        assert_eq!(read_arrived(&stream, &mut space).unwrap(), 6);
+        assert_eq!(&space[..], b"firstsecond");
+    }
+
+    #[tokio::test]
+    async fn a_read_that_fills_the_room_reads_again() {
+        let (stream, mut peer) = UnixStream::pair().unwrap();
+        let mut space = BytesMut::with_capacity(4);
+        peer.write_all(b"abcdefg").await.unwrap();
+        stream.readable().await.unwrap();
+        assert_eq!(read_arrived(&stream, &mut space).unwrap(), 4);
+        let mut rest = BytesMut::with_capacity(64);
+        assert_eq!(read_arrived(&stream, &mut rest).unwrap(), 3);
+        assert_eq!(&rest[..], b"efg");
+    }
+}
