@@ -120,3 +120,26 @@ def test_a_forked_child_reconnects_and_the_parent_keeps_its_socket(make_daemon, 
     assert client._slot.conn is parent_conn
     assert client.ping() < 1
     client.close()
+
+
+def test_a_wake_is_kept_until_waited_for_and_counts_once():
+    """What a thread waiting for the reader sleeps on (a bare lock, not a
+    `threading.Event`): a wake before the wait is not lost, two wakes are
+    one, `clear` forgets a late one, and a wait without one times out."""
+    from ratekeeper._io_sync import Wake
+
+    wake = Wake()
+    assert wake.wait(0) is False
+    wake.set()
+    wake.set()
+    assert wake.wait(0) is True
+    assert wake.wait(0.01) is False  # the second set was the same wake
+    wake.set()
+    wake.clear()
+    assert wake.wait(0) is False
+    woken = []
+    sleeper = threading.Thread(target=lambda: woken.append(wake.wait(None)))
+    sleeper.start()
+    wake.set()
+    sleeper.join(timeout=10)
+    assert woken == [True]

@@ -61,12 +61,43 @@ def sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
+class Wake:
+    """What a caller waiting for the reader sleeps on: a bare lock, held while
+    nothing happened and released to wake it. (A `threading.Event` is a
+    condition written in Python: a lock allocated, queued and dequeued per
+    wait, two more lock sections per wake.) A wake nobody waits for is kept
+    for the next `wait`; a second one before it is the same wake."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        # Not contextlib.suppress: this runs once per answer handed over.
+        try:  # noqa: SIM105
+            self._lock.release()
+        except RuntimeError:
+            pass  # already set, not yet taken
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        """Until woken (True) or `timeout` seconds (None: no limit) passed."""
+        if timeout is None:
+            return self._lock.acquire()
+        return self._lock.acquire(timeout=min(timeout, threading.TIMEOUT_MAX))
+
+    def clear(self) -> None:
+        """Forgets a wake that came after the wait ended."""
+        self._lock.acquire(blocking=False)
+
+
 class Future:
     """The answer to one request, as the blocking connection delivers it.
 
     A few slots rather than `concurrent.futures.Future` (a condition and a
     lock of its own each): the connection completes it under its lock, and a
-    caller gets an `Event` to sleep on only when another thread is reading.
+    caller gets a `Wake` to sleep on only when another thread is reading.
     The methods are those of `asyncio.Future` that the policy uses.
     """
 
@@ -79,7 +110,7 @@ class Future:
         self._done = False
         self._result: Optional[p.Response] = None
         self._error: Optional[BaseException] = None
-        self._wake: Optional[threading.Event] = None
+        self._wake: Optional[Wake] = None
         self._callbacks: Optional[list[Callable[[Future], None]]] = None
 
     def done(self) -> bool:
@@ -395,7 +426,7 @@ class Connection:
                 else:
                     wake = future._wake
                     if wake is None:
-                        wake = future._wake = threading.Event()
+                        wake = future._wake = Wake()
                     self._sleepers[future] = None
             if reader:
                 try:
