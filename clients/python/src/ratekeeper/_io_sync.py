@@ -26,6 +26,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from typing import Callable, Optional
 
 from . import _core as core
@@ -320,7 +321,7 @@ class Connection:
         decoder = self.session.decoder
         sock = self._sock
         at = deadline.at
-        deliver = self._deliver
+        deliver_all = self._deliver_all
         poll = self._poll.poll
         while future is None or not future._done:
             wait = RECV_TICK
@@ -340,18 +341,22 @@ class Connection:
                 return None
             decoder.buffer_updated(received)
             own = None
+            others: list[tuple[int, p.Response]] = []
             try:
                 answer = decoder.next_answer()
                 while answer is not NEED_DATA:
                     if answer[0] == own_id:
                         own = answer[1]
                     else:
-                        deliver(answer[0], answer[1])
+                        others.append(answer)
                     answer = decoder.next_answer()
             except ProtocolError as error:
+                deliver_all(others)
                 log.error("closing the connection to the sidecar: %s", error)
                 self._fail(ConnectionLost(f"protocol error: {error}"))
                 return own
+            if others:
+                deliver_all(others)
             if own is not None:
                 return own
         return None
@@ -435,6 +440,8 @@ class Connection:
                     self._stop_reading(False)
             else:
                 wake.wait(deadline.remaining())
+                if future._done:
+                    break  # its deliverer took it off the sleepers
                 with self._state:
                     self._sleepers.pop(future, None)
                     wake.clear()
@@ -445,21 +452,36 @@ class Connection:
         return future._result  # type: ignore[return-value]  # `future.result()`
 
     def _deliver(self, request_id: int, response: p.Response) -> None:
-        if request_id == 0:
-            core.connection_answer(response)
-            return
+        self._deliver_all(((request_id, response),))
+
+    def _deliver_all(self, answers: Iterable[tuple[int, p.Response]]) -> None:
+        """Completes the futures of `answers` (one read's) in one lock section,
+        taking them off the sleepers, then wakes their callers: a woken caller
+        finds its answer without taking the lock again, so it does not queue
+        behind the reader still delivering."""
+        completed = []
+        about_connection = []
         with self._state:
-            future = self._pending.pop(request_id, None)
-            if future is None:
-                return  # not ours (an answer after the connection failed)
-            if future.counted:
-                self._in_flight -= 1
-                if self._room_waiters:
-                    self._room.notify()
-            future._result = response
-            future._done = True
-        if future._wake is not None or future._callbacks is not None:
+            for request_id, response in answers:
+                if request_id == 0:
+                    about_connection.append(response)
+                    continue
+                future = self._pending.pop(request_id, None)
+                if future is None:
+                    continue  # not ours (an answer after the connection failed)
+                if future.counted:
+                    self._in_flight -= 1
+                    if self._room_waiters:
+                        self._room.notify()
+                future._result = response
+                future._done = True
+                if future._wake is not None or future._callbacks is not None:
+                    self._sleepers.pop(future, None)
+                    completed.append(future)
+        for future in completed:
             future._completed()
+        for response in about_connection:
+            core.connection_answer(response)
 
     def _fail(self, reason: ConnectionLost) -> None:
         with self._state:
@@ -471,6 +493,7 @@ class Connection:
             for future in pending.values():
                 future._error = reason
                 future._done = True
+            self._sleepers.clear()  # every one of them is woken below
             self._room.notify_all()
         for future in pending.values():
             future._completed()
