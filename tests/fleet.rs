@@ -47,6 +47,8 @@ fn eight_processes_through_two_sidecars_never_exceed_the_bucket() {
                     "--seconds",
                     SECONDS,
                 ])
+                // Both runtimes of the load generator: one thread, and two.
+                .args(["--threads", if index % 4 < 2 { "1" } else { "2" }])
                 .arg("--socket")
                 .arg(&sidecar.socket)
                 .arg("--grant-log")

@@ -51,6 +51,11 @@ struct LoadOptions {
     /// Write one line per grant: arrival time (ms since the Unix epoch) and tokens.
     #[arg(long, value_name = "FILE")]
     grant_log: Option<PathBuf>,
+    /// Threads driving the connections. One, like redis-benchmark's
+    /// default: on a small machine a second thread mostly adds wake-ups
+    /// between the two, taking CPU from the daemon and Redis under test.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: u16,
 }
 
 fn parse_seconds(text: &str) -> Result<f64, String> {
@@ -60,9 +65,26 @@ fn parse_seconds(text: &str) -> Result<f64, String> {
         .map_err(|_| "must be a finite number of seconds, not negative".to_string())
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let report = match run(LoadOptions::parse()).await {
+fn main() -> ExitCode {
+    let options = LoadOptions::parse();
+    let runtime = if options.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(options.threads.into())
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(io_error) => {
+            eprintln!("ratekeeper-loadgen: cannot start the runtime: {io_error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = match runtime.block_on(run(options)) {
         Ok(report) => report,
         Err(failure) => {
             eprintln!("ratekeeper-loadgen: {failure}");
