@@ -12,19 +12,41 @@ import sys
 # from the leaf up; the first frame that matches a rule decides.
 LEAF_RULES = [
     ("allocator (mimalloc)", ("mi_", "_mi_")),
-    ("kernel: socket read/write", ("unix_stream", "sock_", "__sys_recv", "__sys_send",
-                                   "sys_read", "sys_write", "ksys_read", "ksys_write")),
-    ("kernel: epoll, futex, scheduling", ("epoll", "futex", "schedule", "finish_task_switch",
-                                          "try_to_wake_up", "_raw_spin")),
+    (
+        "kernel: socket read/write",
+        (
+            "unix_stream",
+            "sock_",
+            "__sys_recv",
+            "__sys_send",
+            "sys_read",
+            "sys_write",
+            "ksys_read",
+            "ksys_write",
+        ),
+    ),
+    (
+        "kernel: epoll, futex, scheduling",
+        ("epoll", "futex", "schedule", "finish_task_switch", "try_to_wake_up", "_raw_spin"),
+    ),
 ]
 OWNER_RULES = [
     ("Redis store: batching, script arguments, replies", ("ratekeeper::limiter::redis",)),
     ("redis crate: connection tasks, RESP", ("redis::",)),
-    ("service: acquire, leases, metrics", ("ratekeeper::service", "ratekeeper::leases",
-                                           "ratekeeper::metrics", "ratekeeper::limiter",
-                                           "ratekeeper::plan")),
-    ("connection: frames, codec, dispatch, writes", ("ratekeeper::server", "ratekeeper::proto",
-                                                     "bincode")),
+    (
+        "service: acquire, leases, metrics",
+        (
+            "ratekeeper::service",
+            "ratekeeper::leases",
+            "ratekeeper::metrics",
+            "ratekeeper::limiter",
+            "ratekeeper::plan",
+        ),
+    ),
+    (
+        "connection: frames, codec, dispatch, writes",
+        ("ratekeeper::server", "ratekeeper::proto", "bincode"),
+    ),
 ]
 
 

@@ -157,8 +157,11 @@ def main():
         if sidecar["leases"]:
             started = time.monotonic()
             holders.append((sidecar, hold_leases(sidecar["socket"], sidecar["leases"])))
-            print(f"{sidecar['label']}: {sidecar['leases']} leases open in "
-                  f"{time.monotonic() - started:.1f} s", flush=True)
+            print(
+                f"{sidecar['label']}: {sidecar['leases']} leases open in "
+                f"{time.monotonic() - started:.1f} s",
+                flush=True,
+            )
 
     results = {sidecar["label"]: [] for sidecar in sidecars}
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
@@ -175,32 +178,45 @@ def main():
 
     med = statistics.median
     print()
-    print("| sidecar | open leases | connect + Hello + close /s (median, range) | "
-          "daemon CPU µs per cycle (median) | rate / same build without leases "
-          "(median of the rounds' ratios, range) | "
-          "CPU per cycle / same build without leases (median) |")
+    print(
+        "| sidecar | open leases | connect + Hello + close /s (median, range) | "
+        "daemon CPU µs per cycle (median) | rate / same build without leases "
+        "(median of the rounds' ratios, range) | "
+        "CPU per cycle / same build without leases (median) |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for sidecar in sidecars:
         rows = results[sidecar["label"]]
         rates = [rate for rate, _ in rows]
         cpus = [cpu for _, cpu in rows]
-        line = (f"| {sidecar['label']} | {sidecar['leases']:,} | {med(rates):,.0f} "
-                f"({min(rates):,.0f}–{max(rates):,.0f}) | {med(cpus):.1f} |")
-        reference = next((other for other in sidecars if other["leases"] == 0
-                          and build(other) == build(sidecar)), None)
+        line = (
+            f"| {sidecar['label']} | {sidecar['leases']:,} | {med(rates):,.0f} "
+            f"({min(rates):,.0f}-{max(rates):,.0f}) | {med(cpus):.1f} |"
+        )
+        reference = next(
+            (
+                other
+                for other in sidecars
+                if other["leases"] == 0 and build(other) == build(sidecar)
+            ),
+            None,
+        )
         if reference is None or reference is sidecar:
             print(line + " | |")
             continue
         base = results[reference["label"]]
         ratios = [rate / ref for (rate, _), (ref, _) in zip(rows, base)]
         cpu_ratios = [cpu / ref for (_, cpu), (_, ref) in zip(rows, base)]
-        print(f"{line} {med(ratios):.3f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
-              f"{med(cpu_ratios):.2f} |")
+        print(
+            f"{line} {med(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
+            f"{med(cpu_ratios):.2f} |"
+        )
 
 
 def build(sidecar):
     """The build a label names: what comes before its last '-'."""
     return sidecar["label"].rsplit("-", 1)[0]
+
 
 if __name__ == "__main__":
     main()

@@ -4,6 +4,7 @@ restarts, killed clients, SIGHUPs, hostile clients), sampled every second.
 Standard library only; the plot is hand-written SVG."""
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -58,9 +59,22 @@ class Soak:
     # --- processes -------------------------------------------------------
     def start_redis(self):
         self.redis = subprocess.Popen(
-            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", self.work,
-             "--logfile", os.path.join(self.work, "redis.log")])
+            [
+                "redis-server",
+                "--port",
+                str(self.redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.work,
+                "--logfile",
+                os.path.join(self.work, "redis.log"),
+            ]
+        )
         for _ in range(200):
             try:
                 socket.create_connection(("127.0.0.1", self.redis_port), 0.1).close()
@@ -71,22 +85,34 @@ class Soak:
     def start_daemon(self):
         config = os.path.join(self.work, "rk.toml")
         with open(config, "w") as f:
-            f.write(f'[server]\nsocket = "{self.socket}"\n\n'
-                    f'[redis]\nurl = "redis://127.0.0.1:{self.redis_port}/0"\n'
-                    f'on_failure = "local"\nlocal_share = 1.0\n\n'
-                    f'[metrics]\nlisten = "127.0.0.1:{self.metrics_port}"\n'
-                    f'[leases]\nexpire_after_ms = 60000\n{LIMIT}')
+            f.write(
+                f'[server]\nsocket = "{self.socket}"\n\n'
+                f'[redis]\nurl = "redis://127.0.0.1:{self.redis_port}/0"\n'
+                f'on_failure = "local"\nlocal_share = 1.0\n\n'
+                f'[metrics]\nlisten = "127.0.0.1:{self.metrics_port}"\n'
+                f"[leases]\nexpire_after_ms = 60000\n{LIMIT}"
+            )
         self.daemon = subprocess.Popen(
             [self.args.daemon, "serve", "--config", config, "--log-level", "info"],
-            stderr=open(os.path.join(self.work, "daemon.log"), "w"))
+            stderr=open(os.path.join(self.work, "daemon.log"), "w"),  # noqa: SIM115 (the daemon writes it until it exits)
+        )
         while not os.path.exists(self.socket):
             time.sleep(0.05)
 
     # --- load and chaos ----------------------------------------------------
     def loadgen(self, connections, seconds, release=True):
-        command = [self.args.loadgen, "soak", "--socket", self.socket,
-                   "--connections", str(connections), "--seconds", str(seconds),
-                   "--max-wait", "200"]
+        command = [
+            self.args.loadgen,
+            "soak",
+            "--socket",
+            self.socket,
+            "--connections",
+            str(connections),
+            "--seconds",
+            str(seconds),
+            "--max-wait",
+            "200",
+        ]
         if release:
             command.append("--release")
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -154,10 +180,8 @@ class Soak:
                     s.sendall(struct.pack("<I", 1000))
                 for _ in range(12):
                     for s in conns:
-                        try:
+                        with contextlib.suppress(OSError):
                             s.sendall(b"\0")
-                        except OSError:
-                            pass
                     time.sleep(1)
             elif kind == "flood":  # beyond max_connections
                 for _ in range(1500):
@@ -199,35 +223,44 @@ class Soak:
                 continue
             name, value = line.rsplit(" ", 1)
             base = name.split("{", 1)[0]
-            try:
+            with contextlib.suppress(ValueError):
                 values[base] = values.get(base, 0.0) + float(value)
-            except ValueError:
-                pass
         return values
 
     def sample(self):
         pid = self.daemon.pid
         with open(f"/proc/{pid}/status") as f:
-            rss = next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+            rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
         fds = len(os.listdir(f"/proc/{pid}/fd"))
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         m = self.metrics()
-        self.samples.append({
-            "t": round(self.now(), 1), "rss_mib": round(rss, 1), "fds": fds,
-            "leases": m.get("ratekeeper_leases_open", float("nan")),
-            "connections": m.get("ratekeeper_connections_open", float("nan")),
-            "acquires": m.get("ratekeeper_acquires_total", 0.0),
-            "cpu_s": cpu,
-        })
+        self.samples.append(
+            {
+                "t": round(self.now(), 1),
+                "rss_mib": round(rss, 1),
+                "fds": fds,
+                "leases": m.get("ratekeeper_leases_open", float("nan")),
+                "connections": m.get("ratekeeper_connections_open", float("nan")),
+                "acquires": m.get("ratekeeper_acquires_total", 0.0),
+                "cpu_s": cpu,
+            }
+        )
 
     def run(self):
         self.start_redis()
         self.start_daemon()
-        threads = [threading.Thread(target=f, daemon=True) for f in
-                   (self.steady_load, self.kill_clients, self.restart_redis,
-                    self.sighup, self.hostile_clients)]
+        threads = [
+            threading.Thread(target=f, daemon=True)
+            for f in (
+                self.steady_load,
+                self.kill_clients,
+                self.restart_redis,
+                self.sighup,
+                self.hostile_clients,
+            )
+        ]
         for t in threads:
             t.start()
         deadline = self.t0 + self.args.seconds
@@ -251,36 +284,54 @@ class Soak:
 
 def plot(samples, events, path):
     """Four stacked panels over time, events as vertical lines."""
-    panels = [("rss_mib", "RSS (MiB)"), ("fds", "open fds"),
-              ("leases", "leases open"), ("connections", "connections open")]
+    panels = [
+        ("rss_mib", "RSS (MiB)"),
+        ("fds", "open fds"),
+        ("leases", "leases open"),
+        ("connections", "connections open"),
+    ]
     width, panel_h, left, top = 900, 130, 70, 30
     t_max = max(s["t"] for s in samples) or 1
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
-           f'height="{top + len(panels) * (panel_h + 30) + 20}" font-family="sans-serif" font-size="11">',
-           '<rect width="100%" height="100%" fill="white"/>',
-           f'<text x="{left}" y="18" font-size="13">ratekeeper soak: {t_max:.0f} s</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{top + len(panels) * (panel_h + 30) + 20}" '
+        'font-family="sans-serif" font-size="11">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<text x="{left}" y="18" font-size="13">ratekeeper soak: {t_max:.0f} s</text>',
+    ]
     colors = {"redis down": "#d62728", "redis up": "#2ca02c", "SIGHUP": "#9467bd"}
     for i, (key, label) in enumerate(panels):
         y0 = top + i * (panel_h + 30)
         values = [s[key] for s in samples if s[key] == s[key]]
-        v_max = max(values + [1]) * 1.1
-        x = lambda t: left + (width - left - 20) * t / t_max
-        y = lambda v: y0 + panel_h - panel_h * v / v_max
-        out.append(f'<rect x="{left}" y="{y0}" width="{width - left - 20}" height="{panel_h}" '
-                   'fill="none" stroke="#999"/>')
+        v_max = max([*values, 1]) * 1.1
+
+        def x(t):
+            return left + (width - left - 20) * t / t_max
+
+        def y(v, y0=y0, v_max=v_max):
+            return y0 + panel_h - panel_h * v / v_max
+
+        out.append(
+            f'<rect x="{left}" y="{y0}" width="{width - left - 20}" height="{panel_h}" '
+            'fill="none" stroke="#999"/>'
+        )
         out.append(f'<text x="5" y="{y0 + 12}">{label}</text>')
         out.append(f'<text x="{left - 5}" y="{y0 + 10}" text-anchor="end">{v_max:.0f}</text>')
         out.append(f'<text x="{left - 5}" y="{y0 + panel_h}" text-anchor="end">0</text>')
         for t, kind in events:
             if kind in colors:
-                out.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{y0}" y2="{y0 + panel_h}" '
-                           f'stroke="{colors[kind]}" stroke-opacity="0.5"/>')
+                out.append(
+                    f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{y0}" y2="{y0 + panel_h}" '
+                    f'stroke="{colors[kind]}" stroke-opacity="0.5"/>'
+                )
         points = " ".join(f"{x(s['t']):.1f},{y(s[key]):.1f}" for s in samples if s[key] == s[key])
         out.append(f'<polyline points="{points}" fill="none" stroke="#1f77b4" stroke-width="1.2"/>')
     y_axis = top + len(panels) * (panel_h + 30) - 15
     for t in range(0, int(t_max) + 1, 60):
-        out.append(f'<text x="{left + (width - left - 20) * t / t_max:.1f}" y="{y_axis}" '
-                   f'text-anchor="middle">{t} s</text>')
+        out.append(
+            f'<text x="{left + (width - left - 20) * t / t_max:.1f}" y="{y_axis}" '
+            f'text-anchor="middle">{t} s</text>'
+        )
     legend = "  ".join(f'<tspan fill="{c}">| {k}</tspan>' for k, c in colors.items())
     out.append(f'<text x="{left}" y="{y_axis + 15}">{legend}</text>')
     out.append("</svg>")
@@ -298,7 +349,8 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         soak = Soak(args, work)
         alive, code = soak.run()
-        log = open(os.path.join(work, "daemon.log")).read()
+        with open(os.path.join(work, "daemon.log")) as daemon_log:
+            log = daemon_log.read()
     samples = soak.samples
     with open(os.path.join(args.out, "samples.csv"), "w") as f:
         f.write(",".join(samples[0]) + "\n")
@@ -323,8 +375,9 @@ def main():
         "leases_after_load": samples[-1]["leases"],
         "acquires": samples[-1]["acquires"],
         "daemon_cpu_s": round(samples[-1]["cpu_s"], 1),
-        "events": {k: sum(1 for _, e in soak.events if e == k)
-                   for k in sorted({e for _, e in soak.events})},
+        "events": {
+            k: sum(1 for _, e in soak.events if e == k) for k in sorted({e for _, e in soak.events})
+        },
         "hostile_connections": soak.hostile_counts["opened"],
         "log_panics": log.count("panicked"),
         "log_errors": sum(1 for line in log.splitlines() if " ERROR " in line),

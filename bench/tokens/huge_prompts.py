@@ -23,9 +23,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python", "src"))
 
-from ratekeeper import _core as core
-from ratekeeper import _protocol as p
-from ratekeeper._messages import ChatMessage, ChatRequest
+from ratekeeper import _core as core  # noqa: E402 (after the path is set)
+from ratekeeper import _protocol as p  # noqa: E402 (after the path is set)
+from ratekeeper._messages import ChatMessage, ChatRequest  # noqa: E402 (after the path is set)
 
 CONFIG = """[[limits]]
 name = "gpt"
@@ -58,9 +58,7 @@ def start(daemon: str) -> tuple[subprocess.Popen, str]:
     path = os.path.join(work, "rk.sock")
     log = open(os.path.join(work, "log"), "w")  # noqa: SIM115 (the daemon writes it until it exits)
     env = {**os.environ, "RATEKEEPER_SOCKET": path}
-    process = subprocess.Popen(
-        [daemon, "serve", "--config", config], env=env, stderr=log
-    )
+    process = subprocess.Popen([daemon, "serve", "--config", config], env=env, stderr=log)
     while not os.path.exists(path):
         if process.poll() is not None:
             sys.exit(f"the daemon exited: see {log.name}")
@@ -101,11 +99,7 @@ def acquire(text: str, max_wait_ms: int):
 
 
 def main() -> None:
-    daemon = (
-        sys.argv[1]
-        if len(sys.argv) > 1
-        else os.path.join(ROOT, "target/release/ratekeeper")
-    )
+    daemon = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/ratekeeper")
 
     process, path = start(daemon)
     client = Connection(path)
