@@ -117,7 +117,7 @@ end
 -- The rate is never clamped: clamping noise at zero makes a drift. A lower
 -- level, never a lower rate, so a busy limit loses no throughput to it.
 -- src/limiter/drain.rs is the embedded store's copy.
-local DRAIN_WINDOW, DRAIN_HORIZON, DRAIN_SIGNIFICANCE, SCATTER_SAMPLES = 4000, 1000, 2, 16
+local DRAIN_WINDOW, DRAIN_HORIZON, DRAIN_SIGNIFICANCE, SCATTER_SAMPLES = 4000, 1000, 2, 4
 local function margin_below(index, seen, counted)
   local state = redis.call('HMGET', KEYS[index], 'c', 'm', 'd', 's', 'a')
   local last, left = tonumber(state[1]), tonumber(state[2]) or 0

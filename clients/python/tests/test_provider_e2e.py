@@ -17,11 +17,11 @@ runs all 8. The foreign-traffic runs differ only in forwarding.
 
 The foreign-traffic goal with feedback is measured over two runs (seeds 1
 and 2): its 429s come as a handful in the seconds after the burst runs out,
-when the workers queue up (0-8 a run, 2.4 on average over 24 runs), so in
-one run of about 920 requests one more of them decided the 0.5 % line. Two
-runs measure the same rate, edge included, with less variance (two runs
-of 10 or more, which fail it, remain possible: the README says what is
-known of them).
+when the workers queue up (0-2 a run, 0.8 on average over 12 runs; 0-8
+and 1.8 before the drain's scatter followed the noise as it falls after the
+burst), so in one run of about 920 requests one more of them could decide
+the 0.5 % line. Two runs measure the same rate, edge included, with less
+variance.
 
 Request-bound runs use 1,200 requests a minute instead of the issue's 3,000:
 a Python fleet on 2 cores sends 110-150 requests a second, so a 3,000-request
