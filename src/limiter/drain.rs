@@ -26,7 +26,7 @@ pub const DRAIN_SIGNIFICANCE: f64 = 2.0;
 /// request or two (the fleet draws many times the rate, and its calls reach
 /// the provider out of order); the counts after it are close. Averaged over
 /// 16, the burst's scatter held the margin down as the queued reservations
-/// landed (issue 11's foreign-traffic 429s: 22 against 10 in 12 runs).
+/// landed (issue 11's foreign-traffic runs: 22 429s in 12 runs; 10 with 4).
 pub const SCATTER_SAMPLES: f64 = 4.0;
 
 /// One bucket's drain estimate (all zero before its first correction).
@@ -187,8 +187,8 @@ mod tests {
     /// its calls reach the provider in another order than they were
     /// reserved and each count is off by a request or two; once the burst
     /// is spent the counts are close again, but a scatter that still
-    /// remembered the burst held the margin down (to 0 at first) while the
-    /// queued reservations landed. A drain of a unit a ms, corrected every
+    /// remembered the burst held the margin down while the queued
+    /// reservations landed. A drain of a unit a ms, corrected every
     /// 25 ms, counts off by σ ≈ 3,000 units for 5 s and by σ ≈ 100 after:
     /// returns the margin that many ms after the counts came close.
     fn margin_after_a_noisy_burst(quiet_ms: i64) -> i64 {
