@@ -253,10 +253,8 @@ impl Leases {
             .take_while(|&&(at, _)| at == lease.granted_at)
             .any(|&queued| queued == entry);
         if !queued {
-            let place = self
-                .by_age
-                .partition_point(|&(at, _)| at <= lease.granted_at);
-            self.by_age.insert(place, entry);
+            // Among leases granted at the same instant, any place is its age.
+            self.by_age.insert(from, entry);
         }
         self.by_owner.entry(lease.owner).or_default().insert(id);
         let tag = self.tags.remove(&id);

@@ -178,8 +178,7 @@ class Connection:
         self._in_flight = 0  # unanswered requests that count against the daemon's bound
         self._room = threading.Condition(self._state)  # notified when one of those is answered
         self._room_waiters = 0
-        for frame in leftover:
-            self._deliver(frame.request_id, frame.response)
+        self._deliver_all((frame.request_id, frame.response) for frame in leftover)
 
     @classmethod
     def open(cls, path: str, client_name: str, deadline: core.Deadline) -> Connection:
@@ -450,9 +449,6 @@ class Connection:
         if future._error is not None:
             raise future._error
         return future._result  # type: ignore[return-value]  # `future.result()`
-
-    def _deliver(self, request_id: int, response: p.Response) -> None:
-        self._deliver_all(((request_id, response),))
 
     def _deliver_all(self, answers: Iterable[tuple[int, p.Response]]) -> None:
         """Completes the futures of `answers` (one read's) in one lock section,
