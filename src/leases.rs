@@ -366,6 +366,11 @@ impl Leases {
     }
 
     /// The open lease `id`.
+    fn get(&self, id: u64) -> Option<&Open> {
+        self.slots.get(*self.by_id.get(&id)?)
+    }
+
+    /// The open lease `id`, to change.
     fn get_mut(&mut self, id: u64) -> Option<&mut Open> {
         let key = *self.by_id.get(&id)?;
         self.slots.get_mut(key)
@@ -466,8 +471,8 @@ impl LeaseTable {
 
     /// The tag of lease `id`, if it was tagged and is not yet untagged.
     pub fn tag_of(&self, id: u64) -> Option<LeaseTag> {
-        let mut leases = self.lock();
-        match leases.get_mut(id) {
+        let leases = self.lock();
+        match leases.get(id) {
             Some(open) => open.tag.clone(),
             None => leases.tags.get(&id).cloned(),
         }
