@@ -7,9 +7,9 @@
 //! spent — and is counted.
 
 use std::collections::VecDeque;
-use std::collections::hash_map::Entry;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
+use slab::Slab;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -180,24 +180,49 @@ pub struct LeaseTable {
     pub counters: LeaseCounters,
 }
 
-/// An open lease, with its tag once the grant was observed: kept together,
-/// so that tagging, evicting and expiring touch one entry.
+/// An open lease, with its tag once the grant was observed (kept together,
+/// so that tagging, evicting and expiring touch one entry), and its place
+/// among its owner's leases.
 struct Open {
+    id: u64,
     lease: Lease,
     tag: Option<LeaseTag>,
+    /// The owner's next newer and next older open lease (slab keys).
+    newer: Option<usize>,
+    older: Option<usize>,
 }
 
+/// A lease's entry in the age queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Queued {
+    granted_at: Instant,
+    /// Where the lease is in the slab while it is open; a settled lease's
+    /// key may since hold another lease, whose id differs.
+    key: usize,
+    id: u64,
+}
+
+/// The leases live in a slab, and everything else refers to them by slab
+/// key: a key freed by a settlement or an eviction is the next grant's, so a
+/// full table (a client that never reports, at `max_open`) writes each grant
+/// where its eviction just read, and eviction walks the slab in sequence.
+/// Keyed by their random ids, leases were spread over a map many times the
+/// cache, and each grant at `max_open` missed it three times (10 % of the
+/// daemon's time under `ratekeeper-loadgen`, which never reports).
 #[derive(Default)]
 struct Leases {
-    by_id: FxHashMap<u64, Open>,
-    /// (grant time, id) of every open lease, oldest first, in the order of
-    /// the grants: appending is all a grant costs (leases come in age
-    /// order). A settled lease's entry stays until it reaches the front or
-    /// the queue is compacted (when most of it is such entries), so that
-    /// settling costs nothing here either.
-    by_age: VecDeque<(Instant, u64)>,
-    /// Ids of each connection's leases.
-    by_owner: FxHashMap<ConnectionId, FxHashSet<u64>>,
+    slots: Slab<Open>,
+    /// The slab key of each open lease's id (16 bytes an entry).
+    by_id: FxHashMap<u64, usize>,
+    /// Every open lease, oldest first, in the order of the grants:
+    /// appending is all a grant costs (leases come in age order). A settled
+    /// lease's entry stays until it reaches the front or the queue is
+    /// compacted (when most of it is such entries), so that settling costs
+    /// nothing here either.
+    by_age: VecDeque<Queued>,
+    /// Each connection's newest open lease; the others follow through
+    /// [`Open::older`].
+    newest_of: FxHashMap<ConnectionId, usize>,
     /// Tags of leases taken out to be settled, until the settlement is
     /// observed (untagged), or put back with the lease when it failed (to be
     /// retried). An open lease's tag is in its entry and goes with it when
@@ -206,17 +231,33 @@ struct Leases {
 }
 
 impl Leases {
-    /// Hash maps keep the capacity of their peak: once a burst of leases has
-    /// been settled, give most of it back (the soak's memory floor stepped up
-    /// after its busiest minute and stayed there).
+    /// Slabs and hash maps keep the capacity of their peak: once a burst of
+    /// leases has been settled, give most of it back (the soak's memory floor
+    /// stepped up after its busiest minute and stayed there). The slab cannot
+    /// shrink around the leases still open, so they move to a new table, in
+    /// age order.
     fn shrink_after_peak(&mut self) {
+        if self.slots.capacity() > 1024 && self.slots.len() < self.slots.capacity() / 4 {
+            let mut old = std::mem::take(self);
+            let open = old.slots.len();
+            self.slots = Slab::with_capacity(open * 2);
+            self.by_id = FxHashMap::with_capacity_and_hasher(open * 2, Default::default());
+            self.by_age = VecDeque::with_capacity(open * 2);
+            self.tags = std::mem::take(&mut old.tags);
+            for queued in std::mem::take(&mut old.by_age) {
+                if old.is_open(&queued) {
+                    let Open { lease, tag, .. } = old.slots.remove(queued.key);
+                    self.add(queued.id, lease, tag);
+                }
+            }
+        }
         fn shrink<K: std::hash::Hash + Eq, V>(map: &mut FxHashMap<K, V>) {
             if map.capacity() > 1024 && map.len() < map.capacity() / 4 {
                 map.shrink_to(map.len() * 2);
             }
         }
         shrink(&mut self.by_id);
-        shrink(&mut self.by_owner);
+        shrink(&mut self.newest_of);
         shrink(&mut self.tags);
         if self.by_age.capacity() > 1024 && self.by_age.len() < self.by_age.capacity() / 4 {
             self.by_age.shrink_to(self.by_age.len() * 2);
@@ -227,81 +268,138 @@ impl Leases {
     fn add_new(&mut self, lease: Lease) -> u64 {
         loop {
             let id: u64 = rand::random();
-            if id == 0 {
-                continue;
-            }
-            if let Entry::Vacant(vacant) = self.by_id.entry(id) {
-                self.by_age.push_back((lease.granted_at, id));
-                self.by_owner.entry(lease.owner).or_default().insert(id);
-                vacant.insert(Open { lease, tag: None });
+            if id != 0 && !self.by_id.contains_key(&id) {
+                self.add(id, lease, None);
                 return id;
             }
         }
     }
 
+    /// Records an open lease, the newest of its owner's, at the back of the
+    /// age queue.
+    fn add(&mut self, id: u64, lease: Lease, tag: Option<LeaseTag>) {
+        let granted_at = lease.granted_at;
+        let key = self.link(id, lease, tag);
+        self.by_age.push_back(Queued {
+            granted_at,
+            key,
+            id,
+        });
+    }
+
     /// Puts a taken lease back, with its age: its queue entry is most
-    /// likely still there; if a compaction dropped it, it goes back in its
-    /// place.
+    /// likely still there (and now points to its new key); if a compaction
+    /// dropped it, it goes back in its place.
     fn add_back(&mut self, id: u64, lease: Lease) {
-        let entry = (lease.granted_at, id);
+        let granted_at = lease.granted_at;
+        let tag = self.tags.remove(&id);
+        let key = self.link(id, lease, tag);
         let from = self
             .by_age
-            .partition_point(|&(at, _)| at < lease.granted_at);
+            .partition_point(|queued| queued.granted_at < granted_at);
         let queued = self
             .by_age
-            .range(from..)
-            .take_while(|&&(at, _)| at == lease.granted_at)
-            .any(|&queued| queued == entry);
-        if !queued {
+            .range_mut(from..)
+            .take_while(|queued| queued.granted_at == granted_at)
+            .find(|queued| queued.id == id);
+        match queued {
+            Some(queued) => queued.key = key,
             // Among leases granted at the same instant, any place is its age.
-            self.by_age.insert(from, entry);
+            None => self.by_age.insert(
+                from,
+                Queued {
+                    granted_at,
+                    key,
+                    id,
+                },
+            ),
         }
-        self.by_owner.entry(lease.owner).or_default().insert(id);
-        let tag = self.tags.remove(&id);
-        self.by_id.insert(id, Open { lease, tag });
+    }
+
+    /// Stores an open lease in the slab as its owner's newest, and indexes
+    /// its id; returns its key.
+    fn link(&mut self, id: u64, lease: Lease, tag: Option<LeaseTag>) -> usize {
+        let owner = lease.owner;
+        let older = self.newest_of.get(&owner).copied();
+        let key = self.slots.insert(Open {
+            id,
+            lease,
+            tag,
+            newer: None,
+            older,
+        });
+        if let Some(older) = older.and_then(|older| self.slots.get_mut(older)) {
+            older.newer = Some(key);
+        }
+        self.newest_of.insert(owner, key);
+        self.by_id.insert(id, key);
+        key
+    }
+
+    /// Takes the open lease at `key` out of the slab, its id's index and its
+    /// owner's leases.
+    fn unlink(&mut self, key: usize) -> Option<Open> {
+        let open = self.slots.try_remove(key)?;
+        self.by_id.remove(&open.id);
+        match open.newer.and_then(|newer| self.slots.get_mut(newer)) {
+            Some(newer) => newer.older = open.older,
+            None => match open.older {
+                Some(older) => {
+                    self.newest_of.insert(open.lease.owner, older);
+                }
+                None => {
+                    self.newest_of.remove(&open.lease.owner);
+                }
+            },
+        }
+        if let Some(older) = open.older.and_then(|older| self.slots.get_mut(older)) {
+            older.newer = open.newer;
+        }
+        Some(open)
     }
 
     /// Whether a queue entry is an open lease's (not a settled one's).
-    fn is_open(&self, &(granted_at, id): &(Instant, u64)) -> bool {
-        self.by_id
-            .get(&id)
-            .is_some_and(|open| open.lease.granted_at == granted_at)
+    fn is_open(&self, queued: &Queued) -> bool {
+        self.slots
+            .get(queued.key)
+            .is_some_and(|open| open.id == queued.id)
+    }
+
+    /// The open lease `id`.
+    fn get(&self, id: u64) -> Option<&Open> {
+        self.slots.get(*self.by_id.get(&id)?)
+    }
+
+    /// The open lease `id`, to change.
+    fn get_mut(&mut self, id: u64) -> Option<&mut Open> {
+        let key = *self.by_id.get(&id)?;
+        self.slots.get_mut(key)
     }
 
     /// Takes an open lease out with its tag.
     fn remove(&mut self, id: u64) -> Option<(Lease, Option<LeaseTag>)> {
-        let Open { lease, tag } = self.by_id.remove(&id)?;
+        let key = *self.by_id.get(&id)?;
+        let Open { lease, tag, .. } = self.unlink(key)?;
         // Mostly entries of settled leases: drop them (amortized: at least
         // half the queue was settled since the last compaction).
         if self.by_age.len() > 2 * self.by_id.len() + 1024 {
             let mut queue = std::mem::take(&mut self.by_age);
-            queue.retain(|entry| self.is_open(entry));
+            queue.retain(|queued| self.is_open(queued));
             self.by_age = queue;
         }
-        if let Some(owned) = self.by_owner.get_mut(&lease.owner) {
-            owned.remove(&id);
-            if owned.is_empty() {
-                self.by_owner.remove(&lease.owner);
-            }
-        }
         Some((lease, tag))
-    }
-
-    /// Removes a lease for good, its tag too.
-    fn forget(&mut self, id: u64) -> Option<Lease> {
-        self.remove(id).map(|(lease, _)| lease)
     }
 
     /// Forgets the oldest lease granted before `cutoff` (any, without one);
     /// false when there is none.
     fn remove_oldest(&mut self, cutoff: Option<Instant>) -> bool {
-        while let Some(&entry) = self.by_age.front() {
-            if cutoff.is_some_and(|cutoff| entry.0 >= cutoff) {
+        while let Some(&queued) = self.by_age.front() {
+            if cutoff.is_some_and(|cutoff| queued.granted_at >= cutoff) {
                 return false;
             }
             self.by_age.pop_front();
-            if self.is_open(&entry) {
-                return self.forget(entry.1).is_some();
+            if self.is_open(&queued) {
+                return self.unlink(queued.key).is_some();
             }
         }
         false
@@ -354,17 +452,19 @@ impl LeaseTable {
     /// Takes every lease of a closed connection.
     pub fn take_owned_by(&self, connection: ConnectionId) -> Vec<(u64, Lease)> {
         let mut leases = self.lock();
-        let Some(ids) = leases.by_owner.remove(&connection) else {
-            return Vec::new();
-        };
-        ids.into_iter()
-            .filter_map(|id| leases.forget(id).map(|lease| (id, lease)))
-            .collect()
+        let mut taken = Vec::new();
+        while let Some(&newest) = leases.newest_of.get(&connection) {
+            let Some(Open { id, lease, .. }) = leases.unlink(newest) else {
+                break;
+            };
+            taken.push((id, lease));
+        }
+        taken
     }
 
     /// Tags the open lease `id`; nothing if it is already settled.
     pub fn tag(&self, id: u64, tag: LeaseTag) {
-        if let Some(open) = self.lock().by_id.get_mut(&id) {
+        if let Some(open) = self.lock().get_mut(id) {
             open.tag = Some(tag);
         }
     }
@@ -372,7 +472,7 @@ impl LeaseTable {
     /// The tag of lease `id`, if it was tagged and is not yet untagged.
     pub fn tag_of(&self, id: u64) -> Option<LeaseTag> {
         let leases = self.lock();
-        match leases.by_id.get(&id) {
+        match leases.get(id) {
             Some(open) => open.tag.clone(),
             None => leases.tags.get(&id).cloned(),
         }

@@ -239,19 +239,25 @@ fn a_settled_burst_gives_its_memory_back_at_the_next_sweep() {
     let ids: Vec<u64> = (0..50_000)
         .map(|owner| table.insert(lease(owner, now)))
         .collect();
-    let peak = table.lock().by_id.capacity();
+    let peak = table.lock().slots.capacity();
     for id in &ids[10..] {
         table.take(*id).unwrap();
     }
     table.expire(now);
     let leases = table.lock();
-    assert!(
-        leases.by_id.capacity() < peak / 100,
-        "{}",
-        leases.by_id.capacity()
-    );
-    assert!(leases.by_owner.capacity() < peak / 100);
-    assert_eq!(leases.by_id.len(), 10, "the open leases stay");
+    for capacity in [
+        leases.slots.capacity(),
+        leases.by_id.capacity(),
+        leases.by_age.capacity(),
+        leases.newest_of.capacity(),
+    ] {
+        assert!(capacity < peak / 100, "{capacity} of {peak}");
+    }
+    assert_eq!(leases.slots.len(), 10, "the open leases stay");
+    drop(leases);
+    for id in &ids[..10] {
+        assert!(table.take(*id).is_some(), "moved, and still found by id");
+    }
 }
 
 #[test]
@@ -286,9 +292,138 @@ fn a_lease_restored_after_its_queue_entry_was_dropped_keeps_its_age() {
         table.take(id);
     }
     let young = table.insert(lease(1, after(30)));
-    assert!(!table.lock().by_age.iter().any(|&(_, id)| id == old));
+    assert!(!table.lock().by_age.iter().any(|queued| queued.id == old));
     table.restore(old, taken);
     assert_eq!(table.expire(after(61)), 1);
     assert!(table.take(old).is_none(), "the old lease expired first");
     assert!(table.take(young).is_some());
+}
+
+#[test]
+fn a_full_table_grants_where_it_evicts() {
+    let start = Instant::now();
+    let table = LeaseTable::new(Duration::from_secs(3600), 1_000);
+    for i in 0..6_000 {
+        table.insert(lease(i % 7, start + Duration::from_micros(i)));
+    }
+    let leases = table.lock();
+    let keys: Vec<usize> = leases.by_age.iter().map(|queued| queued.key).collect();
+    assert_eq!(keys.len(), 1_000);
+    // Oldest to newest, the leases sit one after another in the slab.
+    let in_sequence = keys
+        .windows(2)
+        .filter(|pair| pair[1] == (pair[0] + 1) % 1_000)
+        .count();
+    assert_eq!(in_sequence, 999, "{keys:?}");
+}
+
+/// What the table must do, by a plain model: each open lease with its owner
+/// and age; leases taken to be settled are kept aside to be restored.
+mod against_a_model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Grant { owner: ConnectionId },
+        Settle { pick: usize },
+        SettleUnknown { id: u64 },
+        Restore { pick: usize },
+        Close { owner: ConnectionId },
+        Expire { age_ms: u64 },
+        Sweep,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0..5u64).prop_map(|owner| Op::Grant { owner }),
+            3 => any::<usize>().prop_map(|pick| Op::Settle { pick }),
+            1 => any::<u64>().prop_map(|id| Op::SettleUnknown { id }),
+            2 => any::<usize>().prop_map(|pick| Op::Restore { pick }),
+            1 => (0..5u64).prop_map(|owner| Op::Close { owner }),
+            1 => (0..300u64).prop_map(|age_ms| Op::Expire { age_ms }),
+            1 => Just(Op::Sweep),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+        #[test]
+        fn the_table_does_what_the_model_does(
+            max_open in 1..40usize,
+            ops in proptest::collection::vec(op(), 1..400),
+        ) {
+            let start = Instant::now();
+            let at = |ms: u64| start + Duration::from_millis(ms);
+            let table = LeaseTable::new(Duration::from_secs(3600), max_open);
+            // id → (owner, grant time in ms): open leases, and taken ones.
+            let mut open: BTreeMap<u64, (ConnectionId, u64)> = BTreeMap::new();
+            let mut taken: Vec<(u64, Lease)> = Vec::new();
+            let mut clock_ms = 0;
+            for op in ops {
+                match op {
+                    Op::Grant { owner } => {
+                        clock_ms += 1;
+                        // Restored leases may have filled it past max_open.
+                        while open.len() >= max_open {
+                            let oldest = open.iter().min_by_key(|(_, (_, ms))| *ms).map(|(id, _)| *id);
+                            open.remove(&oldest.unwrap());
+                        }
+                        let id = table.insert(lease(owner, at(clock_ms)));
+                        prop_assert!(open.insert(id, (owner, clock_ms)).is_none());
+                    }
+                    Op::Settle { pick } if !open.is_empty() => {
+                        let id = *open.keys().nth(pick % open.len()).unwrap();
+                        let (owner, ms) = open.remove(&id).unwrap();
+                        let lease = table.take(id);
+                        prop_assert!(lease.is_some(), "open lease {id} not found");
+                        let lease = lease.unwrap();
+                        prop_assert_eq!((lease.owner, lease.granted_at), (owner, at(ms)));
+                        taken.push((id, lease));
+                        prop_assert!(table.take(id).is_none(), "settled twice");
+                    }
+                    Op::Settle { .. } => {}
+                    Op::SettleUnknown { id } => {
+                        prop_assert_eq!(table.take(id).is_some(), open.remove(&id).is_some());
+                    }
+                    Op::Restore { pick } if !taken.is_empty() => {
+                        let (id, lease) = taken.swap_remove(pick % taken.len());
+                        open.insert(id, (lease.owner, lease.granted_at.duration_since(start).as_millis() as u64));
+                        table.restore(id, lease);
+                    }
+                    Op::Restore { .. } => {}
+                    Op::Close { owner } => {
+                        let mut got: Vec<u64> = table.take_owned_by(owner).into_iter().map(|(id, lease)| {
+                            assert_eq!(lease.owner, owner);
+                            id
+                        }).collect();
+                        got.sort_unstable();
+                        let expected: Vec<u64> = open.iter().filter(|(_, (o, _))| *o == owner).map(|(id, _)| *id).collect();
+                        open.retain(|_, (o, _)| *o != owner);
+                        prop_assert_eq!(got, expected);
+                    }
+                    Op::Expire { age_ms } => {
+                        // Expire everything granted before `clock - age`.
+                        let cutoff_ms = clock_ms.saturating_sub(age_ms);
+                        let now = at(cutoff_ms) + Duration::from_secs(3600);
+                        let before = open.len();
+                        open.retain(|_, (_, ms)| *ms >= cutoff_ms);
+                        prop_assert_eq!(table.expire(now), before - open.len());
+                    }
+                    Op::Sweep => {
+                        let mut leases = table.lock();
+                        leases.shrink_after_peak();
+                    }
+                }
+                prop_assert_eq!(table.len(), open.len());
+            }
+            for (id, (owner, _)) in open {
+                let lease = table.take(id);
+                prop_assert!(lease.is_some());
+                prop_assert_eq!(lease.unwrap().owner, owner);
+            }
+            prop_assert!(table.is_empty());
+        }
+    }
 }
