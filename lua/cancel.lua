@@ -27,7 +27,7 @@ if not previous then
 end
 
 local now = clock(ARGV[1])
-local changes = string.match(previous, '|(.*)$') or ''
+local _, changes = cmsgpack.unpack(previous)
 for index, units in string.gmatch(changes, '(%d+):(%-?%d+)') do
   index = tonumber(index)
   local base = 1 + 2 * (index - 1)

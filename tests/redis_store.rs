@@ -757,3 +757,69 @@ async fn corrections_a_few_ms_apart_lower_the_bucket_by_no_more_than_they_saw() 
         provider - 100 - level
     );
 }
+
+/// A call sent again under the same id (a retry after a broken connection)
+/// answers what it answered the first time, to the unit, and changes
+/// nothing; `cancel.lua` then undoes it once and leaves a tombstone that a
+/// late copy of the call finds.
+#[test]
+fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut redis = client.get_connection().unwrap();
+    let library = include_str!("../lua/bucket.lua");
+    let batch = redis::Script::new(&format!("{library}{}", include_str!("../lua/batch.lua")));
+    let cancel = redis::Script::new(&format!("{library}{}", include_str!("../lua/cancel.lua")));
+    let (record, big, small) = ("t:{r}:call:1", "t:{r}:big", "t:{r}:small");
+    // A bucket of 9e15 units refilling 1 a ms (waits beyond 1e14 ms, exact
+    // only as integers), and one of 100.
+    let big_bucket = ["9000000000000000", "1"];
+    let acquire = |max_wait: &str, index: &str, bucket: [&str; 2], cost: &str| {
+        ["a", max_wait, "1", index, bucket[0], bucket[1], cost, "0"].map(String::from)
+    };
+    let call = |redis: &mut redis::Connection, clock: &str| {
+        let mut invocation = batch.prepare_invoke();
+        invocation.key(record).key(big).key(small);
+        invocation.arg(clock).arg("10000").arg("3");
+        invocation.arg(&acquire("0", "2", big_bucket, "9000000000000000"));
+        invocation.arg(&acquire("5", "2", big_bucket, "9000000000000000"));
+        invocation.arg(&acquire("10", "3", ["100", "10"], "150"));
+        invocation.invoke::<Vec<Vec<i64>>>(redis).unwrap()
+    };
+    let answers = [vec![1, 0], vec![0, 8_999_999_999_999_995, 1], vec![-1, 1]];
+    let first = call(&mut redis, "1000000");
+    assert_eq!(first[0], [1], "ran now");
+    assert_eq!(first[1..], answers);
+    let level = |redis: &mut redis::Connection| -> Option<String> {
+        redis::cmd("HGET").arg(big).arg("l").query(redis).unwrap()
+    };
+    assert_eq!(level(&mut redis).as_deref(), Some("0"));
+
+    let again = call(&mut redis, "1000100");
+    assert_eq!(again[0], [2], "ran before");
+    assert_eq!(again[1..], answers);
+    assert_eq!(level(&mut redis).as_deref(), Some("0"), "nothing changed");
+
+    let undo = |redis: &mut redis::Connection| {
+        let mut invocation = cancel.prepare_invoke();
+        invocation.key(record).key(big).key(small);
+        invocation
+            .arg("1000200")
+            .arg("60000")
+            .arg(&big_bucket)
+            .arg("100")
+            .arg("10");
+        invocation.invoke::<i64>(redis).unwrap()
+    };
+    assert_eq!(undo(&mut redis), 1, "it had run: undone");
+    assert_eq!(undo(&mut redis), -1, "cancelled already");
+    assert_eq!(
+        level(&mut redis),
+        None,
+        "given back: a full bucket is no key"
+    );
+    let mut late = batch.prepare_invoke();
+    late.key(record).key(big).key(small);
+    late.arg("1000300").arg("10000").arg("0");
+    assert_eq!(late.invoke::<Vec<Vec<i64>>>(&mut redis).unwrap(), [vec![0]]);
+}
