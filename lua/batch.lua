@@ -13,17 +13,22 @@
 -- ARGV[1]    "" to read the clock with Redis TIME (always, in production),
 --            or a time in ms (tests drive the script and the Rust store in lockstep)
 -- ARGV[2]    how long the record is kept, in ms
--- ARGV[3]    the number of operations; then each operation, every amount in
---            the bucket's units and every rate in units per ms:
---   "a", max wait ms, n, and n times: key index (into KEYS), capacity,
---        refill rate, cost, floor (kept for higher classes)
---   "s", n, and n times: key index, capacity, refill rate, units to add
---        (negative: to take)
---   "l", n, and n times: key index, capacity, refill rate, a level that the
---        bucket is lowered to if it is above it (provider feedback; never
---        raises), then the provider's remaining count (-1: none), how
---        long ago (ms) the answered call was reserved (-1: unknown) and at
---        most how long ago the provider counted (ms): see below
+-- ARGV[3]    the number of operations
+-- ARGV[4..]  for each bucket of KEYS[2..] in turn: its capacity and refill
+--            rate (sent once a call, not with every draw); then each
+--            operation, every amount in the bucket's units and every rate in
+--            units per ms:
+--   "a", max wait ms, n, and n times: key index (into KEYS), cost, floor
+--        (kept for higher classes)
+--   "s", n, and n times: key index, units to add (negative: to take)
+--   "l", n, and n times: key index, a level that the bucket is lowered to if
+--        it is above it (provider feedback; never raises), then the
+--        provider's remaining count (-1: none), how long ago (ms) the
+--        answered call was reserved (-1: unknown) and at most how long ago
+--        the provider counted (ms): see below
+--   "c", n, and n times: key index, capacity, refill rate: the bucket's
+--        shape from the next operation on (a config reload between two of
+--        the call's operations); no reply
 --
 -- Provider feedback across sidecars. A bucket counts in n the units its
 -- acquires ever drew. Once a lowering carries a count, the bucket also
@@ -61,20 +66,31 @@ local now = clock(ARGV[1])
 local ttl = ARGV[2]
 local count = tonumber(ARGV[3])
 
--- Each touched bucket: level and time, read once; the net change (units)
--- of those the batch changed, which are written once at the end.
+-- Each touched bucket: level and time as stored, read once, and as the
+-- batch has them now; the net change (units) of those the batch changed,
+-- which are written once at the end.
+local stored_level, stored_at, read = {}, {}, {}
 local level, updated, capacity, rate, delta = {}, {}, {}, {}, {}
 local drawn, history = {}, {}
 local HISTORY_SLOT, HISTORY_SLOTS, NOTE_LAG = 50, 200, 5
-local function touch(index, capacity_units, units_per_ms)
-  capacity[index] = capacity_units
-  rate[index] = units_per_ms
-  if level[index] == nil then
-    level[index], updated[index], drawn[index], history[index] =
-      read_bucket(KEYS[index], capacity_units, units_per_ms, now)
-  elseif now > updated[index] then
-    level[index] = math.min(capacity_units, level[index] + (now - updated[index]) * units_per_ms)
-    updated[index] = now
+for index = 2, #KEYS do
+  capacity[index] = tonumber(ARGV[2 * index])
+  rate[index] = tonumber(ARGV[2 * index + 1])
+end
+-- Brings a bucket to now for the next operation, as if it ran alone: until
+-- the batch changes it, from the stored state with the bucket's shape at
+-- this point (a reload, "c", may have changed it since the last operation);
+-- after, capped (the time is the same for the whole call).
+local function touch(index)
+  if not read[index] then
+    read[index] = true
+    stored_level[index], stored_at[index], drawn[index], history[index] = read_stored(KEYS[index])
+  end
+  if delta[index] == nil then
+    level[index], updated[index] =
+      refill(stored_level[index], stored_at[index], capacity[index], rate[index], now)
+  elseif level[index] > capacity[index] then
+    level[index] = capacity[index]
   end
 end
 -- Adds units; a bucket that ends full is as if deleted and read again.
@@ -154,7 +170,7 @@ local function margin_below(index, seen, counted)
 end
 
 local replies = {{1}}
-local at = 4
+local at = 2 * #KEYS + 2
 for _ = 1, count do
   local kind = ARGV[at]
   local reply
@@ -163,19 +179,18 @@ for _ = 1, count do
     local first = at + 3
     local longest, longest_draw = 0, 1
     for draw = 1, n do
-      local base = first + 5 * (draw - 1)
+      local base = first + 3 * (draw - 1)
       local index = tonumber(ARGV[base])
-      local capacity_units, units_per_ms = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-      local cost, floor = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
-      if cost + floor > capacity_units then
+      local cost, floor = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+      if cost + floor > capacity[index] then
         reply = {-1, draw}
         break
       end
-      touch(index, capacity_units, units_per_ms)
+      touch(index)
       local missing = cost + floor - level[index]
       local wait = 0
       if missing > 0 then
-        wait = ceil_div(missing, units_per_ms)
+        wait = ceil_div(missing, rate[index])
       end
       if wait > longest then
         longest, longest_draw = wait, draw
@@ -187,35 +202,43 @@ for _ = 1, count do
       else
         local slot = math.floor(now / HISTORY_SLOT)
         for draw = 1, n do
-          local base = first + 5 * (draw - 1)
+          local base = first + 3 * (draw - 1)
           local index = tonumber(ARGV[base])
           if history[index] ~= nil and history[index] ~= slot then
             redis.call('HSET', KEYS[index], 'h' .. (slot % HISTORY_SLOTS),
               string.format('%d:%d', slot, drawn[index]))
             history[index] = slot
           end
-          local cost = tonumber(ARGV[base + 3])
+          local cost = tonumber(ARGV[base + 1])
           drawn[index] = drawn[index] + cost
           add(index, -cost)
         end
         reply = {1, longest}
       end
     end
-    at = first + 5 * n
+    at = first + 3 * n
+  elseif kind == 'c' then
+    local n = tonumber(ARGV[at + 1])
+    for change = 1, n do
+      local base = at + 2 + 3 * (change - 1)
+      local index = tonumber(ARGV[base])
+      capacity[index], rate[index] = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+    end
+    at = at + 2 + 3 * n
   else
     local n = tonumber(ARGV[at + 1])
-    local stride = 4
+    local stride = 2
     if kind == 'l' then
-      stride = 7
+      stride = 5
     end
     for change = 1, n do
       local base = at + 2 + stride * (change - 1)
       local index = tonumber(ARGV[base])
-      touch(index, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]))
-      local units = tonumber(ARGV[base + 3])
+      touch(index)
+      local units = tonumber(ARGV[base + 1])
       if kind == 'l' then
-        local reported, since = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
-        local counted = tonumber(ARGV[base + 6])
+        local reported, since = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+        local counted = tonumber(ARGV[base + 4])
         -- The provider's count less what the fleet drew that it had not seen.
         local seen
         if reported >= 0 and history[index] == nil then
@@ -261,7 +284,9 @@ for _ = 1, count do
     end
     at = at + 2 + stride * n
   end
-  replies[#replies + 1] = reply
+  if reply then
+    replies[#replies + 1] = reply
+  end
 end
 
 local changes = {}

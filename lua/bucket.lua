@@ -22,24 +22,39 @@ local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
 end
 
--- The bucket's level at `now`, refilled and capped, and the time it holds
--- for. A missing key is a full bucket; a clock that stepped back refills
--- nothing.
---
--- Also returns what batch.lua keeps beside the level for provider feedback:
--- n, the units ever drawn by acquires while the bucket was not full, and hs,
--- the last slot of its draw history (nil while it keeps none).
-local function read_bucket(key, capacity, rate, now)
+-- A bucket as stored: its level and the time of it (nil, nil for a missing
+-- key: a full bucket), and what batch.lua keeps beside them for provider
+-- feedback: n, the units ever drawn by acquires while the bucket was not
+-- full, and hs, the last slot of its draw history (nil while it keeps none).
+local function read_stored(key)
   local state = redis.call('HMGET', key, 'l', 't', 'n', 'hs')
   if not state[1] then
-    return capacity, now, 0, nil
+    return nil, nil, 0, nil
   end
-  local level, updated = tonumber(state[1]), tonumber(state[2])
+  return tonumber(state[1]), tonumber(state[2]), tonumber(state[3]) or 0, tonumber(state[4])
+end
+
+-- A stored level brought to `now` with the bucket's capacity and rate: the
+-- level and the time it holds for. A clock that stepped back refills
+-- nothing. Capped even then: a capacity lowered by a config reload holds at
+-- once, as in src/limiter/bucket.rs.
+local function refill(level, updated, capacity, rate, now)
+  if level == nil then
+    return capacity, now
+  end
   if now > updated then
-    level = math.min(capacity, level + (now - updated) * rate)
+    level = level + (now - updated) * rate
     updated = now
   end
-  return level, updated, tonumber(state[3]) or 0, tonumber(state[4])
+  return math.min(capacity, level), updated
+end
+
+-- The bucket's level at `now`, refilled and capped, and the time it holds
+-- for; then n and hs (see read_stored).
+local function read_bucket(key, capacity, rate, now)
+  local level, updated, drawn, history = read_stored(key)
+  level, updated = refill(level, updated, capacity, rate, now)
+  return level, updated, drawn, history
 end
 
 -- Stores a level. The key expires when the bucket would be full again, and

@@ -191,6 +191,11 @@ enum Op {
     Adjust { bucket: usize, tokens: i64 },
     /// Lower one bucket to a level (provider feedback).
     Lower { bucket: usize, level: i64 },
+    /// A config reload: one bucket takes a smaller capacity and another rate
+    /// (same key) from the next operation on, even within a batch. (Not a
+    /// larger one: Redis forgets a full bucket, so there a raised capacity is
+    /// full at once, while the embedded store refills to it.)
+    Reload { bucket: usize },
 }
 
 #[derive(Debug, Clone)]
@@ -220,6 +225,7 @@ fn op() -> impl Strategy<Value = Op> {
             }),
         1 => (0usize..BUCKETS, -500i64..500).prop_map(|(bucket, tokens)| Op::Adjust { bucket, tokens }),
         1 => (0usize..BUCKETS, -2_000i64..1_500).prop_map(|(bucket, level)| Op::Lower { bucket, level }),
+        1 => (0usize..BUCKETS).prop_map(|bucket| Op::Reload { bucket }),
     ]
 }
 
@@ -262,12 +268,21 @@ fn lua_batches_and_rust_give_the_same_answers() {
     };
     proptest!(config, |(steps in prop::collection::vec(step(), 1..30))| {
         let case = case.fetch_add(1, Ordering::SeqCst);
-        let buckets: [BucketSpec; BUCKETS] = [
+        let mut buckets: [BucketSpec; BUCKETS] = [
             bucket(&format!("p{case}:{{x}}:tokens"), 1_000, 600),
             bucket(&format!("p{case}:{{x}}:requests"), 7, 13),
             bucket(&format!("p{case}:{{x}}:tenant"), 1_200, 60_000),
             BucketSpec::new(format!("p{case}:{{x}}:second"), 30, Refill::new(30, Window::Second, 30)),
             BucketSpec::new(format!("p{case}:{{x}}:day"), 5_000, Refill::new(5_000, Window::Day, 5_000)),
+        ];
+        // What a reload puts in place: the same keys, smaller capacities,
+        // other rates.
+        let reloaded: [BucketSpec; BUCKETS] = [
+            bucket(&format!("p{case}:{{x}}:tokens"), 700, 900),
+            bucket(&format!("p{case}:{{x}}:requests"), 5, 20),
+            bucket(&format!("p{case}:{{x}}:tenant"), 900, 30_000),
+            BucketSpec::new(format!("p{case}:{{x}}:second"), 20, Refill::new(20, Window::Second, 20)),
+            BucketSpec::new(format!("p{case}:{{x}}:day"), 3_000, Refill::new(3_000, Window::Day, 3_000)),
         ];
         let clock = Arc::new(StepClock(AtomicI64::new(1_700_000_000_000)));
         let embedded = EmbeddedStore::with_clock(clock.clone());
@@ -313,6 +328,9 @@ fn lua_batches_and_rust_give_the_same_answers() {
                             embedded.lower(&lowering).await.unwrap();
                             rust.push(format!("{:?}", Ok::<_, ()>(None::<Decision>)));
                             batch.push(BatchOp::Lower(lowering));
+                        }
+                        Op::Reload { bucket } => {
+                            buckets[*bucket] = reloaded[*bucket].clone();
                         }
                         Op::Adjust { bucket, tokens } => {
                             let adjustment = vec![Adjustment { bucket: buckets[*bucket].clone(), tokens: *tokens }];
@@ -774,16 +792,17 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
     // A bucket of 9e15 units refilling 1 a ms (waits beyond 1e14 ms, exact
     // only as integers), and one of 100.
     let big_bucket = ["9000000000000000", "1"];
-    let acquire = |max_wait: &str, index: &str, bucket: [&str; 2], cost: &str| {
-        ["a", max_wait, "1", index, bucket[0], bucket[1], cost, "0"].map(String::from)
+    let acquire = |max_wait: &str, index: &str, cost: &str| {
+        ["a", max_wait, "1", index, cost, "0"].map(String::from)
     };
     let call = |redis: &mut redis::Connection, clock: &str| {
         let mut invocation = batch.prepare_invoke();
         invocation.key(record).key(big).key(small);
         invocation.arg(clock).arg("10000").arg("3");
-        invocation.arg(&acquire("0", "2", big_bucket, "9000000000000000"));
-        invocation.arg(&acquire("5", "2", big_bucket, "9000000000000000"));
-        invocation.arg(&acquire("10", "3", ["100", "10"], "150"));
+        invocation.arg(&big_bucket).arg("100").arg("10");
+        invocation.arg(&acquire("0", "2", "9000000000000000"));
+        invocation.arg(&acquire("5", "2", "9000000000000000"));
+        invocation.arg(&acquire("10", "3", "150"));
         invocation.invoke::<Vec<Vec<i64>>>(redis).unwrap()
     };
     let answers = [vec![1, 0], vec![0, 8_999_999_999_999_995, 1], vec![-1, 1]];
@@ -820,6 +839,7 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
     );
     let mut late = batch.prepare_invoke();
     late.key(record).key(big).key(small);
-    late.arg("1000300").arg("10000").arg("0");
+    late.arg("1000300").arg("10000").arg("0").arg(&big_bucket);
+    late.arg("100").arg("10");
     assert_eq!(late.invoke::<Vec<Vec<i64>>>(&mut redis).unwrap(), [vec![0]]);
 }

@@ -98,8 +98,9 @@ def script_args() -> Callable[[], tuple[list[str], list]]:
     prefix = f"pybench:{{{LIMIT}}}"
     # In the bucket's units, as the sidecar sends them: 60000 a token for a
     # rate per minute, which refills PER_MINUTE units a millisecond.
-    bucket = [CAPACITY * 60_000, PER_MINUTE, TOKENS * 60_000, 0]
-    args = ["", 10_000, 1, "a", 0, 2, 2, *bucket, 3, *bucket]
+    shape = [CAPACITY * 60_000, PER_MINUTE]
+    draw = [TOKENS * 60_000, 0]
+    args = ["", 10_000, 1, *shape, *shape, "a", 0, 2, 2, *draw, 3, *draw]
     calls = itertools.count()
     pid = os.getpid()
 

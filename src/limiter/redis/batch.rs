@@ -35,6 +35,15 @@ impl BatchOp {
         }
     }
 
+    /// Calls `f` with the bucket of each draw, adjustment or lowering.
+    fn for_each_bucket(&self, mut f: impl FnMut(&BucketSpec)) {
+        match self {
+            BatchOp::Acquire { draws, .. } => draws.iter().for_each(|draw| f(&draw.bucket)),
+            BatchOp::Settle(adjustments) => adjustments.iter().for_each(|a| f(&a.bucket)),
+            BatchOp::Lower(lowerings) => lowerings.iter().for_each(|l| f(&l.bucket)),
+        }
+    }
+
     pub fn is_acquire(&self) -> bool {
         matches!(self, BatchOp::Acquire { .. })
     }
@@ -55,12 +64,25 @@ pub(super) enum CallReply {
 pub(super) struct Call {
     /// `KEYS[1]`, the record; then each bucket once, in order of first use.
     keys: Vec<Arc<str>>,
-    /// Capacity and rate (units, units per ms) of each bucket of
-    /// `keys[1..]`, for the cancel.
+    /// Capacity and rate (units, units per ms) of each bucket of `keys[1..]`
+    /// as its first operation in the call has it: sent once a call, not
+    /// with every draw, and what the cancel refills with.
     shapes: Vec<(i64, i64)>,
+    /// Where a bucket's shape changes within the call (a config reload
+    /// between two of its operations), in order: almost always none.
+    reshapes: Vec<Reshape>,
     ops: Vec<BatchOp>,
     /// Per op and draw (or adjustment): its bucket's index into `keys`.
     indices: Vec<Vec<usize>>,
+}
+
+/// A bucket's new shape, from operation `before_op` of the call on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reshape {
+    before_op: usize,
+    /// Into `keys`, as Lua counts.
+    index: usize,
+    shape: (i64, i64),
 }
 
 impl Call {
@@ -68,39 +90,44 @@ impl Call {
     pub(super) fn new(ops: Vec<BatchOp>, id: u64) -> Call {
         let slot_key = ops.iter().find_map(BatchOp::slot_key).unwrap_or("");
         let mut keys: Vec<Arc<str>> = vec![call_record_key(slot_key, id).into()];
-        let mut shapes = Vec::new();
-        // Batches touch a handful of buckets: a scan beats a map.
-        let mut index_of = |bucket: &BucketSpec, keys: &mut Vec<Arc<str>>| -> usize {
-            // Lua counts from 1, and KEYS[1] is the record.
-            match keys[1..].iter().position(|key| *key == bucket.key) {
-                Some(at) => at + 2,
-                None => {
-                    keys.push(bucket.key.clone());
-                    shapes.push((bucket.capacity_units(), bucket.units_per_ms()));
-                    keys.len()
-                }
-            }
-        };
-        let indices = ops
-            .iter()
-            .map(|op| match op {
-                BatchOp::Acquire { draws, .. } => draws
-                    .iter()
-                    .map(|draw| index_of(&draw.bucket, &mut keys))
-                    .collect(),
-                BatchOp::Settle(adjustments) => adjustments
-                    .iter()
-                    .map(|adjustment| index_of(&adjustment.bucket, &mut keys))
-                    .collect(),
-                BatchOp::Lower(lowerings) => lowerings
-                    .iter()
-                    .map(|lowering| index_of(&lowering.bucket, &mut keys))
-                    .collect(),
-            })
-            .collect();
+        let mut shapes: Vec<(i64, i64)> = Vec::new();
+        let mut reshapes: Vec<Reshape> = Vec::new();
+        let mut indices = Vec::with_capacity(ops.len());
+        for (at, op) in ops.iter().enumerate() {
+            let mut op_indices = Vec::new();
+            op.for_each_bucket(|bucket| {
+                let shape = (bucket.capacity_units(), bucket.units_per_ms());
+                // Batches touch a handful of buckets: a scan beats a map.
+                let index = match keys[1..].iter().position(|key| *key == bucket.key) {
+                    Some(found) => {
+                        let latest = reshapes
+                            .iter()
+                            .rev()
+                            .find(|reshape| reshape.index == found + 2)
+                            .map_or(shapes[found], |reshape| reshape.shape);
+                        if latest != shape {
+                            reshapes.push(Reshape {
+                                before_op: at,
+                                index: found + 2,
+                                shape,
+                            });
+                        }
+                        found + 2
+                    }
+                    None => {
+                        keys.push(bucket.key.clone());
+                        shapes.push(shape);
+                        keys.len()
+                    }
+                };
+                op_indices.push(index);
+            });
+            indices.push(op_indices);
+        }
         Call {
             keys,
             shapes,
+            reshapes,
             ops,
             indices,
         }
@@ -110,16 +137,39 @@ impl Call {
     /// into the command's one buffer: nothing is allocated per argument.
     pub(super) fn command(&self, script: &Script, clock: &str, record_ttl_ms: u64) -> Cmd {
         let mut cmd = evalsha(script, &self.keys);
-        cmd.arg(clock).arg(record_ttl_ms).arg(self.ops.len());
-        for (op, indices) in self.ops.iter().zip(&self.indices) {
+        let reshaped_ops = self
+            .reshapes
+            .iter()
+            .enumerate()
+            .filter(|(i, reshape)| *i == 0 || self.reshapes[i - 1].before_op != reshape.before_op)
+            .count();
+        cmd.arg(clock)
+            .arg(record_ttl_ms)
+            .arg(self.ops.len() + reshaped_ops);
+        for (capacity, units_per_ms) in &self.shapes {
+            cmd.arg(*capacity).arg(*units_per_ms);
+        }
+        let mut reshapes = self.reshapes.as_slice();
+        for (at, (op, indices)) in self.ops.iter().zip(&self.indices).enumerate() {
+            let here = reshapes
+                .iter()
+                .take_while(|reshape| reshape.before_op == at)
+                .count();
+            if here > 0 {
+                cmd.arg("c").arg(here);
+                for reshape in &reshapes[..here] {
+                    cmd.arg(reshape.index)
+                        .arg(reshape.shape.0)
+                        .arg(reshape.shape.1);
+                }
+                reshapes = &reshapes[here..];
+            }
             match op {
                 BatchOp::Acquire { draws, max_wait_ms } => {
                     cmd.arg("a").arg(*max_wait_ms).arg(draws.len());
                     for (draw, index) in draws.iter().zip(indices) {
                         let bucket = &draw.bucket;
                         cmd.arg(*index)
-                            .arg(bucket.capacity_units())
-                            .arg(bucket.units_per_ms())
                             .arg(bucket.units(draw.cost))
                             .arg(bucket.units(draw.floor));
                     }
@@ -127,11 +177,8 @@ impl Call {
                 BatchOp::Settle(adjustments) => {
                     cmd.arg("s").arg(adjustments.len());
                     for (adjustment, index) in adjustments.iter().zip(indices) {
-                        let bucket = &adjustment.bucket;
                         cmd.arg(*index)
-                            .arg(bucket.capacity_units())
-                            .arg(bucket.units_per_ms())
-                            .arg(bucket.signed_units(adjustment.tokens));
+                            .arg(adjustment.bucket.signed_units(adjustment.tokens));
                     }
                 }
                 BatchOp::Lower(lowerings) => {
@@ -147,8 +194,6 @@ impl Call {
                             None => (-1, -1, 0),
                         };
                         cmd.arg(*index)
-                            .arg(bucket.capacity_units())
-                            .arg(bucket.units_per_ms())
                             .arg(bucket.signed_units(lowering.level))
                             .arg(remaining)
                             .arg(reserved_ms_ago)
@@ -286,6 +331,51 @@ mod tests {
             ]
         );
         assert_eq!(call.indices, vec![vec![2, 3], vec![2], vec![3, 2]]);
+    }
+
+    /// The arguments after the keys, as text.
+    fn arguments(call: &Call) -> Vec<String> {
+        let script = Script::new("return 1");
+        let command = call.command(&script, "", 10_000);
+        command
+            .args_iter()
+            .skip(3 + call.keys.len()) // EVALSHA, the hash, the number of keys
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                other => panic!("not a plain argument: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn shapes_go_once_a_call_and_a_reload_within_it_reshapes_its_bucket() {
+        let tokens = "rk:{l:a}:a:tokens";
+        let ops = vec![acquire(&[tokens], 10), acquire(&[tokens], 1)];
+        // 100 tokens a minute of 60 000 units, refilling 60 units a ms.
+        assert_eq!(
+            arguments(&Call::new(ops.clone(), 1)),
+            [
+                "", "10000", "2", "6000000", "60", "a", "0", "1", "2", "600000", "0", "a", "0",
+                "1", "2", "60000", "0"
+            ]
+        );
+        let reloaded = BatchOp::Acquire {
+            draws: vec![Draw {
+                bucket: BucketSpec::per_minute(tokens, 200, 120),
+                cost: 1,
+                floor: 0,
+            }],
+            max_wait_ms: 0,
+        };
+        let call = Call::new(vec![ops[0].clone(), reloaded, ops[1].clone()], 1);
+        assert_eq!(
+            arguments(&call)[..],
+            [
+                "", "10000", "5", "6000000", "60", "a", "0", "1", "2", "600000", "0", "c", "1",
+                "2", "12000000", "120", "a", "0", "1", "2", "60000", "0", "c", "1", "2", "6000000",
+                "60", "a", "0", "1", "2", "60000", "0"
+            ]
+        );
     }
 
     #[test]
