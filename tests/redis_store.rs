@@ -9,7 +9,7 @@ use ratekeeper::app::redis_settings;
 use ratekeeper::config::RedisConfig;
 use ratekeeper::limiter::bucket::{BucketSpec, Draw, Refill, Window};
 use ratekeeper::limiter::embedded::Clock;
-use ratekeeper::limiter::redis::BatchOp;
+use ratekeeper::limiter::redis::{BATCH_LUA, BatchOp, CANCEL_LUA};
 use ratekeeper::limiter::{
     Adjustment, Decision, EmbeddedStore, FleetView, Lowering, Origin, RedisStore, Store,
 };
@@ -785,9 +785,8 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
     let server = RedisServer::start();
     let client = redis::Client::open(server.url()).unwrap();
     let mut redis = client.get_connection().unwrap();
-    let library = include_str!("../lua/bucket.lua");
-    let batch = redis::Script::new(&format!("{library}{}", include_str!("../lua/batch.lua")));
-    let cancel = redis::Script::new(&format!("{library}{}", include_str!("../lua/cancel.lua")));
+    let batch = redis::Script::new(BATCH_LUA);
+    let cancel = redis::Script::new(CANCEL_LUA);
     let (record, big, small) = ("t:{r}:call:1", "t:{r}:big", "t:{r}:small");
     // A bucket of 9e15 units refilling 1 a ms (waits beyond 1e14 ms, exact
     // only as integers), and one of 100.

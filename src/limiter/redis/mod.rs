@@ -37,12 +37,14 @@ pub use pool::{PrimaryAuth, RedisNodes, RedisSettings, RedisSetupError};
 use reconcile::Reconciler;
 use slots::SlotOp;
 
-/// Each script is the shared bucket library followed by its own body.
-const BATCH_LUA: &str = concat!(
+/// Each script is the shared bucket library followed by its own body (the
+/// batch and cancel scripts are public for the tests that drive them
+/// directly).
+pub const BATCH_LUA: &str = concat!(
     include_str!("../../../lua/bucket.lua"),
     include_str!("../../../lua/batch.lua")
 );
-const CANCEL_LUA: &str = concat!(
+pub const CANCEL_LUA: &str = concat!(
     include_str!("../../../lua/bucket.lua"),
     include_str!("../../../lua/cancel.lua")
 );
