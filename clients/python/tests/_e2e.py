@@ -104,6 +104,11 @@ class Outcome:
     available: float  # binding units that refilled for us in the window
     workers: dict = field(default_factory=dict)  # the processes' tallies, added up
     error_samples: list = field(default_factory=list)
+    #: (seconds from the start, units) of each rise of the binding bucket's
+    #: floor in the window: capacity left unused for good (a correction that
+    #: left the limiter further below the provider, or a fleet that fell
+    #: behind), which lowers the utilization by that much.
+    floor_rises: list = field(default_factory=list)
 
     @property
     def rate_limited_fraction(self) -> float:
@@ -121,11 +126,14 @@ class Outcome:
     def summary(self) -> str:
         spent = "" if self.burst_spent else ", BURST NOT SPENT"
         errors = f"; first errors {self.error_samples}" if self.error_samples else ""
+        rises = ", ".join(f"+{units:,.0f} at {at:.1f}s" for at, units in self.floor_rises[:5])
+        rises = f"; floor rose in the window: {rises}" if rises else ""
         return (
             f"{self.scenario.label}: {self.requests} requests, {self.rate_limited} 429s "
             f"({self.rate_limited_fraction:.2%}); {self.binding} utilization "
             f"{self.utilization:.2%} from t={self.window_start:.1f}s "
-            f"(level {self.level_at_window_start:.1%}{spent}); workers {self.workers}{errors}"
+            f"(level {self.level_at_window_start:.1%}{spent}){rises}; "
+            f"workers {self.workers}{errors}"
         )
 
     def to_json(self) -> dict:
@@ -303,6 +311,7 @@ def analyse(scenario: Scenario, records: list[dict], start: float, tallies: list
         for key, value in tally.items():
             workers[key] = workers.get(key, 0) + value
     return Outcome(
+        floor_rises=floor_rises(in_window, level, start, per_minute),
         scenario=scenario,
         requests=len(records),
         rate_limited=len(refused),
@@ -316,3 +325,27 @@ def analyse(scenario: Scenario, records: list[dict], start: float, tallies: list
         workers=workers,
         error_samples=samples,
     )
+
+
+#: Bins of the floor: the least level the provider recorded in each.
+FLOOR_BIN = 0.5
+#: The least rise of the floor reported, as a fraction of the capacity.
+FLOOR_RISE = 0.003
+
+
+def floor_rises(records: list[dict], level: str, start: float, capacity: int) -> list:
+    """Each rise of the floor of `level` between two bins of `records` that
+    have any. At a limit kept busy the provider records each request at the
+    limiter's floor; it rises when a correction leaves the limiter further
+    below the provider, or when the fleet falls behind."""
+    floors: dict = {}
+    for record in records:
+        at = int((record["arrival"] - start) / FLOOR_BIN)
+        floors[at] = min(floors.get(at, record[level]), record[level])
+    bins = sorted(floors)
+    least = max(2.0, capacity * FLOOR_RISE)
+    return [
+        (later * FLOOR_BIN, floors[later] - floors[earlier])
+        for earlier, later in zip(bins, bins[1:])
+        if floors[later] - floors[earlier] >= least
+    ]
