@@ -27,12 +27,13 @@ pub type OpResult = Result<Option<Decision>, StoreError>;
 
 impl BatchOp {
     /// The key whose hash tag decides the slot (and so the batch) of the op.
-    pub fn slot_key(&self) -> Option<&str> {
-        match self {
-            BatchOp::Acquire { draws, .. } => draws.first().map(|draw| &*draw.bucket.key),
-            BatchOp::Settle(adjustments) => adjustments.first().map(|a| &*a.bucket.key),
-            BatchOp::Lower(lowerings) => lowerings.first().map(|l| &*l.bucket.key),
-        }
+    pub fn slot_key(&self) -> Option<Arc<str>> {
+        let key = match self {
+            BatchOp::Acquire { draws, .. } => &draws.first()?.bucket.key,
+            BatchOp::Settle(adjustments) => &adjustments.first()?.bucket.key,
+            BatchOp::Lower(lowerings) => &lowerings.first()?.bucket.key,
+        };
+        Some(key.clone())
     }
 
     /// Calls `f` with the bucket of each draw, adjustment or lowering.
@@ -88,7 +89,8 @@ struct Reshape {
 impl Call {
     /// A call of `ops` (at least one, all of one slot) under a fresh id.
     pub(super) fn new(ops: Vec<BatchOp>, id: u64) -> Call {
-        let slot_key = ops.iter().find_map(BatchOp::slot_key).unwrap_or("");
+        let slot_key = ops.iter().find_map(BatchOp::slot_key);
+        let slot_key = slot_key.as_deref().unwrap_or("");
         let mut keys: Vec<Arc<str>> = vec![call_record_key(slot_key, id).into()];
         let mut shapes: Vec<(i64, i64)> = Vec::new();
         let mut reshapes: Vec<Reshape> = Vec::new();

@@ -4,7 +4,7 @@
 //! settlement waits up to [`SETTLE_FLUSH`] for an acquire to ride along with.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -23,18 +23,19 @@ pub(super) struct Pending {
     pub result: oneshot::Sender<OpResult>,
 }
 
-/// What the caller of [`Lanes::enqueue`] must do next.
+/// What the caller of [`Lanes::enqueue`] must do next, with the lane's
+/// slot name where it needs one (made once per lane, not per operation).
 pub(super) enum Next {
     /// Start a call with this batch now: the lane was idle.
-    Send(Vec<Pending>),
+    Send(Arc<str>, Vec<Pending>),
     /// Start the flush timer: only settlements are waiting.
-    Arm,
+    Arm(Arc<str>),
     /// Nothing: a call in flight (or an armed timer) takes it along.
     Wait,
 }
 
-#[derive(Default)]
 struct Lane {
+    slot: Arc<str>,
     queue: VecDeque<Pending>,
     state: State,
 }
@@ -52,7 +53,7 @@ enum State {
 /// Every slot's lane.
 #[derive(Default)]
 pub(super) struct Lanes {
-    lanes: Mutex<HashMap<String, Lane>>,
+    lanes: Mutex<HashMap<Arc<str>, Lane>>,
 }
 
 impl Lanes {
@@ -61,7 +62,14 @@ impl Lanes {
         let mut lanes = self.lock();
         let lane = match lanes.get_mut(slot) {
             Some(lane) => lane,
-            None => lanes.entry(slot.to_string()).or_default(),
+            None => {
+                let slot: Arc<str> = Arc::from(slot);
+                lanes.entry(slot.clone()).or_insert(Lane {
+                    slot,
+                    queue: VecDeque::new(),
+                    state: State::Idle,
+                })
+            }
         };
         let acquire = pending.op.is_acquire();
         lane.queue.push_back(pending);
@@ -69,11 +77,11 @@ impl Lanes {
             (State::Busy, _) => Next::Wait,
             (State::Idle | State::Armed, true) => {
                 lane.state = State::Busy;
-                Next::Send(take_batch(lane))
+                Next::Send(lane.slot.clone(), take_batch(lane))
             }
             (State::Idle, false) => {
                 lane.state = State::Armed;
-                Next::Arm
+                Next::Arm(lane.slot.clone())
             }
             (State::Armed, false) => Next::Wait,
         }
@@ -102,7 +110,7 @@ impl Lanes {
         Some(take_batch(lane))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Lane>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Lane>> {
         // Every change is a few field writes with no panic point between.
         self.lanes
             .lock()
@@ -138,37 +146,46 @@ mod tests {
     fn a_lone_acquire_goes_at_once_and_later_ones_wait_for_the_next_call() {
         let lanes = Lanes::default();
         assert!(
-            matches!(lanes.enqueue("{a}", pending(true)), Next::Send(batch) if batch.len() == 1)
+            matches!(lanes.enqueue("{a}", pending(true)), Next::Send(_, batch) if batch.len() == 1)
         );
         for _ in 0..3 {
             assert!(matches!(lanes.enqueue("{a}", pending(true)), Next::Wait));
         }
         // Another slot is independent.
-        assert!(matches!(lanes.enqueue("{b}", pending(true)), Next::Send(_)));
+        assert!(matches!(
+            lanes.enqueue("{b}", pending(true)),
+            Next::Send(..)
+        ));
         assert_eq!(lanes.next_batch("{a}").map(|batch| batch.len()), Some(3));
         assert!(lanes.next_batch("{a}").is_none(), "empty: idle again");
-        assert!(matches!(lanes.enqueue("{a}", pending(true)), Next::Send(_)));
+        assert!(matches!(
+            lanes.enqueue("{a}", pending(true)),
+            Next::Send(..)
+        ));
     }
 
     #[test]
     fn settlements_wait_for_an_acquire_or_the_timer() {
         let lanes = Lanes::default();
-        assert!(matches!(lanes.enqueue("{a}", pending(false)), Next::Arm));
+        assert!(matches!(lanes.enqueue("{a}", pending(false)), Next::Arm(_)));
         assert!(matches!(lanes.enqueue("{a}", pending(false)), Next::Wait));
         // An acquire takes the settlements along, at once.
         assert!(
-            matches!(lanes.enqueue("{a}", pending(true)), Next::Send(batch) if batch.len() == 3)
+            matches!(lanes.enqueue("{a}", pending(true)), Next::Send(_, batch) if batch.len() == 3)
         );
         assert!(lanes.fire("{a}").is_none(), "the timer finds nothing to do");
         assert!(lanes.next_batch("{a}").is_none());
-        assert!(matches!(lanes.enqueue("{a}", pending(false)), Next::Arm));
+        assert!(matches!(lanes.enqueue("{a}", pending(false)), Next::Arm(_)));
         assert_eq!(lanes.fire("{a}").map(|batch| batch.len()), Some(1));
     }
 
     #[test]
     fn batches_are_bounded() {
         let lanes = Lanes::default();
-        assert!(matches!(lanes.enqueue("{a}", pending(true)), Next::Send(_)));
+        assert!(matches!(
+            lanes.enqueue("{a}", pending(true)),
+            Next::Send(..)
+        ));
         for _ in 0..MAX_BATCH + 5 {
             lanes.enqueue("{a}", pending(true));
         }

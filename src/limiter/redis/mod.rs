@@ -193,15 +193,16 @@ type InFlight = Pin<Box<dyn Future<Output = BatchOutcome> + Send>>;
 impl Inner {
     /// Queues `op` on its slot's lane and waits for its call's answer.
     async fn submit(self: &Arc<Self>, op: BatchOp) -> OpResult {
-        let slot = slot_of(op.slot_key().unwrap_or("")).to_string();
         let (result, answer) = oneshot::channel();
-        match self.lanes.enqueue(&slot, Pending { op, result }) {
+        let key = op.slot_key();
+        let slot = slot_of(key.as_deref().unwrap_or(""));
+        match self.lanes.enqueue(slot, Pending { op, result }) {
             // Calls run on their own task: a caller that goes away must not
             // take the other operations of its batch with it.
-            Next::Send(batch) => {
+            Next::Send(slot, batch) => {
                 tokio::spawn(self.clone().drive(slot, batch));
             }
-            Next::Arm => {
+            Next::Arm(slot) => {
                 let inner = self.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(lanes::SETTLE_FLUSH).await;
@@ -229,7 +230,7 @@ impl Inner {
     /// Batches are smaller for it, so near saturation the calls cost more
     /// per acquire (64 connections: 0.87-0.94x the acquires/s; see
     /// bench/PROFILE.md).
-    async fn drive(self: Arc<Self>, slot: String, batch: Vec<Pending>) {
+    async fn drive(self: Arc<Self>, slot: Arc<str>, batch: Vec<Pending>) {
         let mut in_flight: InFlight = Box::pin(self.clone().run_batch(batch));
         loop {
             let (senders, results) = in_flight.as_mut().await;
