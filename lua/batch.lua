@@ -10,6 +10,8 @@
 --
 -- KEYS[1]    the call's record: PREFIX:{TAG}:call:ID
 -- KEYS[2..]  the buckets the operations touch, each once
+-- ARGV       either the values below one by one, or (what the daemon sends)
+--            a single argument: all of them packed in one msgpack array
 -- ARGV[1]    "" to read the clock with Redis TIME (always, in production),
 --            or a time in ms (tests drive the script and the Rust store in lockstep)
 -- ARGV[2]    how long the record is kept, in ms
@@ -50,6 +52,11 @@
 --   lowering:   {3}
 -- Globals are looked up by name at each use; the loops below use these often.
 local tonumber, ARGV, KEYS = tonumber, ARGV, KEYS
+-- Packed, the arguments are one string for Redis to parse and hand over
+-- instead of nine an acquire (bench/PROFILE.md, eighth pass).
+if #ARGV == 1 then
+  ARGV = cmsgpack.unpack(ARGV[1])
+end
 local record = KEYS[1]
 local previous = redis.call('GET', record)
 if previous == 'x' then

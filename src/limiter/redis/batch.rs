@@ -135,8 +135,9 @@ impl Call {
         }
     }
 
-    /// The `EVALSHA` of `lua/batch.lua` for this call. Arguments go straight
-    /// into the command's one buffer: nothing is allocated per argument.
+    /// The `EVALSHA` of `lua/batch.lua` for this call. The arguments after
+    /// the keys go packed in one msgpack array: one bulk string for Redis to
+    /// parse and hand to Lua instead of nine an acquire.
     pub(super) fn command(&self, script: &Script, clock: &str, record_ttl_ms: u64) -> Cmd {
         let mut cmd = evalsha(script, &self.keys);
         let reshaped_ops = self
@@ -145,11 +146,12 @@ impl Call {
             .enumerate()
             .filter(|(i, reshape)| *i == 0 || self.reshapes[i - 1].before_op != reshape.before_op)
             .count();
-        cmd.arg(clock)
-            .arg(record_ttl_ms)
-            .arg(self.ops.len() + reshaped_ops);
+        let mut args = PackedArgs::new();
+        args.text(clock)
+            .uint(record_ttl_ms)
+            .size(self.ops.len() + reshaped_ops);
         for (capacity, units_per_ms) in &self.shapes {
-            cmd.arg(*capacity).arg(*units_per_ms);
+            args.int(*capacity).int(*units_per_ms);
         }
         let mut reshapes = self.reshapes.as_slice();
         for (at, (op, indices)) in self.ops.iter().zip(&self.indices).enumerate() {
@@ -158,33 +160,33 @@ impl Call {
                 .take_while(|reshape| reshape.before_op == at)
                 .count();
             if here > 0 {
-                cmd.arg("c").arg(here);
+                args.text("c").size(here);
                 for reshape in &reshapes[..here] {
-                    cmd.arg(reshape.index)
-                        .arg(reshape.shape.0)
-                        .arg(reshape.shape.1);
+                    args.size(reshape.index)
+                        .int(reshape.shape.0)
+                        .int(reshape.shape.1);
                 }
                 reshapes = &reshapes[here..];
             }
             match op {
                 BatchOp::Acquire { draws, max_wait_ms } => {
-                    cmd.arg("a").arg(*max_wait_ms).arg(draws.len());
+                    args.text("a").uint(*max_wait_ms).size(draws.len());
                     for (draw, index) in draws.iter().zip(indices) {
                         let bucket = &draw.bucket;
-                        cmd.arg(*index)
-                            .arg(bucket.units(draw.cost))
-                            .arg(bucket.units(draw.floor));
+                        args.size(*index)
+                            .int(bucket.units(draw.cost))
+                            .int(bucket.units(draw.floor));
                     }
                 }
                 BatchOp::Settle(adjustments) => {
-                    cmd.arg("s").arg(adjustments.len());
+                    args.text("s").size(adjustments.len());
                     for (adjustment, index) in adjustments.iter().zip(indices) {
-                        cmd.arg(*index)
-                            .arg(adjustment.bucket.signed_units(adjustment.tokens));
+                        args.size(*index)
+                            .int(adjustment.bucket.signed_units(adjustment.tokens));
                     }
                 }
                 BatchOp::Lower(lowerings) => {
-                    cmd.arg("l").arg(lowerings.len());
+                    args.text("l").size(lowerings.len());
                     for (lowering, index) in lowerings.iter().zip(indices) {
                         let bucket = &lowering.bucket;
                         let (remaining, reserved_ms_ago, counted_ms_ago) = match lowering.fleet {
@@ -195,15 +197,16 @@ impl Call {
                             ),
                             None => (-1, -1, 0),
                         };
-                        cmd.arg(*index)
-                            .arg(bucket.signed_units(lowering.level))
-                            .arg(remaining)
-                            .arg(reserved_ms_ago)
-                            .arg(counted_ms_ago);
+                        args.size(*index)
+                            .int(bucket.signed_units(lowering.level))
+                            .int(remaining)
+                            .int(reserved_ms_ago)
+                            .int(counted_ms_ago);
                     }
                 }
             }
         }
+        cmd.arg(args.finish());
         cmd
     }
 
@@ -245,6 +248,51 @@ impl Call {
             });
         }
         Ok(CallReply::Ran(results))
+    }
+}
+
+/// Script arguments packed as one msgpack array, in the order
+/// `lua/batch.lua` reads them (it unpacks the array with `cmsgpack`).
+struct PackedArgs {
+    buf: Vec<u8>,
+    count: u32,
+}
+
+impl PackedArgs {
+    /// The array's marker and length come first: array32, its length
+    /// written once the arguments are in.
+    fn new() -> Self {
+        let mut buf = Vec::with_capacity(256);
+        buf.extend_from_slice(&[0xdd, 0, 0, 0, 0]);
+        PackedArgs { buf, count: 0 }
+    }
+
+    // Writing to a Vec cannot fail: the results are not errors to handle.
+    fn int(&mut self, value: i64) -> &mut Self {
+        let _ = rmp::encode::write_sint(&mut self.buf, value);
+        self.count += 1;
+        self
+    }
+
+    fn uint(&mut self, value: u64) -> &mut Self {
+        let _ = rmp::encode::write_uint(&mut self.buf, value);
+        self.count += 1;
+        self
+    }
+
+    fn size(&mut self, value: usize) -> &mut Self {
+        self.uint(value as u64)
+    }
+
+    fn text(&mut self, value: &str) -> &mut Self {
+        let _ = rmp::encode::write_str(&mut self.buf, value);
+        self.count += 1;
+        self
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.buf[1..5].copy_from_slice(&self.count.to_be_bytes());
+        self.buf
     }
 }
 
@@ -335,18 +383,38 @@ mod tests {
         assert_eq!(call.indices, vec![vec![2, 3], vec![2], vec![3, 2]]);
     }
 
-    /// The arguments after the keys, as text.
+    /// The arguments after the keys, unpacked from their one msgpack
+    /// array, as text.
     fn arguments(call: &Call) -> Vec<String> {
         let script = Script::new("return 1");
         let command = call.command(&script, "", 10_000);
-        command
+        let packed: Vec<&[u8]> = command
             .args_iter()
             .skip(3 + call.keys.len()) // EVALSHA, the hash, the number of keys
             .map(|arg| match arg {
-                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                redis::Arg::Simple(bytes) => bytes,
                 other => panic!("not a plain argument: {other:?}"),
             })
-            .collect()
+            .collect();
+        assert_eq!(packed.len(), 1, "the arguments go as one");
+        let mut rest = packed[0];
+        let count = rmp::decode::read_array_len(&mut rest).unwrap();
+        let values = (0..count)
+            .map(|_| {
+                if matches!(rest[0], 0xa0..=0xbf | 0xd9) {
+                    let len = rmp::decode::read_str_len(&mut rest).unwrap() as usize;
+                    let (text, after) = rest.split_at(len);
+                    rest = after;
+                    String::from_utf8(text.to_vec()).unwrap()
+                } else {
+                    rmp::decode::read_int::<i64, _>(&mut rest)
+                        .unwrap()
+                        .to_string()
+                }
+            })
+            .collect();
+        assert!(rest.is_empty(), "nothing follows the array");
+        values
     }
 
     #[test]
