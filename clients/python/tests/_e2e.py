@@ -311,7 +311,6 @@ def analyse(scenario: Scenario, records: list[dict], start: float, tallies: list
         for key, value in tally.items():
             workers[key] = workers.get(key, 0) + value
     return Outcome(
-        floor_rises=floor_rises(in_window, level, start, per_minute),
         scenario=scenario,
         requests=len(records),
         rate_limited=len(refused),
@@ -324,6 +323,7 @@ def analyse(scenario: Scenario, records: list[dict], start: float, tallies: list
         available=refill * (end - lowest["arrival"]),
         workers=workers,
         error_samples=samples,
+        floor_rises=floor_rises(in_window, level, start, per_minute),
     )
 
 

@@ -228,7 +228,8 @@ impl Inner {
     /// writes them, instead of waiting for them: a round trip is shorter
     /// (`bench/redis/run.sh`: p50 at 8 connections 207 against 263 µs).
     /// Batches are smaller for it, so near saturation the calls cost more
-    /// per acquire (64 connections: 0.87-0.94x the acquires/s; see
+    /// per acquire (64 connections: 0.87-0.94x the acquires/s, which the
+    /// packed arguments of `Call::command` more than won back; see
     /// bench/PROFILE.md).
     async fn drive(self: Arc<Self>, slot: Arc<str>, batch: Vec<Pending>) {
         let mut in_flight: InFlight = Box::pin(self.clone().run_batch(batch));
