@@ -16,10 +16,10 @@
 --            or a time in ms (tests drive the script and the Rust store in lockstep)
 -- ARGV[2]    how long the record is kept, in ms
 -- ARGV[3]    the number of operations
--- ARGV[4..]  for each bucket of KEYS[2..] in turn: its capacity and refill
---            rate (sent once a call, not with every draw); then each
---            operation, every amount in the bucket's units and every rate in
---            units per ms:
+-- ARGV[4..]  for each bucket of KEYS[2..] in turn: its capacity, refill
+--            rate and largest cost (sent once a call, not with every draw);
+--            then each operation, every amount in the bucket's units and
+--            every rate in units per ms:
 --   "a", max wait ms, n, and n times: key index (into KEYS), cost, floor
 --        (kept for higher classes)
 --   "s", n, and n times: key index, units to add (negative: to take)
@@ -28,9 +28,14 @@
 --        provider's remaining count (-1: none), how long ago (ms) the
 --        answered call was reserved (-1: unknown) and at most how long ago
 --        the provider counted (ms): see below
---   "c", n, and n times: key index, capacity, refill rate: the bucket's
---        shape from the next operation on (a config reload between two of
---        the call's operations); no reply
+--   "c", n, and n times: key index, capacity, refill rate, largest cost:
+--        the bucket's shape from the next operation on (a config reload
+--        between two of the call's operations); no reply
+--
+-- A draw whose cost with its floor is above the bucket's capacity, but not
+-- above its largest cost, waits until the bucket is full and then takes it
+-- below zero: a provider that enforces its minute per second still passes
+-- a request larger than a second's worth once its bucket is full.
 --
 -- Provider feedback across sidecars. A bucket counts in n the units its
 -- acquires ever drew. Once a lowering carries a count, the bucket also
@@ -77,12 +82,13 @@ local count = tonumber(ARGV[3])
 -- batch has them now; the net change (units) of those the batch changed,
 -- which are written once at the end.
 local stored_level, stored_at, read = {}, {}, {}
-local level, updated, capacity, rate, delta = {}, {}, {}, {}, {}
+local level, updated, capacity, rate, largest, delta = {}, {}, {}, {}, {}, {}
 local drawn, history = {}, {}
 local HISTORY_SLOT, HISTORY_SLOTS, NOTE_LAG = 50, 200, 5
 for index = 2, #KEYS do
-  capacity[index] = tonumber(ARGV[2 * index])
-  rate[index] = tonumber(ARGV[2 * index + 1])
+  capacity[index] = tonumber(ARGV[3 * index - 2])
+  rate[index] = tonumber(ARGV[3 * index - 1])
+  largest[index] = tonumber(ARGV[3 * index])
 end
 -- Brings a bucket to now for the next operation, as if it ran alone: until
 -- the batch changes it, from the stored state with the bucket's shape at
@@ -177,7 +183,7 @@ local function margin_below(index, seen, counted)
 end
 
 local replies = {{1}}
-local at = 2 * #KEYS + 2
+local at = 3 * #KEYS + 1
 for _ = 1, count do
   local kind = ARGV[at]
   local reply
@@ -189,12 +195,12 @@ for _ = 1, count do
       local base = first + 3 * (draw - 1)
       local index = tonumber(ARGV[base])
       local cost, floor = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-      if cost + floor > capacity[index] then
+      if cost + floor > largest[index] then
         reply = {-1, draw}
         break
       end
       touch(index)
-      local missing = cost + floor - level[index]
+      local missing = math.min(cost + floor, capacity[index]) - level[index]
       local wait = 0
       if missing > 0 then
         wait = ceil_div(missing, rate[index])
@@ -227,11 +233,12 @@ for _ = 1, count do
   elseif kind == 'c' then
     local n = tonumber(ARGV[at + 1])
     for change = 1, n do
-      local base = at + 2 + 3 * (change - 1)
+      local base = at + 2 + 4 * (change - 1)
       local index = tonumber(ARGV[base])
       capacity[index], rate[index] = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+      largest[index] = tonumber(ARGV[base + 3])
     end
-    at = at + 2 + 3 * n
+    at = at + 2 + 4 * n
   else
     local n = tonumber(ARGV[at + 1])
     local stride = 2

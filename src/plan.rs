@@ -301,7 +301,7 @@ impl Planner {
                 cost: refused.draw.cost,
                 bucket: refused.role.name(),
                 limit: limit.name.clone(),
-                capacity: refused.draw.bucket.capacity,
+                capacity: refused.draw.bucket.largest,
                 floor: refused.draw.floor,
                 class: class.name.clone(),
             });
@@ -320,11 +320,15 @@ impl Planner {
             group: limit.group.as_deref(),
             tenant,
         };
-        Some(BucketSpec::per_minute(
+        let capacity = scaled(total.burst);
+        let bucket = BucketSpec::per_minute(
             bucket_key(&self.prefix, owner, BucketRole::Tenant),
-            scaled(total.burst),
+            capacity,
             scaled(total.per_minute),
-        ))
+        );
+        // A request the limit's own buckets grant, its tenant's share does
+        // too, once full.
+        Some(bucket.with_largest(scaled(limit.largest_cost(total.burst, total.per_minute))))
     }
 }
 
@@ -349,7 +353,14 @@ impl LimitBuckets {
             let refill = Refill::new(amount, window, burst);
             let capacity = limit.usable_burst(kind, &refill, burst);
             let key = bucket_key(prefix, own, role);
-            (role, BucketSpec::new(key, capacity, refill))
+            let spec = BucketSpec::new(key, capacity, refill);
+            // The per-minute figures are what the provider may enforce over
+            // a shorter window; a window declared as such is its own.
+            let spec = match window {
+                Window::Minute => spec.with_largest(limit.largest_cost(capacity, amount)),
+                _ => spec,
+            };
+            (role, spec)
         };
         let token_bucket = |role: BucketRole, rate: TokenRate| {
             own_bucket(role, rate.per_minute, Window::Minute, rate.burst)

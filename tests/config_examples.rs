@@ -24,9 +24,15 @@ fn load(relative: &str) -> Config {
 fn assert_common_limits(config: &Config) {
     let mini = config.limit("gpt-4o-mini").expect("gpt-4o-mini limit");
     assert_eq!(mini.tokens_per_minute, 200_000);
-    assert_eq!(mini.burst_tokens, 200_000);
+    // The openai preset: the provider may enforce its minute per second.
+    assert_eq!(
+        mini.enforcement_window,
+        ratekeeper::config::EnforcementWindow::Second
+    );
+    assert_eq!(mini.burst_tokens, 3_333);
     assert_eq!(mini.requests_per_minute, Some(500));
-    assert_eq!(mini.burst_requests, Some(500));
+    assert_eq!(mini.burst_requests, Some(8));
+    // Above the burst: such a request waits for a full bucket.
     assert_eq!(mini.max_request_tokens, Some(16_000));
     assert_eq!(mini.tenant_share, None);
 

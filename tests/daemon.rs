@@ -511,3 +511,45 @@ async fn a_requests_only_limit_with_a_second_and_a_day_window() {
     let names: Vec<&str> = buckets.iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(names, ["requests_per_second", "requests_per_day"]);
 }
+
+/// The shipped config's small limit, gpt-4o at 30k TPM under the openai
+/// preset's one-second enforcement window (a burst of 500 tokens, 400 of
+/// them usable): a single request of 10k tokens is not refused but waits
+/// until the bucket is full, then passes and leaves the bucket in debt,
+/// which the next request waits for. Only a cost above the per-minute
+/// figure can never be granted.
+#[tokio::test]
+async fn a_request_above_the_one_second_burst_passes_once_the_bucket_is_full() {
+    let daemon = Daemon::start(include_str!("../examples/ratekeeper.toml"));
+    let client = daemon.client().await;
+    let (_, tokens, waited) = granted(&client.call(acquire("gpt-4o", 300, 0)).await.unwrap());
+    assert_eq!((tokens, waited), (300, 0));
+
+    // 300 of the 400 are taken: full again after 300 tokens at 500 a
+    // second, 600 ms.
+    let (_, tokens, waited) =
+        granted(&client.call(acquire("gpt-4o", 10_000, 2_000)).await.unwrap());
+    assert_eq!(tokens, 10_000);
+    assert_close(waited as i64, 600, "the wait for a full bucket");
+
+    // Then 10,000 tokens of debt: 20 s until full, 1 s of it allowed.
+    match client.call(acquire("gpt-4o", 10_000, 1_000)).await.unwrap() {
+        Response::Denied {
+            retry_after_ms,
+            bucket,
+        } => {
+            assert_eq!(bucket, "tokens");
+            assert!(
+                (18_000..=19_000).contains(&retry_after_ms),
+                "retry after {retry_after_ms} ms"
+            );
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    let refused = client.call(acquire("gpt-4o", 30_001, 0)).await.unwrap();
+    assert_eq!(error_code(&refused), ErrorCode::CostExceedsCapacity);
+    assert!(
+        format!("{refused:?}").contains("holds at most 30000"),
+        "{refused:?}"
+    );
+}

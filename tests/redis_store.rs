@@ -213,8 +213,13 @@ const BUCKETS: usize = 5;
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (
-            // Now and then a cost that can never fit.
-            prop::collection::vec(prop_oneof![12 => 0u64..=60, 1 => Just(101u64)], BUCKETS),
+            // Now and then a cost above the capacity: it can never fit, or
+            // (in a bucket whose largest cost is above its capacity, as
+            // under a second's enforcement) waits for a full bucket.
+            prop::collection::vec(
+                prop_oneof![12 => 0u64..=60, 1 => Just(101u64), 1 => 150u64..=320],
+                BUCKETS,
+            ),
             prop::collection::vec(prop_oneof![3 => Just(0u64), 1 => 0u64..30], BUCKETS),
             prop_oneof![Just(0u64), 0u64..60_000],
         )
@@ -268,17 +273,19 @@ fn lua_batches_and_rust_give_the_same_answers() {
     };
     proptest!(config, |(steps in prop::collection::vec(step(), 1..30))| {
         let case = case.fetch_add(1, Ordering::SeqCst);
+        // The token and tenant buckets grant single costs above their
+        // capacity once full (up to 3 and 2 capacities).
         let mut buckets: [BucketSpec; BUCKETS] = [
-            bucket(&format!("p{case}:{{x}}:tokens"), 1_000, 600),
+            bucket(&format!("p{case}:{{x}}:tokens"), 1_000, 600).with_largest(3_000),
             bucket(&format!("p{case}:{{x}}:requests"), 7, 13),
-            bucket(&format!("p{case}:{{x}}:tenant"), 1_200, 60_000),
+            bucket(&format!("p{case}:{{x}}:tenant"), 1_200, 60_000).with_largest(2_400),
             BucketSpec::new(format!("p{case}:{{x}}:second"), 30, Refill::new(30, Window::Second, 30)),
             BucketSpec::new(format!("p{case}:{{x}}:day"), 5_000, Refill::new(5_000, Window::Day, 5_000)),
         ];
         // What a reload puts in place: the same keys, smaller capacities,
         // other rates.
         let reloaded: [BucketSpec; BUCKETS] = [
-            bucket(&format!("p{case}:{{x}}:tokens"), 700, 900),
+            bucket(&format!("p{case}:{{x}}:tokens"), 700, 900).with_largest(1_400),
             bucket(&format!("p{case}:{{x}}:requests"), 5, 20),
             bucket(&format!("p{case}:{{x}}:tenant"), 900, 30_000),
             BucketSpec::new(format!("p{case}:{{x}}:second"), 20, Refill::new(20, Window::Second, 20)),
@@ -319,7 +326,13 @@ fn lua_batches_and_rust_give_the_same_answers() {
                                 .collect();
                             if draws.is_empty() { continue; }
                             let answer = embedded.acquire(&draws, *max_wait_ms).await;
-                            *outcomes.lock().unwrap().entry(outcome_kind(&answer)).or_default() += 1;
+                            let mut outcomes = outcomes.lock().unwrap();
+                            *outcomes.entry(outcome_kind(&answer)).or_default() += 1;
+                            let oversized = draws.iter().any(|draw| draw.cost + draw.floor > draw.bucket.capacity);
+                            if oversized && matches!(answer, Ok(Decision::Granted { .. })) {
+                                *outcomes.entry("granted above the capacity").or_default() += 1;
+                            }
+                            drop(outcomes);
                             rust.push(format!("{:?}", answer.map(Some)));
                             batch.push(BatchOp::Acquire { draws, max_wait_ms: *max_wait_ms });
                         }
@@ -363,6 +376,7 @@ fn lua_batches_and_rust_give_the_same_answers() {
         "granted after a wait",
         "denied",
         "impossible",
+        "granted above the capacity",
     ] {
         assert!(
             outcomes.get(kind).copied().unwrap_or(0) >= 5,
@@ -798,7 +812,9 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
         let mut invocation = batch.prepare_invoke();
         invocation.key(record).key(big).key(small);
         invocation.arg(clock).arg("10000").arg("3");
-        invocation.arg(&big_bucket).arg("100").arg("10");
+        // Each bucket's capacity, rate and largest cost.
+        invocation.arg(&big_bucket).arg(big_bucket[0]);
+        invocation.arg("100").arg("10").arg("100");
         invocation.arg(&acquire("0", "2", "9000000000000000"));
         invocation.arg(&acquire("5", "2", "9000000000000000"));
         invocation.arg(&acquire("10", "3", "150"));
@@ -839,6 +855,6 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
     let mut late = batch.prepare_invoke();
     late.key(record).key(big).key(small);
     late.arg("1000300").arg("10000").arg("0").arg(&big_bucket);
-    late.arg("100").arg("10");
+    late.arg(big_bucket[0]).arg("100").arg("10").arg("100");
     assert_eq!(late.invoke::<Vec<Vec<i64>>>(&mut redis).unwrap(), [vec![0]]);
 }

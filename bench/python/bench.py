@@ -97,8 +97,9 @@ def script_args() -> Callable[[], tuple[list[str], list]]:
     LIMIT, each a call of its own with a fresh call id."""
     prefix = f"pybench:{{{LIMIT}}}"
     # In the bucket's units, as the sidecar sends them: 60000 a token for a
-    # rate per minute, which refills PER_MINUTE units a millisecond.
-    shape = [CAPACITY * 60_000, PER_MINUTE]
+    # rate per minute, which refills PER_MINUTE units a millisecond; then
+    # the largest cost an acquire may take (the capacity).
+    shape = [CAPACITY * 60_000, PER_MINUTE, CAPACITY * 60_000]
     draw = [TOKENS * 60_000, 0]
     args = ["", 10_000, 1, *shape, *shape, "a", 0, 2, 2, *draw, 3, *draw]
     calls = itertools.count()

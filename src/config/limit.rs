@@ -15,19 +15,20 @@ pub struct LimitConfig {
     #[serde(skip_serializing_if = "is_zero")]
     pub tokens_per_minute: u64,
     pub requests_per_minute: Option<u64>,
-    /// Combined token bucket capacity; defaults to one minute's worth; 0
+    /// Combined token bucket capacity; defaults to one enforcement window's
+    /// worth; 0
     /// with separate input and output buckets.
     #[serde(skip_serializing_if = "is_zero")]
     pub burst_tokens: u64,
-    /// Request bucket capacity; defaults to one minute's worth.
+    /// Request bucket capacity; defaults to one enforcement window's worth.
     pub burst_requests: Option<u64>,
     /// Refill rate of the separate input-token bucket (prompt tokens).
     pub input_tokens_per_minute: Option<u64>,
     /// Refill rate of the separate output-token bucket (completion tokens).
     pub output_tokens_per_minute: Option<u64>,
-    /// Input bucket capacity; defaults to one minute's worth.
+    /// Input bucket capacity; defaults to one enforcement window's worth.
     pub burst_input_tokens: Option<u64>,
-    /// Output bucket capacity; defaults to one minute's worth.
+    /// Output bucket capacity; defaults to one enforcement window's worth.
     pub burst_output_tokens: Option<u64>,
     /// Model whose tokenizer counts this limit's messages; also the key
     /// under which learned output sizes are kept.
@@ -59,6 +60,11 @@ pub struct LimitConfig {
     /// How much of each own bucket's burst is held back, in milliseconds
     /// of its refill (see [`LimitConfig::usable_burst`]).
     pub burst_headroom_ms: u64,
+    /// The shortest window over which the provider may enforce the
+    /// per-minute figures: the default bursts hold one of it, and a single
+    /// request larger than that still passes once its bucket is full (see
+    /// [`LimitConfig::largest_cost`]).
+    pub enforcement_window: EnforcementWindow,
     /// Whether the limit holds acquires back (`enforce`), or only decides,
     /// counts and logs while granting every acquire at once (`shadow`).
     pub mode: LimitMode,
@@ -88,6 +94,58 @@ pub enum LimitMode {
     /// Decides, counts and logs as `enforce` would, but grants every
     /// acquire at once: a limit rolled out to be watched before it binds.
     Shadow,
+}
+
+/// The shortest window over which a provider may enforce a limit's
+/// per-minute figures. OpenAI ("60,000 requests/minute may be enforced as
+/// 1,000 requests/second") and Anthropic ("60 RPM may be enforced as 1
+/// request per second") both document one second; a bucket holding a
+/// minute's worth would spend it in the first second of a cold start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EnforcementWindow {
+    /// Bursts default to one second of the rate; a request larger than that
+    /// waits until its bucket is full, then passes (as a provider that
+    /// quantizes its minute into seconds lets it).
+    Second,
+    /// Bursts default to a minute's worth: a provider that keeps one bucket
+    /// per minute figure.
+    Minute,
+}
+
+impl EnforcementWindow {
+    /// The window a preset assumes: one second for the providers that
+    /// document enforcing per second, a minute otherwise (a provider that
+    /// keeps one bucket per minute figure).
+    pub fn of_provider(provider: Provider) -> EnforcementWindow {
+        match provider {
+            Provider::Openai | Provider::Anthropic => EnforcementWindow::Second,
+            Provider::Generic => EnforcementWindow::Minute,
+        }
+    }
+
+    /// The window's length.
+    pub fn ms(self) -> u64 {
+        match self {
+            EnforcementWindow::Second => 1_000,
+            EnforcementWindow::Minute => 60_000,
+        }
+    }
+
+    /// Its name in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            EnforcementWindow::Second => "second",
+            EnforcementWindow::Minute => "minute",
+        }
+    }
+
+    /// The default burst of a bucket of `per_minute`: one window's worth,
+    /// rounded down (so never above what the provider's window holds), at
+    /// least one.
+    pub fn default_burst(self, per_minute: u64) -> u64 {
+        (u128::from(per_minute) * u128::from(self.ms()) / 60_000).max(1) as u64
+    }
 }
 
 /// A bucket of a limit over a window other than a minute.
@@ -223,14 +281,36 @@ impl LimitConfig {
     /// provider by `rate × delay`, which is the 429s at the burst edge. The
     /// headroom takes that off the burst and leaves the rate alone, so the
     /// steady state loses nothing.
+    ///
+    /// With a one-second enforcement window a large request does not need
+    /// the burst to hold it ([`Self::largest_cost`]), so `max_request_tokens`
+    /// does not limit the headroom.
     pub fn usable_burst(&self, role: BucketKind, refill: &Refill, burst: u64) -> u64 {
         let held = u128::from(refill.amount()) * u128::from(self.burst_headroom_ms)
             / u128::from(refill.window().ms());
-        let floor = match (role, self.max_request_tokens) {
-            (BucketKind::Tokens, Some(max_request)) => (burst / 2).max(max_request.min(burst)),
+        let floor = match (role, self.max_request_tokens, self.enforcement_window) {
+            (BucketKind::Tokens, Some(max_request), EnforcementWindow::Minute) => {
+                (burst / 2).max(max_request.min(burst))
+            }
             _ => burst / 2,
         };
         burst - (held.min(u128::from(burst - floor)) as u64)
+    }
+
+    /// The largest cost one acquire may take from one of the limit's own
+    /// per-minute buckets of `capacity` (its usable burst) and `per_minute`.
+    ///
+    /// Under a minute's enforcement that is the capacity: more can never be
+    /// granted. Under a second's, a provider still accepts a request larger
+    /// than one second's worth (a long prompt on a small limit) once its
+    /// bucket is full, up to the per-minute figure itself: such a request
+    /// waits until the bucket is full, then takes it below zero
+    /// ([`crate::limiter::bucket`]).
+    pub fn largest_cost(&self, capacity: u64, per_minute: u64) -> u64 {
+        match self.enforcement_window {
+            EnforcementWindow::Second => capacity.max(per_minute),
+            EnforcementWindow::Minute => capacity,
+        }
     }
 
     /// What counts this limit's messages.

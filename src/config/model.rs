@@ -321,7 +321,9 @@ pub struct GroupConfig {
     pub burst_requests: Option<u64>,
 }
 
-pub use super::limit::{BucketKind, LimitConfig, LimitMode, TokenBuckets, TokenRate};
+pub use super::limit::{
+    BucketKind, EnforcementWindow, LimitConfig, LimitMode, TokenBuckets, TokenRate,
+};
 
 /// A priority class.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -9,7 +9,7 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::model::{DisconnectRule, FailurePolicy, LimitMode};
+use super::model::{DisconnectRule, EnforcementWindow, FailurePolicy, LimitMode};
 use crate::limiter::Window;
 use crate::tokens::{CostRule, Provider, SettleRule, Tokenizer};
 
@@ -122,6 +122,7 @@ pub(super) struct RawLimit {
     pub settle: Option<Spanned<SettleRule>>,
     pub learn_max_output: Option<Spanned<bool>>,
     pub burst_headroom_ms: Option<Spanned<i64>>,
+    pub enforcement_window: Option<Spanned<EnforcementWindow>>,
     pub mode: Option<Spanned<LimitMode>>,
     pub max_concurrent: Option<Spanned<i64>>,
     pub concurrent_timeout_ms: Option<Spanned<i64>>,

@@ -145,6 +145,12 @@ pub struct BucketSpec {
     pub capacity: u64,
     /// How fast it refills.
     pub refill: Refill,
+    /// The largest cost (with its floor) one acquire may take, at least
+    /// `capacity`. Above the capacity a draw waits until the bucket is
+    /// full and then takes it below zero: a provider that enforces its
+    /// minute per second still passes a request larger than a second's
+    /// worth once its bucket is full.
+    pub largest: u64,
 }
 
 /// One bucket's level at a moment.
@@ -179,10 +185,21 @@ pub enum Plan {
 }
 
 impl Draw {
-    /// Whether the bucket can ever hold this cost above the floor: the one
+    /// Whether the bucket can ever grant this cost above the floor: the one
     /// capacity rule (`lua/batch.lua` applies it again on Redis).
     pub fn fits_capacity(&self) -> bool {
-        self.cost.saturating_add(self.floor) <= self.bucket.capacity
+        self.cost.saturating_add(self.floor) <= self.bucket.largest
+    }
+
+    /// The level, in units, the bucket must reach before the draw is due:
+    /// its cost above the floor, or a full bucket for a draw larger than
+    /// the capacity.
+    fn needed_units(&self) -> i64 {
+        let needed = self
+            .cost
+            .saturating_add(self.floor)
+            .min(self.bucket.capacity);
+        self.bucket.units(needed)
     }
 }
 
@@ -193,7 +210,22 @@ impl BucketSpec {
             key: key.into(),
             capacity,
             refill,
+            largest: capacity,
         }
+    }
+
+    /// The same bucket granting single costs up to `largest` (never below
+    /// its capacity) once it is full.
+    pub fn with_largest(self, largest: u64) -> BucketSpec {
+        BucketSpec {
+            largest: largest.max(self.capacity),
+            ..self
+        }
+    }
+
+    /// [`Self::largest`] in units.
+    pub fn largest_units(&self) -> i64 {
+        self.units(self.largest)
     }
 
     /// A bucket of `capacity` tokens refilled by `per_minute` a minute.
@@ -289,8 +321,7 @@ impl BucketState {
 
 /// Milliseconds until `state` (already refilled) can cover `draw`.
 fn wait_for(draw: &Draw, state: BucketState) -> u64 {
-    let needed = draw.bucket.units(draw.cost) + draw.bucket.units(draw.floor);
-    let missing = needed - state.level;
+    let missing = draw.needed_units() - state.level;
     ceil_div(missing.max(0), draw.bucket.units_per_ms()) as u64
 }
 

@@ -171,12 +171,20 @@ impl FallbackStore {
     fn local_draw(&self, draw: &Draw) -> Draw {
         let scaled = |value: u64| ((value as f64 * self.local_share).floor() as u64).max(1);
         let capacity = scaled(draw.bucket.capacity);
+        let local = BucketSpec::new(
+            draw.bucket.key.clone(),
+            capacity,
+            draw.bucket.refill.scaled(self.local_share, capacity),
+        );
+        // A bucket that grants a cost above its capacity once full (a
+        // second's enforcement) does so with this sidecar's share too.
+        let local = if draw.bucket.largest > draw.bucket.capacity {
+            local.with_largest(draw.bucket.largest)
+        } else {
+            local
+        };
         Draw {
-            bucket: BucketSpec::new(
-                draw.bucket.key.clone(),
-                capacity,
-                draw.bucket.refill.scaled(self.local_share, capacity),
-            ),
+            bucket: local,
             cost: draw.cost,
             floor: scaled(draw.floor).min(draw.floor),
         }

@@ -270,7 +270,7 @@ pub(crate) fn decision_from_plan(draws: &[Draw], plan: Plan) -> Result<Decision,
             Err(StoreError::CostExceedsCapacity {
                 key: draw.bucket.key.to_string(),
                 cost: draw.cost.saturating_add(draw.floor),
-                capacity: draw.bucket.capacity,
+                capacity: draw.bucket.largest,
             })
         }
     }

@@ -44,6 +44,22 @@ tokens_per_minute = 6000
 burst_tokens = 2000
 
 [[limits]]
+name = "openai_minute"
+burst_headroom_ms = 0
+provider = "openai"
+enforcement_window = "minute"
+tokens_per_minute = 6000
+burst_tokens = 2000
+
+[[limits]]
+name = "anthropic"
+provider = "anthropic"
+input_tokens_per_minute = 30000
+output_tokens_per_minute = 6000
+requests_per_minute = 50
+tenant_share = 0.5
+
+[[limits]]
 name = "split"
 burst_headroom_ms = 0
 input_tokens_per_minute = 600
@@ -148,7 +164,12 @@ fn draws(plan: &AcquirePlan) -> String {
             let draw = &r.draw;
             let (role, settle) = (r.role.name(), r.settle);
             let (cost, floor, capacity) = (draw.cost, draw.floor, draw.bucket.capacity);
-            format!("{role} {cost}+{floor} {settle:?}/{capacity}")
+            // A bucket that grants more than its capacity once full says so.
+            let largest = match draw.bucket.largest {
+                largest if largest > capacity => format!(" up to {largest}"),
+                _ => String::new(),
+            };
+            format!("{role} {cost}+{floor} {settle:?}/{capacity}{largest}")
         })
         .collect();
     draws.join(", ")
@@ -205,7 +226,21 @@ fn costs_become_one_draw_per_bucket() {
             "openai: the charge is max(input, output) and is kept",
             ask("openai", 300, 1000),
             1000,
-            "tokens 1000+0 Never/2000",
+            "tokens 1000+0 Never/2000 up to 6000",
+        ),
+        (
+            "under a second's enforcement a cost above the burst waits for a full bucket",
+            ask("openai", 10, 2001),
+            2001,
+            "tokens 2001+0 Never/2000 up to 6000",
+        ),
+        (
+            "the presets' bursts hold one second of the rate, less 200 ms; a request \
+             larger passes once full, up to the minute's figure; the tenant likewise",
+            ask("anthropic", 10000, 1000).tenant("acme"),
+            11000,
+            "input_tokens 10000+0 Input/400 up to 30000, output_tokens 1000+0 Output/80 up to 6000, \
+             requests 1+0 Never/1 up to 50, tenant 11000+0 Total/300 up to 18000",
         ),
         (
             "separate buckets take their own figure; the tenant takes the sum from its share",
@@ -255,9 +290,14 @@ fn impossible_costs_are_refused_before_any_store_sees_them() {
             },
         ),
         (
-            "above the burst",
-            ask("openai", 10, 2001),
-            never_fits("openai", 2001, 2000, 0, "interactive"),
+            "above the burst under a minute's enforcement",
+            ask("openai_minute", 10, 2001),
+            never_fits("openai_minute", 2001, 2000, 0, "interactive"),
+        ),
+        (
+            "above the minute's figure under a second's",
+            ask("openai", 10, 6001),
+            never_fits("openai", 6001, 6000, 0, "interactive"),
         ),
         (
             "within the burst but not above the class's floor",
@@ -336,7 +376,7 @@ fn names_classes_and_waits_are_checked() {
             None,
             Err(PlanError::UnknownLimit {
                 name: "nope".into(),
-                configured: "edge, edge_floors, sum, openai, split, grouped, group, windows, rps"
+                configured: "edge, edge_floors, sum, openai, openai_minute, anthropic, split, grouped, group, windows, rps"
                     .into(),
             }),
         ),

@@ -100,6 +100,86 @@ limits = [\"gpt-4o\"]
 }
 
 #[test]
+fn the_presets_default_to_one_second_enforcement() {
+    // (what, limit's settings) → (window, burst_tokens, burst_requests, the
+    // largest cost of the token bucket)
+    let cases = [
+        (
+            "generic: a minute",
+            "tokens_per_minute = 30000\nrequests_per_minute = 500",
+            (EnforcementWindow::Minute, 30_000, 500, 29_900),
+        ),
+        (
+            "openai: a second, rounded down; the largest request is the minute's figure",
+            "provider = \"openai\"\ntokens_per_minute = 30000\nrequests_per_minute = 500",
+            (EnforcementWindow::Second, 500, 8, 30_000),
+        ),
+        (
+            "anthropic: a second; at least one request",
+            "provider = \"anthropic\"\ntokens_per_minute = 30000\nrequests_per_minute = 50",
+            (EnforcementWindow::Second, 500, 1, 30_000),
+        ),
+        (
+            "a declared burst is the provider's real one",
+            "provider = \"openai\"\ntokens_per_minute = 30000\nburst_tokens = 30000\n\
+             requests_per_minute = 500\nburst_requests = 50",
+            (EnforcementWindow::Second, 30_000, 50, 30_000),
+        ),
+        (
+            "a preset told its provider keeps minute buckets",
+            "provider = \"openai\"\nenforcement_window = \"minute\"\n\
+             tokens_per_minute = 30000\nrequests_per_minute = 500",
+            (EnforcementWindow::Minute, 30_000, 500, 29_900),
+        ),
+        (
+            "a generic limit told its provider enforces per second",
+            "enforcement_window = \"second\"\ntokens_per_minute = 30000\n\
+             requests_per_minute = 500",
+            (EnforcementWindow::Second, 500, 8, 30_000),
+        ),
+    ];
+    for (what, settings, expected) in cases {
+        let config = parse_ok(&format!("[[limits]]\nname = \"a\"\n{settings}\n"));
+        let limit = config.limit("a").unwrap();
+        let refill = crate::limiter::Refill::per_minute(limit.tokens_per_minute);
+        let capacity = limit.usable_burst(BucketKind::Tokens, &refill, limit.burst_tokens);
+        let got = (
+            limit.enforcement_window,
+            limit.burst_tokens,
+            limit.burst_requests.unwrap(),
+            limit.largest_cost(capacity, limit.tokens_per_minute),
+        );
+        assert_eq!(got, expected, "{what}");
+        assert_eq!(parse_ok(&config.to_effective_toml()), config, "{what}");
+    }
+}
+
+#[test]
+fn a_second_window_admits_a_largest_request_up_to_the_minute_figure() {
+    let at = |settings: &str| parse_err(&format!("[[limits]]\nname = \"a\"\n{settings}\n"));
+    // Under a second's enforcement max_request_tokens may exceed the burst,
+    // not the per-minute figure.
+    parse_ok(
+        "[[limits]]\nname = \"a\"\nprovider = \"openai\"\ntokens_per_minute = 30000\n\
+         max_request_tokens = 30000\n",
+    );
+    let error = at("provider = \"openai\"\ntokens_per_minute = 30000\nmax_request_tokens = 30001");
+    assert!(
+        error.contains(
+            "tokens_per_minute (30000) is below max_request_tokens (30001): a request that large could never be admitted"
+        ),
+        "{error}"
+    );
+    let error = at(
+        "provider = \"openai\"\nenforcement_window = \"minute\"\ntokens_per_minute = 30000\n\
+         burst_tokens = 1000\nmax_request_tokens = 1001",
+    );
+    assert!(error.contains("burst_tokens (1000) is below"), "{error}");
+    let error = at("tokens_per_minute = 30000\nenforcement_window = \"hour\"");
+    assert!(error.contains("enforcement_window"), "{error}");
+}
+
+#[test]
 fn config_explicit_values() {
     let config = parse_ok(
         "\

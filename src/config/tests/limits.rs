@@ -117,9 +117,10 @@ max_request_tokens = 40000
     assert_eq!(
         limit.token_buckets(),
         TokenBuckets::Split {
+            // The preset's one-second window: 40000 / 60, rounded down.
             input: TokenRate {
                 per_minute: 40_000,
-                burst: 40_000
+                burst: 666
             },
             output: TokenRate {
                 per_minute: 8_000,
@@ -131,7 +132,7 @@ max_request_tokens = 40000
         limit.total_token_rate(),
         TokenRate {
             per_minute: 48_000,
-            burst: 44_000
+            burst: 4_666
         }
     );
     assert_eq!((limit.tokens_per_minute, limit.burst_tokens), (0, 0));
@@ -141,7 +142,7 @@ max_request_tokens = 40000
     assert!(!effective.contains("\ntokens_per_minute"), "{effective}");
     assert!(!effective.contains("\nburst_tokens"), "{effective}");
     assert!(
-        effective.contains("burst_input_tokens = 40000"),
+        effective.contains("burst_input_tokens = 666"),
         "{effective}"
     );
     assert_eq!(parse_ok(&effective), config);
@@ -187,6 +188,9 @@ fn config_example_commented_anthropic_limit_is_valid() {
         .map(|line| {
             let key = line.trim_start_matches("# ");
             let is_default_key = [
+                "enforcement_window =",
+                "burst_tokens =",
+                "burst_requests =",
                 "burst_headroom_ms =",
                 "tokenizer =",
                 "chars_per_token =",

@@ -52,6 +52,52 @@ fn single_bucket_decisions() {
 }
 
 #[test]
+fn a_cost_above_the_capacity_waits_for_a_full_bucket_up_to_the_largest() {
+    let deny = |retry_after_ms| Plan::Deny {
+        retry_after_ms,
+        bucket: 0,
+    };
+    let grant = |wait_ms| Plan::Grant { wait_ms };
+    let never = Plan::Impossible { bucket: 0 };
+    // A bucket of 1000 that passes single costs up to 3000 once full.
+    // (level, cost, floor, max wait) → plan
+    let cases: &[(i64, u64, u64, u64, Plan)] = &[
+        (1000, 1001, 0, 0, grant(0)),
+        (1000, 3000, 0, 0, grant(0)),
+        (1000, 3001, 0, u64::MAX, never),
+        (1000, 2900, 101, u64::MAX, never),
+        // Not yet full: it waits until the bucket is, not for its cost.
+        (400, 2500, 0, 600, grant(600)),
+        (400, 2500, 0, 599, deny(1)),
+        // A reservation before it in debt: first that is paid back.
+        (-1500, 3000, 0, 10_000, grant(2500)),
+        // Its floor counts no further than a full bucket.
+        (900, 950, 100, 0, deny(100)),
+        (1000, 950, 100, 0, grant(0)),
+        // Within the capacity nothing changes.
+        (100, 101, 0, 0, deny(1)),
+    ];
+    for &(level, cost, floor, max_wait, expected) in cases {
+        let draw = Draw {
+            bucket: spec(1000).with_largest(3000),
+            cost,
+            floor,
+        };
+        assert_eq!(
+            plan(std::slice::from_ref(&draw), &[at(level)], max_wait),
+            expected,
+            "level {level}, cost {cost}, floor {floor}, max wait {max_wait}"
+        );
+        if let Plan::Grant { .. } = expected {
+            let after = commit(&[draw], &[at(level)]);
+            assert_eq!(after[0], at(level - cost as i64), "the whole cost is taken");
+        }
+    }
+    // The largest is never below the capacity.
+    assert_eq!(spec(1000).with_largest(10).largest, 1000);
+}
+
+#[test]
 fn waits_round_up_to_whole_milliseconds() {
     // 1 token per minute: one token takes 60 000 ms to refill.
     let slow = BucketSpec::per_minute("k", 10, 1);

@@ -65,10 +65,10 @@ pub(super) enum CallReply {
 pub(super) struct Call {
     /// `KEYS[1]`, the record; then each bucket once, in order of first use.
     keys: Vec<Arc<str>>,
-    /// Capacity and rate (units, units per ms) of each bucket of `keys[1..]`
-    /// as its first operation in the call has it: sent once a call, not
-    /// with every draw, and what the cancel refills with.
-    shapes: Vec<(i64, i64)>,
+    /// The shape of each bucket of `keys[1..]` as its first operation in
+    /// the call has it: sent once a call, not with every draw, and what the
+    /// cancel refills with.
+    shapes: Vec<Shape>,
     /// Where a bucket's shape changes within the call (a config reload
     /// between two of its operations), in order: almost always none.
     reshapes: Vec<Reshape>,
@@ -77,13 +77,32 @@ pub(super) struct Call {
     indices: Vec<Vec<usize>>,
 }
 
+/// A bucket's shape as the script takes it, in units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    capacity: i64,
+    units_per_ms: i64,
+    /// The largest cost (with its floor) one acquire may take.
+    largest: i64,
+}
+
+impl Shape {
+    fn of(bucket: &BucketSpec) -> Shape {
+        Shape {
+            capacity: bucket.capacity_units(),
+            units_per_ms: bucket.units_per_ms(),
+            largest: bucket.largest_units(),
+        }
+    }
+}
+
 /// A bucket's new shape, from operation `before_op` of the call on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Reshape {
     before_op: usize,
     /// Into `keys`, as Lua counts.
     index: usize,
-    shape: (i64, i64),
+    shape: Shape,
 }
 
 impl Call {
@@ -92,13 +111,13 @@ impl Call {
         let slot_key = ops.iter().find_map(BatchOp::slot_key);
         let slot_key = slot_key.as_deref().unwrap_or("");
         let mut keys: Vec<Arc<str>> = vec![call_record_key(slot_key, id).into()];
-        let mut shapes: Vec<(i64, i64)> = Vec::new();
+        let mut shapes: Vec<Shape> = Vec::new();
         let mut reshapes: Vec<Reshape> = Vec::new();
         let mut indices = Vec::with_capacity(ops.len());
         for (at, op) in ops.iter().enumerate() {
             let mut op_indices = Vec::new();
             op.for_each_bucket(|bucket| {
-                let shape = (bucket.capacity_units(), bucket.units_per_ms());
+                let shape = Shape::of(bucket);
                 // Batches touch a handful of buckets: a scan beats a map.
                 let index = match keys[1..].iter().position(|key| *key == bucket.key) {
                     Some(found) => {
@@ -150,8 +169,10 @@ impl Call {
         args.text(clock)
             .uint(record_ttl_ms)
             .size(self.ops.len() + reshaped_ops);
-        for (capacity, units_per_ms) in &self.shapes {
-            args.int(*capacity).int(*units_per_ms);
+        for shape in &self.shapes {
+            args.int(shape.capacity)
+                .int(shape.units_per_ms)
+                .int(shape.largest);
         }
         let mut reshapes = self.reshapes.as_slice();
         for (at, (op, indices)) in self.ops.iter().zip(&self.indices).enumerate() {
@@ -163,8 +184,9 @@ impl Call {
                 args.text("c").size(here);
                 for reshape in &reshapes[..here] {
                     args.size(reshape.index)
-                        .int(reshape.shape.0)
-                        .int(reshape.shape.1);
+                        .int(reshape.shape.capacity)
+                        .int(reshape.shape.units_per_ms)
+                        .int(reshape.shape.largest);
                 }
                 reshapes = &reshapes[here..];
             }
@@ -220,8 +242,8 @@ impl Call {
     ) -> Cmd {
         let mut cmd = evalsha(script, &self.keys);
         cmd.arg(clock).arg(tombstone_ttl_ms);
-        for (capacity, units_per_ms) in &self.shapes {
-            cmd.arg(*capacity).arg(*units_per_ms);
+        for shape in &self.shapes {
+            cmd.arg(shape.capacity).arg(shape.units_per_ms);
         }
         cmd
     }
@@ -421,12 +443,13 @@ mod tests {
     fn shapes_go_once_a_call_and_a_reload_within_it_reshapes_its_bucket() {
         let tokens = "rk:{l:a}:a:tokens";
         let ops = vec![acquire(&[tokens], 10), acquire(&[tokens], 1)];
-        // 100 tokens a minute of 60 000 units, refilling 60 units a ms.
+        // 100 tokens a minute of 60 000 units, refilling 60 units a ms, and
+        // the largest cost (the capacity).
         assert_eq!(
             arguments(&Call::new(ops.clone(), 1)),
             [
-                "", "10000", "2", "6000000", "60", "a", "0", "1", "2", "600000", "0", "a", "0",
-                "1", "2", "60000", "0"
+                "", "10000", "2", "6000000", "60", "6000000", "a", "0", "1", "2", "600000", "0",
+                "a", "0", "1", "2", "60000", "0"
             ]
         );
         let reloaded = BatchOp::Acquire {
@@ -441,9 +464,9 @@ mod tests {
         assert_eq!(
             arguments(&call)[..],
             [
-                "", "10000", "5", "6000000", "60", "a", "0", "1", "2", "600000", "0", "c", "1",
-                "2", "12000000", "120", "a", "0", "1", "2", "60000", "0", "c", "1", "2", "6000000",
-                "60", "a", "0", "1", "2", "60000", "0"
+                "", "10000", "5", "6000000", "60", "6000000", "a", "0", "1", "2", "600000", "0",
+                "c", "1", "2", "12000000", "120", "12000000", "a", "0", "1", "2", "60000", "0",
+                "c", "1", "2", "6000000", "60", "6000000", "a", "0", "1", "2", "60000", "0"
             ]
         );
     }

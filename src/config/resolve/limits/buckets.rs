@@ -1,9 +1,10 @@
 //! A limit's buckets: one combined token bucket or separate input and
 //! output ones, the request bucket, the tenant share, and the largest
-//! request, which must fit in the token buckets.
+//! request, which must fit in the token buckets. Bursts not given hold one
+//! enforcement window's worth of their rate.
 
 use crate::config::diagnostics::{Checked, Diagnostics, Fraction, check_fraction, check_positive};
-use crate::config::model::{MAX_BURST, MAX_RATE_PER_MINUTE, TokenRate};
+use crate::config::model::{EnforcementWindow, MAX_BURST, MAX_RATE_PER_MINUTE, TokenRate};
 use crate::config::raw::RawLimit;
 
 /// The bucket settings of a limit, resolved.
@@ -27,12 +28,13 @@ pub(super) struct BucketSettings {
 /// is missing or wrong.
 pub(super) fn resolve_buckets(
     limit: &RawLimit,
+    window: EnforcementWindow,
     context: &str,
     entry_at: usize,
     d: &mut Diagnostics,
 ) -> Option<BucketSettings> {
     let mut usable = check_token_bucket_kind(limit, context, entry_at, d);
-    let rates = CheckedRates::check(limit, context, d);
+    let rates = CheckedRates::check(limit, window, context, d);
     let other_windows = limit.other_windows().map(|(requests, window, figure)| {
         let unit = if requests { "requests" } else { "tokens" };
         let field = format!("{unit}_per_{}", window.name());
@@ -56,17 +58,9 @@ pub(super) fn resolve_buckets(
         usable = false;
     }
     if let (Some(capacity), Checked::Valid(max_request)) =
-        (rates.token_capacity(), max_request_tokens)
+        (rates.largest_token_cost(), max_request_tokens)
     {
-        check_max_request_fits(
-            limit,
-            rates.split,
-            capacity,
-            max_request,
-            context,
-            entry_at,
-            d,
-        );
+        check_max_request_fits(limit, &rates, capacity, max_request, context, entry_at, d);
     }
 
     let requests_per_minute = rates.requests_per_minute.resolved()?;
@@ -93,7 +87,10 @@ pub(super) fn resolve_buckets(
         input,
         output,
         requests_per_minute,
-        burst_requests: rates.burst_requests.resolved()?.or(requests_per_minute),
+        burst_requests: rates
+            .burst_requests
+            .resolved()?
+            .or(requests_per_minute.map(|per_minute| window.default_burst(per_minute))),
         tenant_share: tenant_share.resolved()?,
         max_request_tokens: max_request_tokens.resolved()?,
         other_windows: resolved_windows,
@@ -102,6 +99,8 @@ pub(super) fn resolve_buckets(
 
 /// A limit's rates and bursts, each checked.
 struct CheckedRates {
+    /// What the default bursts hold one of.
+    window: EnforcementWindow,
     /// Separate input and output token buckets rather than one combined.
     split: bool,
     tokens_per_minute: Checked<u64>,
@@ -116,7 +115,12 @@ struct CheckedRates {
 
 impl CheckedRates {
     /// Checks every rate and burst the limit sets against its bound.
-    fn check(limit: &RawLimit, context: &str, d: &mut Diagnostics) -> Self {
+    fn check(
+        limit: &RawLimit,
+        window: EnforcementWindow,
+        context: &str,
+        d: &mut Diagnostics,
+    ) -> Self {
         let mut rate =
             |field: &str, value| check_positive(d, context, field, value, MAX_RATE_PER_MINUTE);
         let tokens_per_minute = rate("tokens_per_minute", &limit.tokens_per_minute);
@@ -127,6 +131,7 @@ impl CheckedRates {
         let requests_per_minute = rate("requests_per_minute", &limit.requests_per_minute);
         let mut burst = |field: &str, value| check_positive(d, context, field, value, MAX_BURST);
         CheckedRates {
+            window,
             split: limit.tokens_per_minute.is_none()
                 && (limit.input_tokens_per_minute.is_some()
                     || limit.output_tokens_per_minute.is_some()),
@@ -141,22 +146,30 @@ impl CheckedRates {
         }
     }
 
-    /// Capacity of the combined bucket: `burst_tokens`, else one minute's
-    /// worth; `None` when unknown (absent or invalid).
+    /// One enforcement window's worth of a rate, when known.
+    fn window_burst(&self, per_minute: &Checked<u64>) -> Option<u64> {
+        per_minute
+            .value()
+            .map(|per_minute| self.window.default_burst(per_minute))
+    }
+
+    /// Capacity of the combined bucket: `burst_tokens`, else one
+    /// enforcement window's worth; `None` when unknown (absent or invalid).
     fn combined_burst(&self) -> Option<u64> {
-        self.burst_tokens.or_default(self.tokens_per_minute.value())
+        self.burst_tokens
+            .or_default(self.window_burst(&self.tokens_per_minute))
     }
 
     /// Capacity of the input bucket, likewise.
     fn input_burst(&self) -> Option<u64> {
         self.burst_input_tokens
-            .or_default(self.input_tokens_per_minute.value())
+            .or_default(self.window_burst(&self.input_tokens_per_minute))
     }
 
     /// Capacity of the output bucket, likewise.
     fn output_burst(&self) -> Option<u64> {
         self.burst_output_tokens
-            .or_default(self.output_tokens_per_minute.value())
+            .or_default(self.window_burst(&self.output_tokens_per_minute))
     }
 
     /// The combined bucket, when its rate and capacity are valid.
@@ -192,6 +205,26 @@ impl CheckedRates {
         } else {
             self.combined_burst()
         }
+    }
+
+    /// The largest request the token buckets together can ever grant, when
+    /// known: their capacity; under a second's enforcement, up to their
+    /// per-minute figure (a request larger than a second's worth passes
+    /// once the buckets are full, `LimitConfig::largest_cost`).
+    fn largest_token_cost(&self) -> Option<u64> {
+        let capacity = self.token_capacity()?;
+        if self.window == EnforcementWindow::Minute {
+            return Some(capacity);
+        }
+        let per_minute = if self.split {
+            self.input_tokens_per_minute
+                .value()
+                .zip(self.output_tokens_per_minute.value())
+                .map(|(input, output)| input + output)
+        } else {
+            self.tokens_per_minute.value()
+        };
+        Some(per_minute.map_or(capacity, |per_minute| capacity.max(per_minute)))
     }
 }
 
@@ -292,11 +325,11 @@ fn check_tenant_share(limit: &RawLimit, context: &str, d: &mut Diagnostics) -> C
     })
 }
 
-/// Reports a `max_request_tokens` above the token buckets' `capacity`: a
-/// request that large could never be admitted.
+/// Reports a `max_request_tokens` above `capacity`, the largest request the
+/// token buckets can grant: a request that large could never be admitted.
 fn check_max_request_fits(
     limit: &RawLimit,
-    split: bool,
+    rates: &CheckedRates,
     capacity: u64,
     max_request: u64,
     context: &str,
@@ -310,16 +343,29 @@ fn check_max_request_fits(
         .max_request_tokens
         .as_ref()
         .map_or(entry_at, |m| m.span().start);
-    let (at, capacity_desc) = match (&limit.burst_tokens, split) {
-        (_, true) => (
+    let (at, capacity_desc) = match (&limit.burst_tokens, rates.split, rates.window) {
+        (_, true, EnforcementWindow::Minute) => (
             max_at,
             format!("the input and output buckets together ({capacity})"),
         ),
-        (Some(b), false) => (b.span().start, format!("burst_tokens ({capacity})")),
-        (None, false) => (
+        (_, true, EnforcementWindow::Second) => (
+            max_at,
+            format!("the input and output tokens per minute together ({capacity})"),
+        ),
+        (Some(b), false, EnforcementWindow::Minute) => {
+            (b.span().start, format!("burst_tokens ({capacity})"))
+        }
+        (Some(_), false, EnforcementWindow::Second) => (
+            max_at,
+            format!("the larger of burst_tokens and tokens_per_minute ({capacity})"),
+        ),
+        (None, false, EnforcementWindow::Minute) => (
             max_at,
             format!("burst_tokens (defaulted to tokens_per_minute = {capacity})"),
         ),
+        (None, false, EnforcementWindow::Second) => {
+            (max_at, format!("tokens_per_minute ({capacity})"))
+        }
     };
     d.error(
         at,

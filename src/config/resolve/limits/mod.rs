@@ -12,7 +12,7 @@ use crate::config::diagnostics::{
 };
 use crate::config::model::{
     DEFAULT_BURST_HEADROOM_MS, DEFAULT_CONCURRENT_TIMEOUT_MS, DEFAULT_MAX_OUTPUT_TOKENS,
-    GroupConfig, LimitConfig, MAX_BURST, MAX_BURST_HEADROOM_MS, MAX_CONCURRENT,
+    EnforcementWindow, GroupConfig, LimitConfig, MAX_BURST, MAX_BURST_HEADROOM_MS, MAX_CONCURRENT,
     MAX_CONCURRENT_TIMEOUT_MS,
 };
 use crate::config::raw::{RawGroup, RawLimit};
@@ -89,11 +89,15 @@ fn resolve_limit(
         ),
         None => Some(DEFAULT_CONCURRENT_TIMEOUT_MS),
     };
-    let buckets = buckets::resolve_buckets(limit, context, entry_at, d);
     let provider = limit
         .provider
         .as_ref()
         .map_or(Provider::Generic, |p| *p.get_ref());
+    let enforcement_window = limit
+        .enforcement_window
+        .as_ref()
+        .map_or(EnforcementWindow::of_provider(provider), |w| *w.get_ref());
+    let buckets = buckets::resolve_buckets(limit, enforcement_window, context, entry_at, d);
     let counting = counting::resolve_counting(limit, provider, context, entry_at, d);
     let default_max_output_tokens = match &limit.default_max_output_tokens {
         Some(v) => check_int(d, context, "default_max_output_tokens", v, 0, MAX_BURST),
@@ -132,6 +136,7 @@ fn resolve_limit(
             .as_ref()
             .is_some_and(|learn| *learn.get_ref()),
         burst_headroom_ms: burst_headroom_ms?,
+        enforcement_window,
         mode: limit
             .mode
             .as_ref()
