@@ -16,7 +16,9 @@
 --            or a time in ms (tests drive the script and the Rust store in lockstep)
 -- ARGV[2]    how long the record is kept, in ms
 -- ARGV[3]    the number of operations
--- ARGV[4..]  for each bucket of KEYS[2..] in turn: its capacity, refill
+-- ARGV[4]    the sidecar's id (random, one per daemon process): whose shapes
+--            are whose, below
+-- ARGV[5..]  for each bucket of KEYS[2..] in turn: its capacity, refill
 --            rate and largest cost (sent once a call, not with every draw);
 --            then each operation, every amount in the bucket's units and
 --            every rate in units per ms:
@@ -46,9 +48,21 @@
 -- n now - n then: calls the provider had not seen, whichever sidecar
 -- granted them. (A sidecar alone knows only its own.)
 --
+-- Sidecars that disagree. A bucket that the call writes also keeps the two
+-- shapes (capacity, rate, largest cost) it was last drawn with, each with
+-- the sidecar that last drew with it and when (fields w1, w2:
+-- "sidecar:capacity:rate:largest:ms", refreshed at most once a
+-- SHAPE_REFRESH). When another sidecar drew with another shape within
+-- SHAPE_WINDOW ms (a config rollout under way, or a forgotten sidecar), the
+-- call draws with the smaller capacity, rate and largest cost of the two,
+-- and says so in its status. A sidecar's own earlier shape (before a
+-- reload) is replaced, not a disagreement.
+--
 -- Reply, integers only: {{status}, one reply per operation...}
 --   status 1: ran now; 2: ran before, these are its replies; 0: cancelled
---             before it ran, so it did nothing (and no replies follow)
+--             before it ran, so it did nothing (and no replies follow).
+--             After a 1, for each bucket drawn with another sidecar's shape
+--             as well: its key index, and that shape's capacity and rate
 --   acquire:    {1, wait_ms}                       reserved in every bucket
 --               {0, retry_after_ms, draw_index}    reserved nothing; the draw
 --                                                  (from 1) needing the longest wait
@@ -77,6 +91,7 @@ end
 local now = clock(ARGV[1])
 local ttl = ARGV[2]
 local count = tonumber(ARGV[3])
+local sidecar = ARGV[4]
 
 -- Each touched bucket: level and time as stored, read once, and as the
 -- batch has them now; the net change (units) of those the batch changed,
@@ -85,11 +100,58 @@ local stored_level, stored_at, read = {}, {}, {}
 local level, updated, capacity, rate, largest, delta = {}, {}, {}, {}, {}, {}
 local drawn, history = {}, {}
 local HISTORY_SLOT, HISTORY_SLOTS, NOTE_LAG = 50, 200, 5
+-- own: the shape this sidecar draws each bucket with; other: another
+-- sidecar's, when it drew with a different one lately; the shape in force
+-- (capacity, rate, largest) is the smaller of the two in each figure.
+local own, other, my_slot = {}, {}, {}
 for index = 2, #KEYS do
-  capacity[index] = tonumber(ARGV[3 * index - 2])
-  rate[index] = tonumber(ARGV[3 * index - 1])
-  largest[index] = tonumber(ARGV[3 * index])
+  own[index] = {tonumber(ARGV[3 * index - 1]), tonumber(ARGV[3 * index]), tonumber(ARGV[3 * index + 1])}
+  capacity[index], rate[index], largest[index] = own[index][1], own[index][2], own[index][3]
 end
+local SHAPE_WINDOW, SHAPE_REFRESH = 30000, 1000
+local function in_force(index)
+  local mine, theirs = own[index], other[index]
+  if theirs then
+    capacity[index] = math.min(mine[1], theirs[1])
+    rate[index] = math.min(mine[2], theirs[2])
+    largest[index] = math.min(mine[3], theirs[3])
+  else
+    capacity[index], rate[index], largest[index] = mine[1], mine[2], mine[3]
+  end
+end
+-- Reads the bucket's shape slots: which to write this sidecar's shape to
+-- (my_slot: {field, whether it must be written}), and another sidecar's
+-- different shape seen within the window, if any.
+local function read_shapes(index)
+  local slots = redis.call('HMGET', KEYS[index], 'w1', 'w2')
+  local mine = own[index]
+  local same, own_old, free, oldest, oldest_at
+  for i = 1, 2 do
+    local field = 'w' .. i
+    local who, c, r, g, at = string.match(slots[i] or '', '^([^:]*):(%-?%d+):(%d+):(%-?%d+):(%-?%d+)$')
+    if not who then
+      free = free or field
+    else
+      c, r, g, at = tonumber(c), tonumber(r), tonumber(g), tonumber(at)
+      local same_shape = c == mine[1] and r == mine[2] and g == mine[3]
+      if same_shape then
+        same = {field, who ~= sidecar or now - at >= SHAPE_REFRESH}
+      elseif who == sidecar then
+        own_old = field
+      elseif now - at <= SHAPE_WINDOW then
+        other[index] = {c, r, g}
+      else
+        free = free or field
+      end
+      if not oldest_at or at < oldest_at then
+        oldest, oldest_at = field, at
+      end
+    end
+  end
+  my_slot[index] = same or {own_old or free or oldest, true}
+  in_force(index)
+end
+
 -- Brings a bucket to now for the next operation, as if it ran alone: until
 -- the batch changes it, from the stored state with the bucket's shape at
 -- this point (a reload, "c", may have changed it since the last operation);
@@ -98,6 +160,7 @@ local function touch(index)
   if not read[index] then
     read[index] = true
     stored_level[index], stored_at[index], drawn[index], history[index] = read_stored(KEYS[index])
+    read_shapes(index)
   end
   if delta[index] == nil then
     level[index], updated[index] =
@@ -183,7 +246,7 @@ local function margin_below(index, seen, counted)
 end
 
 local replies = {{1}}
-local at = 3 * #KEYS + 1
+local at = 3 * #KEYS + 2
 for _ = 1, count do
   local kind = ARGV[at]
   local reply
@@ -195,11 +258,11 @@ for _ = 1, count do
       local base = first + 3 * (draw - 1)
       local index = tonumber(ARGV[base])
       local cost, floor = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+      touch(index)
       if cost + floor > largest[index] then
         reply = {-1, draw}
         break
       end
-      touch(index)
       local missing = math.min(cost + floor, capacity[index]) - level[index]
       local wait = 0
       if missing > 0 then
@@ -235,8 +298,11 @@ for _ = 1, count do
     for change = 1, n do
       local base = at + 2 + 4 * (change - 1)
       local index = tonumber(ARGV[base])
-      capacity[index], rate[index] = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-      largest[index] = tonumber(ARGV[base + 3])
+      own[index] = {tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])}
+      in_force(index)
+      if my_slot[index] then
+        my_slot[index][2] = true
+      end
     end
     at = at + 2 + 4 * n
   else
@@ -307,8 +373,24 @@ local changes = {}
 for index, units in pairs(delta) do
   write_bucket(KEYS[index], level[index], updated[index], capacity[index], rate[index],
     drawn[index], history[index])
+  -- A full bucket was deleted: it carries no shape either.
+  local slot = my_slot[index]
+  if slot and slot[2] and level[index] < capacity[index] then
+    local mine = own[index]
+    redis.call('HSET', KEYS[index], slot[1], string.format('%s:%d:%d:%d:%d',
+      sidecar, mine[1], mine[2], mine[3], now))
+  end
   if units ~= 0 then
     changes[#changes + 1] = index .. ':' .. string.format('%d', units)
+  end
+end
+for index = 2, #KEYS do
+  local theirs = other[index]
+  if theirs then
+    local status = replies[1]
+    status[#status + 1] = index
+    status[#status + 1] = theirs[1]
+    status[#status + 1] = theirs[2]
   end
 end
 -- The record: replies and deltas in msgpack, packed in C at once (integers

@@ -183,7 +183,8 @@ impl App {
         preload_tokenizers(&config)?;
         let metrics = Arc::new(Metrics::new());
         let stores = build_stores(&config, &metrics)?;
-        let store_health = StoreHealth::new(stores.store.as_ref(), stores.fallback.clone());
+        let store_health = StoreHealth::new(stores.store.as_ref(), stores.fallback.clone())
+            .with_shapes(stores.redis.as_ref().map(|redis| redis.shape_conflicts()));
         let service = Arc::new(Service::new(
             Arc::new(config),
             stores.store.clone(),

@@ -738,3 +738,81 @@ async fn a_correction_subtracts_what_every_sidecar_reserved_since() {
     let after = levels(&a, "gpt").await[0].1;
     assert!((100..=103).contains(&after), "lowered to {after}");
 }
+
+/// Two sidecars on one Redis whose configs give the same limit different
+/// bursts (a rolling update of the config): the one that meets the other's
+/// shape warns, naming both, shows it in `status` and `/metrics` at once,
+/// and both draw with the smaller capacity, so the bucket never holds more
+/// than the safer config allows.
+#[tokio::test]
+async fn sidecars_with_different_shapes_warn_show_it_and_draw_the_smaller() {
+    let server = RedisServer::start();
+    let shaped = |burst: u64| {
+        format!(
+            "[redis]\nurl = \"{}\"\n\n[metrics]\nlisten = \"127.0.0.1:0\"\n\n\
+             [[limits]]\nname = \"gpt\"\ntokens_per_minute = 60\nburst_tokens = {burst}\n\
+             burst_headroom_ms = 0\n",
+            server.url()
+        )
+    };
+    let small = Daemon::start(&shaped(1000));
+    let large = Daemon::start(&shaped(2000));
+    let small_client = small.client().await;
+    let large_client = large.client().await;
+    granted(&small_client.call(acquire("gpt", 100, 0)).await.unwrap());
+    // The large sidecar's own shape would hold 1500 (after a wait); the
+    // smaller capacity in force never can.
+    let refused = large_client
+        .call(acquire("gpt", 1500, 60_000))
+        .await
+        .unwrap();
+    assert_eq!(error_code(&refused), ErrorCode::CostExceedsCapacity);
+    // The log is written before the answer goes out: the warning came with
+    // the first acquire that met the other shape, however busy the machine.
+    let log = large.log();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("another sidecar draws this bucket"))
+        .unwrap_or_else(|| panic!("no warning with the answer:\n{log}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(
+        warning.contains("ours=capacity 2000 refilled 60 a minute")
+            && warning.contains("theirs=capacity 1000 refilled 60 a minute"),
+        "{warning}"
+    );
+    let (_, buckets) = status_of(&large_client, "gpt").await;
+    let names: Vec<&str> = buckets.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["tokens", "tokens:elsewhere"], "{buckets:?}");
+    let (_, exposition) = support::http_get(&large.metrics_address().await, "/metrics");
+    assert_eq!(
+        support::metric(
+            &exposition,
+            "ratekeeper_bucket_shape_conflict{limit=\"gpt\",bucket=\"tokens\",tenant=\"\"}"
+        ),
+        Some(1.0),
+        "{exposition}"
+    );
+    let table = std::process::Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .arg("status")
+        .env(ratekeeper::config::ENV_SOCKET, &large.socket)
+        .output()
+        .expect("ratekeeper status");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains(
+            "! another sidecar draws tokens with capacity 1000 refilled 60 a minute: configs differ"
+        ),
+        "{table}"
+    );
+    granted(&large_client.call(acquire("gpt", 900, 0)).await.unwrap());
+
+    // The small sidecar learns it from the large one's draws too.
+    granted(&small_client.call(acquire("gpt", 1, 1000)).await.unwrap());
+    assert!(
+        small
+            .log()
+            .contains("ours=capacity 1000 refilled 60 a minute theirs=capacity 2000"),
+        "{}",
+        small.log()
+    );
+}

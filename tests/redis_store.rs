@@ -811,7 +811,7 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
     let call = |redis: &mut redis::Connection, clock: &str| {
         let mut invocation = batch.prepare_invoke();
         invocation.key(record).key(big).key(small);
-        invocation.arg(clock).arg("10000").arg("3");
+        invocation.arg(clock).arg("10000").arg("3").arg("sidecar-1");
         // Each bucket's capacity, rate and largest cost.
         invocation.arg(&big_bucket).arg(big_bucket[0]);
         invocation.arg("100").arg("10").arg("100");
@@ -854,7 +854,11 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
     );
     let mut late = batch.prepare_invoke();
     late.key(record).key(big).key(small);
-    late.arg("1000300").arg("10000").arg("0").arg(&big_bucket);
+    late.arg("1000300")
+        .arg("10000")
+        .arg("0")
+        .arg("sidecar-1")
+        .arg(&big_bucket);
     late.arg(big_bucket[0]).arg("100").arg("10").arg("100");
     assert_eq!(late.invoke::<Vec<Vec<i64>>>(&mut redis).unwrap(), [vec![0]]);
 }

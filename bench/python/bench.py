@@ -101,7 +101,7 @@ def script_args() -> Callable[[], tuple[list[str], list]]:
     # the largest cost an acquire may take (the capacity).
     shape = [CAPACITY * 60_000, PER_MINUTE, CAPACITY * 60_000]
     draw = [TOKENS * 60_000, 0]
-    args = ["", 10_000, 1, *shape, *shape, "a", 0, 2, 2, *draw, 3, *draw]
+    args = ["", 10_000, 1, f"pybench-{os.getpid()}", *shape, *shape, "a", 0, 2, 2, *draw, 3, *draw]
     calls = itertools.count()
     pid = os.getpid()
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use ratekeeper::client::Client;
+use ratekeeper::limiter::shapes::ELSEWHERE;
 use ratekeeper::proto::{
     BucketInspection, ErrorCode, HealthStatus, Inspection, LimitInspection, Request, Response,
 };
@@ -156,7 +157,15 @@ pub fn render(inspection: &Inspection) -> String {
             "  {:<15} {:<20} {:>14} {:>14} {:>14} {:>7}\n",
             "BUCKET", "TENANT", "LEVEL", "CAPACITY", "PER MINUTE", "FULL"
         ));
+        let mut disagreements = Vec::new();
         for bucket in &limit.buckets {
+            if let Some(name) = bucket.name.strip_suffix(ELSEWHERE) {
+                disagreements.push(format!(
+                    "  ! another sidecar draws {name} with capacity {} refilled {} a minute: \
+                     configs differ, and both draw with the smaller of each until they agree\n",
+                    bucket.capacity, bucket.per_minute
+                ));
+            }
             let (level, full) = match bucket.level {
                 Some(level) if bucket.capacity > 0 => (
                     level.to_string(),
@@ -175,6 +184,7 @@ pub fn render(inspection: &Inspection) -> String {
                 full
             ));
         }
+        out.extend(disagreements);
     }
     out
 }

@@ -13,6 +13,7 @@ pub mod fallback;
 pub mod instrumented;
 pub mod redis;
 pub mod replay;
+pub mod shapes;
 pub mod slots;
 
 use async_trait::async_trait;

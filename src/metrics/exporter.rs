@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Counters, Name};
 use crate::app::Stores;
 use crate::limiter::FailurePolicy;
+use crate::limiter::shapes::ELSEWHERE;
 use crate::service::Service;
 
 /// Connections the listener serves at once; more wait to be accepted.
@@ -175,6 +176,7 @@ impl Exporter {
         let levels: Family<BucketLabels, Gauge> = Family::default();
         let capacities: Family<BucketLabels, Gauge> = Family::default();
         let rates: Family<BucketLabels, Gauge> = Family::default();
+        let disagreements: Family<BucketLabels, Gauge> = Family::default();
         let from_store = inspection.levels_from == "store";
         for limit in inspection.limits {
             let name = Name::from(limit.name.as_str());
@@ -188,11 +190,23 @@ impl Exporter {
                 if !tenant.is_empty() && !config.metrics.tenants.contains(&tenant) {
                     continue;
                 }
+                // A row of another sidecar's shape of the bucket before it.
+                if let Some(own) = bucket.name.strip_suffix(ELSEWHERE) {
+                    let labels = BucketLabels {
+                        limit: name.clone(),
+                        bucket: own.to_string(),
+                        tenant,
+                    };
+                    disagreements.get_or_create(&labels).set(1);
+                    continue;
+                }
                 let labels = BucketLabels {
                     limit: name.clone(),
                     bucket: bucket.name,
                     tenant,
                 };
+                // 0 until the bucket's ":elsewhere" row, right after it, says 1.
+                disagreements.get_or_create(&labels).set(0);
                 let as_i64 = |value: u64| value.min(i64::MAX as u64) as i64;
                 capacities
                     .get_or_create(&labels)
@@ -223,6 +237,19 @@ impl Exporter {
             "The bucket's refill rate, units per minute",
             rates,
         );
+        if let Some(redis) = &self.stores.redis {
+            let shapes = redis.shape_conflicts();
+            r.register(
+                "bucket_shape_conflict",
+                "1 while another sidecar draws the bucket with another capacity or rate (configs differ); both draw with the smaller of each",
+                disagreements,
+            );
+            r.register(
+                "shape_conflict_calls",
+                "Store calls that drew a bucket with another sidecar's shape as well",
+                ConstCounter::new(shapes.calls()),
+            );
+        }
     }
 
     /// Answers one HTTP request.

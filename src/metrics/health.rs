@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::limiter::shapes::ShapeConflicts;
 use crate::limiter::{FailurePolicy, FallbackStore, Store};
 use crate::proto::HealthStatus;
 
@@ -22,6 +23,8 @@ pub const FRESH_FOR: Duration = WATCH_INTERVAL;
 pub struct StoreHealth {
     kind: &'static str,
     fallback: Option<Arc<FallbackStore>>,
+    /// Buckets other sidecars draw with another shape (Redis only).
+    shapes: Option<Arc<ShapeConflicts>>,
 }
 
 /// The store's state at one moment.
@@ -42,7 +45,19 @@ impl StoreHealth {
         StoreHealth {
             kind: store.kind(),
             fallback,
+            shapes: None,
         }
+    }
+
+    /// The same, with where a shared store notes buckets that other
+    /// sidecars draw with another shape.
+    pub fn with_shapes(self, shapes: Option<Arc<ShapeConflicts>>) -> Self {
+        StoreHealth { shapes, ..self }
+    }
+
+    /// Buckets another sidecar lately drew with another shape.
+    pub fn shape_conflicts(&self) -> Option<&Arc<ShapeConflicts>> {
+        self.shapes.as_ref()
     }
 
     /// The failure policy layer, when there is one.

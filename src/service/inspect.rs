@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use super::acquire::CONCURRENT;
 use super::{Service, ServiceError};
 use crate::config::LimitConfig;
+use crate::limiter::shapes::ELSEWHERE;
 use crate::limiter::{BucketRole, BucketSpec};
 use crate::metrics::health;
 use crate::plan::Planner;
@@ -77,20 +78,38 @@ impl Service {
                 buckets: Vec::new(),
             })
             .collect();
+        let disagreements = self
+            .store_health
+            .shape_conflicts()
+            .map(|shapes| shapes.current())
+            .unwrap_or_default();
         for (index, want) in wanted.into_iter().enumerate() {
+            let other = disagreements.iter().find(|d| d.key == want.spec.key);
             // While the local policy serves, its buckets are this
             // sidecar's share of each.
             let spec = match local {
                 Some(fallback) => fallback.local_bucket(&want.spec),
                 None => want.spec,
             };
-            inspected[want.limit].buckets.push(BucketInspection {
+            let level = levels.as_ref().map(|levels| levels[index]);
+            let buckets = &mut inspected[want.limit].buckets;
+            buckets.push(BucketInspection {
                 name: want.name.to_string(),
-                tenant: want.tenant,
+                tenant: want.tenant.clone(),
                 capacity: spec.capacity,
                 per_minute: spec.refill.per_minute_rounded(),
-                level: levels.as_ref().map(|levels| levels[index]),
+                level,
             });
+            // Another sidecar's shape of the same bucket, right after it.
+            if let Some(other) = other {
+                buckets.push(BucketInspection {
+                    name: format!("{}{ELSEWHERE}", want.name),
+                    tenant: want.tenant,
+                    capacity: other.theirs.capacity,
+                    per_minute: other.theirs.per_minute,
+                    level,
+                });
+            }
         }
         for (limit, inspection) in limits.iter().zip(&mut inspected) {
             if let Some(spec) = planner.slots(limit) {

@@ -6,6 +6,7 @@ use super::acquire::CONCURRENT;
 use super::{Service, ServiceError};
 use crate::config::LimitConfig;
 use crate::limiter::BucketSpec;
+use crate::limiter::shapes::ELSEWHERE;
 use crate::proto::{BucketStatus, LimitStatus, Response};
 
 impl Service {
@@ -28,16 +29,30 @@ impl Service {
                     limit: limit.name.clone(),
                     source,
                 })?;
-            let mut statuses_of_buckets: Vec<BucketStatus> = buckets
-                .iter()
-                .zip(levels)
-                .map(|((role, spec), level)| BucketStatus {
+            let disagreements = self
+                .store_health
+                .shape_conflicts()
+                .map(|shapes| shapes.current())
+                .unwrap_or_default();
+            let mut statuses_of_buckets: Vec<BucketStatus> = Vec::with_capacity(buckets.len());
+            for ((role, spec), level) in buckets.iter().zip(levels) {
+                statuses_of_buckets.push(BucketStatus {
                     name: role.name().to_string(),
                     capacity: spec.capacity,
                     level,
                     per_minute: spec.refill.per_minute_rounded(),
-                })
-                .collect();
+                });
+                // Another sidecar's shape of the same bucket, right after it
+                // (PROTOCOL.md, Status).
+                if let Some(other) = disagreements.iter().find(|d| d.key == spec.key) {
+                    statuses_of_buckets.push(BucketStatus {
+                        name: format!("{}{ELSEWHERE}", role.name()),
+                        capacity: other.theirs.capacity,
+                        level,
+                        per_minute: other.theirs.per_minute,
+                    });
+                }
+            }
             if let Some(spec) = planner.slots(limit) {
                 let held =
                     self.store

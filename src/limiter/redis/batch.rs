@@ -9,6 +9,7 @@ use redis::{Cmd, Script};
 
 use super::keys::call_record_key;
 use crate::limiter::bucket::{BucketSpec, Draw, Plan};
+use crate::limiter::shapes::{self, Disagreement};
 use crate::limiter::{Adjustment, Decision, Lowering, StoreError, decision_from_plan};
 
 /// One operation of a batch.
@@ -54,8 +55,9 @@ impl BatchOp {
 #[derive(Debug)]
 pub(super) enum CallReply {
     /// It ran (now, or on an earlier attempt): one result per operation,
-    /// `None` for a settlement.
-    Ran(Vec<OpResult>),
+    /// `None` for a settlement; and the buckets it drew with another
+    /// sidecar's shape as well.
+    Ran(Vec<OpResult>, Vec<Disagreement>),
     /// A cancel got there first: it did nothing.
     Cancelled,
 }
@@ -84,6 +86,8 @@ struct Shape {
     units_per_ms: i64,
     /// The largest cost (with its floor) one acquire may take.
     largest: i64,
+    /// Not sent: what turns the script's units back into tokens.
+    units_per_token: i64,
 }
 
 impl Shape {
@@ -92,6 +96,17 @@ impl Shape {
             capacity: bucket.capacity_units(),
             units_per_ms: bucket.units_per_ms(),
             largest: bucket.largest_units(),
+            units_per_token: bucket.refill.units_per_token(),
+        }
+    }
+
+    /// A shape of `capacity` units refilled `units_per_ms`, in tokens, as
+    /// this bucket counts them.
+    fn in_tokens(&self, capacity: i64, units_per_ms: i64) -> shapes::Shape {
+        let per_token = self.units_per_token.max(1);
+        shapes::Shape {
+            capacity: (capacity / per_token).max(0) as u64,
+            per_minute: (units_per_ms.max(0) as u64).saturating_mul(60_000) / per_token as u64,
         }
     }
 }
@@ -157,7 +172,15 @@ impl Call {
     /// The `EVALSHA` of `lua/batch.lua` for this call. The arguments after
     /// the keys go packed in one msgpack array: one bulk string for Redis to
     /// parse and hand to Lua instead of nine an acquire.
-    pub(super) fn command(&self, script: &Script, clock: &str, record_ttl_ms: u64) -> Cmd {
+    /// `sidecar` names this daemon to the script, which tells its shapes
+    /// from other sidecars'.
+    pub(super) fn command(
+        &self,
+        script: &Script,
+        clock: &str,
+        record_ttl_ms: u64,
+        sidecar: &str,
+    ) -> Cmd {
         let mut cmd = evalsha(script, &self.keys);
         let reshaped_ops = self
             .reshapes
@@ -168,7 +191,8 @@ impl Call {
         let mut args = PackedArgs::new();
         args.text(clock)
             .uint(record_ttl_ms)
-            .size(self.ops.len() + reshaped_ops);
+            .size(self.ops.len() + reshaped_ops)
+            .text(sidecar);
         for shape in &self.shapes {
             args.int(shape.capacity)
                 .int(shape.units_per_ms)
@@ -254,11 +278,16 @@ impl Call {
             Some((status, replies)) => (status.as_slice(), replies),
             None => return Err(unexpected_reply(&[])),
         };
-        match status {
+        let disagreements = match status {
             [0] => return Ok(CallReply::Cancelled),
-            [1] | [2] if replies.len() == self.ops.len() => {}
+            [1, others @ ..] | [2, others @ ..]
+                if replies.len() == self.ops.len() && others.len() % 3 == 0 =>
+            {
+                self.disagreements(others)
+                    .ok_or_else(|| unexpected_reply(status))?
+            }
             _ => return Err(unexpected_reply(status)),
-        }
+        };
         let mut results = Vec::with_capacity(self.ops.len());
         for (op, reply) in self.ops.iter().zip(replies) {
             results.push(match (op, reply.as_slice()) {
@@ -269,7 +298,24 @@ impl Call {
                 (_, other) => return Err(unexpected_reply(other)),
             });
         }
-        Ok(CallReply::Ran(results))
+        Ok(CallReply::Ran(results, disagreements))
+    }
+
+    /// The status's triples (key index, capacity, rate) of buckets drawn
+    /// with another sidecar's shape; `None` for an index out of range.
+    fn disagreements(&self, triples: &[i64]) -> Option<Vec<Disagreement>> {
+        triples
+            .chunks_exact(3)
+            .map(|triple| {
+                let at = usize::try_from(triple[0]).ok()?.checked_sub(2)?;
+                let shape = self.shapes.get(at)?;
+                Some(Disagreement {
+                    key: self.keys.get(at + 1)?.clone(),
+                    ours: shape.in_tokens(shape.capacity, shape.units_per_ms),
+                    theirs: shape.in_tokens(triple[1], triple[2]),
+                })
+            })
+            .collect()
     }
 }
 
@@ -409,7 +455,7 @@ mod tests {
     /// array, as text.
     fn arguments(call: &Call) -> Vec<String> {
         let script = Script::new("return 1");
-        let command = call.command(&script, "", 10_000);
+        let command = call.command(&script, "", 10_000, "s1");
         let packed: Vec<&[u8]> = command
             .args_iter()
             .skip(3 + call.keys.len()) // EVALSHA, the hash, the number of keys
@@ -448,8 +494,8 @@ mod tests {
         assert_eq!(
             arguments(&Call::new(ops.clone(), 1)),
             [
-                "", "10000", "2", "6000000", "60", "6000000", "a", "0", "1", "2", "600000", "0",
-                "a", "0", "1", "2", "60000", "0"
+                "", "10000", "2", "s1", "6000000", "60", "6000000", "a", "0", "1", "2", "600000",
+                "0", "a", "0", "1", "2", "60000", "0"
             ]
         );
         let reloaded = BatchOp::Acquire {
@@ -464,9 +510,9 @@ mod tests {
         assert_eq!(
             arguments(&call)[..],
             [
-                "", "10000", "5", "6000000", "60", "6000000", "a", "0", "1", "2", "600000", "0",
-                "c", "1", "2", "12000000", "120", "12000000", "a", "0", "1", "2", "60000", "0",
-                "c", "1", "2", "6000000", "60", "6000000", "a", "0", "1", "2", "60000", "0"
+                "", "10000", "5", "s1", "6000000", "60", "6000000", "a", "0", "1", "2", "600000",
+                "0", "c", "1", "2", "12000000", "120", "12000000", "a", "0", "1", "2", "60000",
+                "0", "c", "1", "2", "6000000", "60", "6000000", "a", "0", "1", "2", "60000", "0"
             ]
         );
     }
@@ -483,7 +529,7 @@ mod tests {
             1,
         );
         let reply = vec![vec![1], vec![1, 0], vec![0, 30, 2], vec![2], vec![-1, 1]];
-        let CallReply::Ran(results) = call.read_reply(&reply).unwrap() else {
+        let CallReply::Ran(results, _) = call.read_reply(&reply).unwrap() else {
             panic!("ran");
         };
         assert!(matches!(

@@ -30,6 +30,7 @@ use redis::Script;
 use tokio::sync::oneshot;
 
 use super::bucket::{BucketSpec, Draw};
+use super::shapes::ShapeConflicts;
 use super::{Adjustment, Decision, Lowering, Origin, SlotSpec, Store, StoreError};
 pub use batch::{BatchOp, OpResult};
 use batch::{Call, CallReply};
@@ -82,6 +83,11 @@ struct Inner {
     slots: Script,
     lanes: Lanes,
     reconciler: Reconciler,
+    /// Names this daemon to the batch script, which tells its bucket
+    /// shapes from other sidecars'.
+    sidecar: String,
+    /// Buckets other sidecars lately drew with another shape.
+    shapes: Arc<ShapeConflicts>,
 }
 
 /// What the Redis store has counted since start.
@@ -109,8 +115,15 @@ impl RedisStore {
                 slots: slots::script(),
                 lanes: Lanes::default(),
                 reconciler: Reconciler::default(),
+                sidecar: format!("{:016x}", rand::random::<u64>()),
+                shapes: Arc::default(),
             }),
         })
+    }
+
+    /// The buckets other sidecars lately drew with another shape.
+    pub fn shape_conflicts(&self) -> Arc<ShapeConflicts> {
+        self.inner.shapes.clone()
     }
 
     /// What the store has counted since start.
@@ -288,7 +301,7 @@ impl Inner {
         call: &Call,
         clock: &str,
     ) -> Result<Vec<OpResult>, StoreError> {
-        let cmd = call.command(&self.batch, clock, RECORD_TTL_MS);
+        let cmd = call.command(&self.batch, clock, RECORD_TTL_MS, &self.sidecar);
         let reply: Vec<Vec<i64>> = match self.pool.run(&cmd, &self.batch, false).await {
             Ok(reply) => reply,
             // Redis refused it, or is too slow: another attempt now would
@@ -306,7 +319,12 @@ impl Inner {
             },
         };
         match call.read_reply(&reply)? {
-            CallReply::Ran(results) => Ok(results),
+            CallReply::Ran(results, disagreements) => {
+                for disagreement in disagreements {
+                    self.shapes.note(disagreement);
+                }
+                Ok(results)
+            }
             CallReply::Cancelled => Err(StoreError::Unavailable(
                 "the call was cancelled before it ran".into(),
             )),
