@@ -119,11 +119,10 @@ local function in_force(index)
     capacity[index], rate[index], largest[index] = mine[1], mine[2], mine[3]
   end
 end
--- Reads the bucket's shape slots: which to write this sidecar's shape to
+-- Reads the bucket's shape slots (as read_stored read them): which to write this sidecar's shape to
 -- (my_slot: {field, whether it must be written}), and another sidecar's
 -- different shape seen within the window, if any.
-local function read_shapes(index)
-  local slots = redis.call('HMGET', KEYS[index], 'w1', 'w2')
+local function read_shapes(index, slots)
   local mine = own[index]
   local same, own_old, free, oldest, oldest_at
   for i = 1, 2 do
@@ -159,8 +158,10 @@ end
 local function touch(index)
   if not read[index] then
     read[index] = true
-    stored_level[index], stored_at[index], drawn[index], history[index] = read_stored(KEYS[index])
-    read_shapes(index)
+    local w1, w2
+    stored_level[index], stored_at[index], drawn[index], history[index], w1, w2 =
+      read_stored(KEYS[index])
+    read_shapes(index, {w1, w2})
   end
   if delta[index] == nil then
     level[index], updated[index] =

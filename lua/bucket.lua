@@ -23,15 +23,18 @@ local function ceil_div(a, b)
 end
 
 -- A bucket as stored: its level and the time of it (nil, nil for a missing
--- key: a full bucket), and what batch.lua keeps beside them for provider
--- feedback: n, the units ever drawn by acquires while the bucket was not
--- full, and hs, the last slot of its draw history (nil while it keeps none).
+-- key: a full bucket), and what batch.lua keeps beside them: for provider
+-- feedback n, the units ever drawn by acquires while the bucket was not
+-- full, and hs, the last slot of its draw history (nil while it keeps none);
+-- then the two shapes it was last drawn with, w1 and w2 (strings or false),
+-- read in the same call because every batch needs them.
 local function read_stored(key)
-  local state = redis.call('HMGET', key, 'l', 't', 'n', 'hs')
+  local state = redis.call('HMGET', key, 'l', 't', 'n', 'hs', 'w1', 'w2')
   if not state[1] then
-    return nil, nil, 0, nil
+    return nil, nil, 0, nil, false, false
   end
-  return tonumber(state[1]), tonumber(state[2]), tonumber(state[3]) or 0, tonumber(state[4])
+  return tonumber(state[1]), tonumber(state[2]), tonumber(state[3]) or 0, tonumber(state[4]),
+    state[5], state[6]
 end
 
 -- A stored level brought to `now` with the bucket's capacity and rate: the
