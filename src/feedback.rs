@@ -62,14 +62,22 @@ pub fn read(status: u16, headers: &[Header], now: SystemTime) -> ProviderView {
     let counts = |kind: &str| {
         let mut found: Vec<(Dimension, u64)> = Vec::new();
         for (dimension, openai, anthropic) in DIMENSIONS {
+            // Anthropic rounds a token count's `remaining` to the nearest
+            // thousand: read the most it may stand for, so that feedback
+            // never lowers a bucket below what the provider still accepts.
+            let rounding = match (kind, dimension) {
+                ("remaining", Dimension::Requests) | ("limit", _) => 0,
+                _ => ANTHROPIC_TOKENS_ROUNDING / 2,
+            };
             let names = [
-                openai.map(|openai| format!("x-ratelimit-{kind}-{openai}")),
-                Some(format!("anthropic-ratelimit-{anthropic}-{kind}")),
+                openai.map(|openai| (format!("x-ratelimit-{kind}-{openai}"), 0)),
+                Some((format!("anthropic-ratelimit-{anthropic}-{kind}"), rounding)),
             ];
-            for name in names.iter().flatten() {
+            for (name, rounding) in names.iter().flatten() {
                 let Some(count) = value(name).and_then(|count| count.parse::<u64>().ok()) else {
                     continue;
                 };
+                let count = count.saturating_add(*rounding);
                 // Both providers' names for one dimension: the lower one counts.
                 match found.iter_mut().find(|(seen, _)| *seen == dimension) {
                     Some((_, seen)) => *seen = (*seen).min(count),
@@ -85,6 +93,10 @@ pub fn read(status: u16, headers: &[Header], now: SystemTime) -> ProviderView {
         limits: counts("limit"),
     }
 }
+
+/// Anthropic's `anthropic-ratelimit-*tokens-remaining` headers are "rounded
+/// to the nearest thousand".
+const ANTHROPIC_TOKENS_ROUNDING: u64 = 1000;
 
 /// Each dimension as OpenAI's headers name it (if they do) and Anthropic's.
 const DIMENSIONS: [(Dimension, Option<&str>, &str); 4] = [
@@ -151,7 +163,8 @@ mod tests {
                     ("anthropic-ratelimit-tokens-remaining", "80000"),
                 ],
                 None,
-                vec![(Tokens, 80_000)],
+                // Rounded to the nearest thousand: at most 500 more.
+                vec![(Tokens, 80_500)],
             ),
             (
                 "OpenAI's remaining counts",
@@ -245,7 +258,8 @@ mod tests {
                     ("anthropic-ratelimit-tokens-remaining", "900"),
                 ],
                 Some(ms(2000)),
-                vec![(Requests, 0), (Tokens, 900), (InputTokens, 1200)],
+                // Token counts rounded by Anthropic; requests exact.
+                vec![(Requests, 0), (Tokens, 1400), (InputTokens, 1700)],
             ),
         ];
         for (what, status, pairs, pause, remaining) in cases {
