@@ -1,17 +1,25 @@
 """The worker processes of the end-to-end runs: real Python clients calling the fake.
 
-Each process has one `ratekeeper.Client` and one `openai.OpenAI`, shared by
-its threads, as a Gunicorn or Celery worker would. A thread sends chat
-requests of its workload until the run's deadline, in one of two ways:
+Each process has one `ratekeeper.Client` and one provider SDK client
+(`openai.OpenAI`, or `anthropic.Anthropic` against the Anthropic-shaped
+fake), shared by its threads, as a Gunicorn or Celery worker would. A thread
+sends chat requests of its workload until the run's deadline, in one of two
+ways:
 
-- by token count: it computes the fake's charge itself, acquires exactly
-  that many tokens, calls the provider, reports the usage; on a 429 it
-  releases the lease and forwards the answer (or, with feedback off, waits
-  as the headers say), then tries again, as the OpenAI wrapper does;
-- by messages: through `ratekeeper.openai.wrap`, which acquires by the
-  messages and forwards the provider's headers itself.
+- by token count: it computes the fake's own count itself (OpenAI: the
+  charge; Anthropic: the input tokens, and `max_tokens` as output),
+  acquires exactly that, calls the provider, reports the usage. A 429 is
+  settled the way the provider counts it (`count_rejected`: OpenAI keeps
+  the whole charge, Anthropic the input while the output estimate goes
+  back; with `rejected_tokens` off only the request, reported as zero
+  usage; otherwise released), forwarded (or, with feedback off, waited
+  out as the headers say), and the retry acquires again, as the wrappers do;
+- by messages: through `ratekeeper.openai.wrap` or `ratekeeper.anthropic.wrap`,
+  which acquire by the messages and forward the provider's headers themselves.
 
-Importable by `multiprocessing`'s spawn: `work` is the process's body.
+Importable by `multiprocessing`'s spawn: `work` is the process's body. The
+anthropic SDK is imported only by processes that call the Anthropic shape:
+it takes over 2 s to import, in every process of every run.
 """
 
 from __future__ import annotations
@@ -26,13 +34,17 @@ from typing import Any, Optional
 import openai
 
 import ratekeeper
-from ratekeeper.openai import retry_delay, wrap
+import ratekeeper.anthropic
+import ratekeeper.openai
+from ratekeeper.openai import retry_delay
 
+from _fake_anthropic import input_tokens
 from _fake_openai import rate_limit_charge
 
-#: The model every request names (the shipped config's limit counts for it).
-MODEL = "gpt-4o-mini"
-#: Provider 429s retried per request, as the OpenAI wrapper's default.
+#: The model every request names, per provider shape (the shipped config's
+#: limits count for them).
+MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-5"}
+#: Provider 429s retried per request, as the wrappers' default.
 MAX_RETRIES = 3
 #: How often a successful answer's headers are forwarded: the wrapper's default.
 FEEDBACK_INTERVAL = 0.25
@@ -119,29 +131,123 @@ class Sampler:
             return True
 
 
+class OpenaiCalls:
+    """Chat completions against the OpenAI-shaped fake; `rate_limited` is what
+    the SDK raises for a 429."""
+
+    def __init__(self, base_url: str) -> None:
+        self.client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=30)
+        self.rate_limited = openai.RateLimitError
+
+    def cost(self, messages: list[dict], max_tokens: int) -> tuple[int, Optional[int]]:
+        """(tokens, max_tokens) to acquire: the fake's charge, and no output on
+        top, so the daemon reserves exactly the charge under either cost rule
+        (`sum`: charge + 0; `max`: max(charge, 0))."""
+        return rate_limit_charge({"messages": messages, "max_tokens": max_tokens}), None
+
+    def call(self, messages: list[dict], max_tokens: int) -> tuple[Any, int, int]:
+        """(headers, input tokens, output tokens) of a successful call."""
+        answer = self.client.chat.completions.with_raw_response.create(
+            model=MODELS["openai"], messages=messages, max_tokens=max_tokens
+        )
+        usage = answer.parse().usage
+        return answer.headers, usage.prompt_tokens, usage.completion_tokens
+
+    def refused_keeps(self, tokens: int, max_tokens: Optional[int]) -> tuple[int, int]:
+        """(input, output) the provider kept of a refused call: OpenAI its charge."""
+        return tokens, 0
+
+    def wrapped(self, limiter: ratekeeper.Client, limit: str, interval: Optional[float]) -> Any:
+        llm = ratekeeper.openai.wrap(self.client, limiter, limit=limit, feedback_interval=interval)
+
+        def create(messages: list[dict], max_tokens: int) -> None:
+            llm.chat.completions.create(
+                model=MODELS["openai"], messages=messages, max_tokens=max_tokens
+            )
+
+        return create
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class AnthropicCalls:
+    """Messages against the Anthropic-shaped strict fake: the system prompt apart."""
+
+    def __init__(self, base_url: str) -> None:
+        import anthropic
+
+        self.client = anthropic.Anthropic(base_url=base_url, api_key="x", max_retries=0, timeout=30)
+        self.rate_limited = anthropic.RateLimitError
+
+    @staticmethod
+    def _split(messages: list[dict]) -> tuple[str, list[dict]]:
+        return messages[0]["content"], messages[1:]
+
+    def cost(self, messages: list[dict], max_tokens: int) -> tuple[int, Optional[int]]:
+        """(input, output) to acquire: the fake's input count, and `max_tokens`."""
+        system, rest = self._split(messages)
+        return input_tokens({"system": system, "messages": rest}), max_tokens
+
+    def call(self, messages: list[dict], max_tokens: int) -> tuple[Any, int, int]:
+        system, rest = self._split(messages)
+        answer = self.client.messages.with_raw_response.create(
+            model=MODELS["anthropic"], max_tokens=max_tokens, system=system, messages=rest
+        )
+        usage = answer.parse().usage
+        used_input = usage.input_tokens + (usage.cache_creation_input_tokens or 0)
+        return answer.headers, used_input, usage.output_tokens
+
+    def refused_keeps(self, tokens: int, max_tokens: Optional[int]) -> tuple[int, int]:
+        """The strict fake keeps a refused call's input; its output estimate goes back."""
+        return tokens, 0
+
+    def wrapped(self, limiter: ratekeeper.Client, limit: str, interval: Optional[float]) -> Any:
+        llm = ratekeeper.anthropic.wrap(
+            self.client, limiter, limit=limit, feedback_interval=interval
+        )
+
+        def create(messages: list[dict], max_tokens: int) -> None:
+            system, rest = self._split(messages)
+            llm.messages.create(
+                model=MODELS["anthropic"], max_tokens=max_tokens, system=system, messages=rest
+            )
+
+        return create
+
+    def close(self) -> None:
+        self.client.close()
+
+
+CALLS = {"openai": OpenaiCalls, "anthropic": AnthropicCalls}
+
+
 def call_by_token_count(
     limiter: ratekeeper.Client,
-    provider: openai.OpenAI,
+    calls: Any,
     limit: str,
     messages: list[dict],
     max_tokens: int,
     feedback: Optional[Sampler],
+    count_rejected: bool,
+    rejected_tokens: bool,
 ) -> bool:
-    """One request acquired by its charge; False if it was still refused after retries.
-
-    The acquire names no `max_tokens`, so the daemon reserves exactly the
-    charge under either cost rule (`sum`: charge + 0; `max`: max(charge, 0)).
-    With `feedback`, every 429 and a sample of the other answers are forwarded.
-    """
-    charge = rate_limit_charge({"messages": messages, "max_tokens": max_tokens})
+    """One request acquired by the fake's own count; False if it was still refused
+    after retries. With `feedback`, every 429 and a sample of the other answers
+    are forwarded."""
+    tokens, output = calls.cost(messages, max_tokens)
     for attempt in range(MAX_RETRIES + 1):
-        lease = limiter.acquire(limit, charge)
+        lease = limiter.acquire(limit, tokens, max_tokens=output)
         try:
-            answer = provider.chat.completions.with_raw_response.create(
-                model=MODEL, messages=messages, max_tokens=max_tokens
-            )
-        except openai.RateLimitError as refused:
-            lease.release()
+            headers, used_input, used_output = calls.call(messages, max_tokens)
+        except calls.rate_limited as refused:
+            if not count_rejected:
+                lease.release()
+            elif rejected_tokens:
+                kept_input, kept_output = calls.refused_keeps(tokens, output)
+                lease.report(input_tokens=kept_input, output_tokens=kept_output)
+            else:  # only the request counted: the limit's settle rule does the rest
+                lease.report(input_tokens=0, output_tokens=0)
             headers = refused.response.headers
             noted = lease.feedback(429, headers) if feedback is not None else None
             if noted is None or noted.paused_ms == 0:
@@ -150,10 +256,9 @@ def call_by_token_count(
         except BaseException:
             lease.settle_as_reserved()  # it may have been processed
             raise
-        usage = answer.parse().usage
-        lease.report(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens)
+        lease.report(input_tokens=used_input, output_tokens=used_output)
         if feedback is not None and feedback.due():
-            lease.feedback(200, answer.headers)
+            lease.feedback(200, headers)
         return True
     return False
 
@@ -166,9 +271,9 @@ def work(spec: dict, barrier: Any, results: Any) -> None:
     on `results`.
     """
     limiter = ratekeeper.Client(spec["socket"], name=f"e2e-{spec['index']}")
-    provider = openai.OpenAI(base_url=spec["base_url"], api_key="x", max_retries=0, timeout=30)
+    calls = CALLS[spec["provider"]](spec["base_url"])
     interval = FEEDBACK_INTERVAL if spec["feedback"] else None
-    wrapped = wrap(provider, limiter, limit=spec["limit"], feedback_interval=interval)
+    wrapped = calls.wrapped(limiter, spec["limit"], interval)
     sampler = Sampler(FEEDBACK_INTERVAL) if spec["feedback"] else None
     tally = Tally()
     limiter.ping()
@@ -183,18 +288,23 @@ def work(spec: dict, barrier: Any, results: Any) -> None:
             try:
                 if spec["acquire"] == "tokens":
                     answered = call_by_token_count(
-                        limiter, provider, spec["limit"], messages, max_tokens, sampler
+                        limiter,
+                        calls,
+                        spec["limit"],
+                        messages,
+                        max_tokens,
+                        sampler,
+                        spec["count_rejected"],
+                        spec["rejected_tokens"],
                     )
                 else:
-                    wrapped.chat.completions.create(
-                        model=MODEL, messages=messages, max_tokens=max_tokens
-                    )
+                    wrapped(messages, max_tokens)
                     answered = True
                 tally.add("completed" if answered else "gave_up")
             except ratekeeper.RateLimited as denied:
                 tally.add("denied")
                 time.sleep(max(0.0, min(denied.retry_after, deadline - time.monotonic())))
-            except openai.RateLimitError:  # the wrapper's retries ran out
+            except calls.rate_limited:  # the wrapper's retries ran out
                 tally.add("gave_up")
             except Exception as error:
                 tally.add("errors", error)
@@ -208,5 +318,5 @@ def work(spec: dict, barrier: Any, results: Any) -> None:
     for thread in threads:
         thread.join()
     limiter.close()
-    provider.close()
+    calls.close()
     results.put({**tally.counts, "error_samples": tally.errors})

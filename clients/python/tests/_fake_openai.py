@@ -2,19 +2,51 @@
 /v1/responses and /v1/embeddings (the endpoints are in `_fake_openai_endpoints.py`).
 
 It limits the way OpenAI's rate-limit guide says the real one does: a token
-bucket of tokens per minute and one of requests per minute, each holding one
-minute's worth and refilling continuously; a request is charged at arrival
-`rate_limit_charge(body)` tokens and one request, and nothing is ever
-refunded (a Responses request the same by its `max_output_tokens` and text,
-an embeddings one by its text alone). Over either limit it answers 429 with OpenAI's error body and
+bucket of tokens per minute and one of requests per minute, refilling
+continuously; a request is charged at arrival `rate_limit_charge(body)`
+tokens and one request, and nothing is ever refunded (a Responses request
+the same by its `max_output_tokens` and text, an embeddings one by its text
+alone). Over either limit it answers 429 with OpenAI's error body and
 `retry-after` / `retry-after-ms`; every answer, 200 or 429, carries the
 `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` headers.
 
+The limits as the providers document them (`Bucket`, shared with the strict
+Anthropic fake in `_fake_anthropic.py`):
+
+- enforcement window (`window_seconds`, default 60): OpenAI writes that
+  "60,000 requests/minute may be enforced as 1,000 requests/second". With a
+  window of W seconds each bucket holds `per_minute * W / 60` (its
+  capacity) and refills at `per_minute / 60` a second. A request is admitted
+  while the level is at least min(charge, capacity), so one larger than a
+  window's worth (a long prompt on a small limit) passes once the bucket is
+  full and leaves it below zero; one larger than the per-minute figure
+  itself is refused at once, OpenAI's "Request too large" 429, and not
+  charged. The headers keep `limit` at the per-minute figure (what OpenAI
+  shows), `remaining` is the window bucket's level, floored at 0, `reset`
+  the time until it is full;
+- rejected requests count (`count_rejected`, default on): OpenAI writes
+  that "unsuccessful requests contribute to your per-minute limit", so a
+  429 still charges its request. Whether it charges its tokens too the
+  documentation does not say; `rejected_tokens=True` makes it so, which may
+  take a level below zero. It is off by default because such a provider
+  has no steady state once the demand on a key exceeds its limit: every
+  refusal digs the level deeper and nobody gets through, whatever the
+  limiter does (with 20 % foreign traffic and forwarding on, 90 % of the
+  requests got 429s and the other application 0.6-0.8 % of the TPM in two
+  runs; without forwarding, simulated with a perfect limiter, both got 0 %);
+- foreign traffic (`foreign_fraction`): another application on the same API
+  key, a real competitor inside the fake (`ForeignApplication`): a steady
+  stream of small requests, each charging `tokens_per_minute /
+  requests_per_minute` tokens and one request, arriving at
+  `foreign_fraction` of the request rate, so that it asks for that fraction
+  of both limits. Its requests are admitted only when the buckets hold them,
+  counted when refused like ours, and retried as the SDKs do (after
+  `retry-after`, twice at most). They are recorded with `"foreign": True`.
+
 Options for measuring a limiter against it: a latency drawn uniformly from a
-range, slept after the limit decision (the provider charges at arrival);
-foreign traffic, another application on the same API key taking a fraction
-of both limits; and a record of every request (arrival, charge, status,
-what was left) for computing 429 counts and utilization afterwards.
+range, slept after the limit decision (the provider charges at arrival), and
+a record of every request, ours and the foreign application's, for computing
+429 counts, utilization and shares afterwards (`records`).
 
 Streams are server-sent events: chat chunks, with a final usage chunk when
 `stream_options.include_usage` is set, or the Responses API's typed events,
@@ -22,21 +54,24 @@ the usage on the final `response.completed`.
 
 Standalone (`python _fake_openai.py --tpm 300000 --rpm 3000 ...`) it prints
 one JSON line with its `base_url`, serves until SIGTERM or SIGINT, and
-answers `GET /fake/records` with its records, so a benchmark can run it as a
-process of its own.
+answers `GET /fake/records` with its records and its buckets' figures, so a
+benchmark can run it as a process of its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 import random
 import signal
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from _fake_openai_endpoints import (
     CHARS_PER_TOKEN,
@@ -51,6 +86,8 @@ from _fake_openai_endpoints import (
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "RECORDS_PATH",
+    "Bucket",
+    "BucketedProvider",
     "FakeProvider",
     "max_output_tokens",
     "prompt_tokens",
@@ -59,6 +96,14 @@ __all__ = [
 ]
 
 RECORDS_PATH = "/fake/records"
+#: The SDKs' default `max_retries`: how often the foreign application retries a 429.
+SDK_MAX_RETRIES = 2
+#: The longest `retry-after` the SDKs honour; beyond it they back off by themselves.
+SDK_LONGEST_RETRY_AFTER = 60.0
+#: The foreign application sends at most this many requests a second (larger
+#: ones then, and a smaller share of the request limit), so that a huge
+#: request limit does not make the fake spin.
+FOREIGN_MOST_PER_SECOND = 50.0
 
 
 def duration(seconds: float) -> str:
@@ -71,29 +116,309 @@ def duration(seconds: float) -> str:
 
 
 class Bucket:
-    """One provider limit: `per_minute` capacity, refilled continuously.
+    """One provider limit: `per_minute`, enforced over `window_seconds`.
 
-    Foreign traffic takes `foreign_fraction` of the rate all the time. Since
-    it takes less than the refill, it never finds the bucket empty: what is
-    left for us refills at `(1 - foreign_fraction) * rate`.
+    It holds at most `capacity = per_minute * window_seconds / 60` and refills
+    continuously at `per_minute / 60` a second. A cost is admitted while the
+    level is at least min(cost, capacity): a cost larger than the window
+    holds passes when the bucket is full and takes the level below zero (a
+    provider that quantizes a minute's figure into seconds must let it pass,
+    or it never could). A cost larger than `per_minute` is never admitted.
     """
 
-    def __init__(self, per_minute: float, foreign_fraction: float = 0.0) -> None:
-        self.capacity = per_minute
-        self.rate = per_minute / 60.0 * (1.0 - foreign_fraction)
-        self.level = per_minute
+    def __init__(self, per_minute: float, window_seconds: float = 60.0) -> None:
+        if not 0.0 < window_seconds <= 60.0:
+            raise ValueError(f"window_seconds must be in (0, 60], got {window_seconds}")
+        self.per_minute = per_minute
+        self.window_seconds = window_seconds
+        self.capacity = per_minute * window_seconds / 60.0
+        self.rate = per_minute / 60.0
+        self.level = self.capacity
         self.stamp = time.monotonic()
 
     def refill(self, now: float) -> None:
         self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
         self.stamp = now
 
+    def too_large(self, cost: float) -> bool:
+        return cost > self.per_minute
+
+    def admits(self, cost: float) -> bool:
+        return self.level >= min(cost, self.capacity)
+
     def wait_for(self, cost: float) -> float:
-        return max(0.0, (cost - self.level) / self.rate)
+        """Seconds until `cost` would be admitted."""
+        return max(0.0, (min(cost, self.capacity) - self.level) / self.rate)
+
+    def time_to_full(self) -> float:
+        return max(0.0, (self.capacity - self.level) / self.rate)
+
+    def give_back(self, amount: float, now: float) -> None:
+        """An estimate charged at arrival adjusted down (never above capacity)."""
+        self.refill(now)
+        self.level = min(self.capacity, self.level + amount)
+
+    def figures(self) -> dict:
+        return {
+            "per_minute": self.per_minute,
+            "window_seconds": self.window_seconds,
+            "capacity": self.capacity,
+        }
 
 
-class FakeProvider:
-    """The server, its buckets and records; `forced` answers go out before any limiting."""
+@dataclass(frozen=True)
+class Decision:
+    """The limit decision for one request, taken at its arrival."""
+
+    status: int  # 200 or 429
+    #: The bucket that refused it (the one with the longest wait), or None.
+    refused_by: Optional[str] = None
+    wait: float = 0.0  # seconds until every bucket would admit it
+    too_large: bool = False  # over a per-minute figure: never admitted
+    charged: bool = True  # whether its charges were taken
+
+
+class BucketedProvider:
+    """What the strict fakes share: the buckets and their decision, the foreign
+    application, the records, the latency and the HTTP server.
+
+    A subclass names its buckets, says what a request charges each, and
+    renders the answers in its provider's shape.
+    """
+
+    #: The bucket whose charge a record's `charge` is.
+    TOKEN_BUCKET = "tokens"
+
+    def __init__(
+        self,
+        buckets: dict[str, Bucket],
+        handler: type,
+        *,
+        latency: Optional[tuple[float, float]] = None,
+        count_rejected: bool = True,
+        rejected_tokens: bool = False,
+        seed: Optional[int] = None,
+        port: int = 0,
+    ) -> None:
+        self.buckets = buckets
+        self.latency = latency
+        self.count_rejected = count_rejected
+        self.rejected_tokens = rejected_tokens
+        self.random = random.Random(seed)
+        self.seed = seed
+        self.lock = threading.Lock()
+        #: One dict per request, in arrival order, ours and the foreign
+        #: application's: `arrival` (time.monotonic() when the limit was
+        #: decided), `path`, `charge` (the token charge), `status`, `charged`
+        #: (whether the buckets were charged: its request, and its tokens
+        #: unless a refusal with `rejected_tokens` off), `foreign`, `refused_by` (the
+        #: bucket that refused it, or None), and each bucket's level after the
+        #: decision as `<bucket>_left`.
+        self.records: list[dict] = []
+        self.foreign: Optional[ForeignApplication] = None
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), handler, False)
+        self.server.provider = self  # type: ignore[attr-defined]
+        # The SDKs keep a connection per thread: room for every worker's.
+        self.server.request_queue_size = 128
+        self.server.daemon_threads = True
+        self.server.server_bind()
+        self.server.server_activate()
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    @property
+    def capacities(self) -> dict[str, float]:
+        """Each bucket's capacity: what its window holds."""
+        return {name: bucket.capacity for name, bucket in self.buckets.items()}
+
+    def start_foreign(
+        self,
+        fraction: float,
+        per_request: Callable[[float], dict[str, float]],
+        retry_after: Callable[[Decision], float],
+    ) -> None:
+        """Starts the foreign application taking `fraction` of the request rate.
+
+        `per_request(interval)` is what each of its requests charges the
+        buckets when one arrives every `interval` seconds; `retry_after` the
+        wait the SDK reads from a 429's headers.
+        """
+        if not 0.0 <= fraction < 1.0:
+            raise ValueError(f"foreign_fraction must be in [0, 1), got {fraction}")
+        if fraction == 0.0:
+            return
+        per_second = min(FOREIGN_MOST_PER_SECOND, fraction * self.buckets["requests"].rate)
+        interval = 1.0 / per_second
+        self.foreign = ForeignApplication(
+            self, per_request(interval), interval, retry_after, random.Random(self.seed)
+        )
+        self.foreign.start()
+
+    def kept_when_rejected(self, charges: Mapping[str, float]) -> Mapping[str, float]:
+        """What a refused request is charged when rejected requests count: all of
+        it, or with `rejected_tokens=False` only the request."""
+        if not self.rejected_tokens:
+            return {"requests": charges["requests"]}
+        return self.rejected_token_charges(charges)
+
+    def rejected_token_charges(self, charges: Mapping[str, float]) -> Mapping[str, float]:
+        """The charges a refused request keeps when its tokens count: all of them."""
+        return charges
+
+    def foreign_record(self, charges: dict[str, float]) -> dict:
+        """What a foreign request's record says besides the levels: its token charge."""
+        return {"charge": charges[self.TOKEN_BUCKET]}
+
+    def close(self) -> None:
+        if self.foreign is not None:
+            self.foreign.stop()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def admit(
+        self, charges: Mapping[str, float], *, path: str, foreign: bool, **record: Any
+    ) -> Decision:
+        """Decides one request at its arrival and records it; the caller holds `lock`."""
+        now = time.monotonic()
+        for bucket in self.buckets.values():
+            bucket.refill(now)
+        too_large = [name for name, cost in charges.items() if self.buckets[name].too_large(cost)]
+        if too_large:
+            decision = Decision(429, too_large[0], 0.0, too_large=True, charged=False)
+        else:
+            waits = {name: self.buckets[name].wait_for(cost) for name, cost in charges.items()}
+            if not any(waits.values()):
+                decision = Decision(200)
+            else:
+                refused_by = max(waits, key=waits.__getitem__)
+                decision = Decision(429, refused_by, waits[refused_by], charged=self.count_rejected)
+            kept = charges if decision.status == 200 else self.kept_when_rejected(charges)
+            if decision.charged:
+                for name, cost in kept.items():
+                    self.buckets[name].level -= cost
+        self._record(now, path, record, decision.status, decision.charged, foreign, decision)
+        return decision
+
+    def record_forced(self, status: int, path: str, **record: Any) -> None:
+        """Records a forced answer (not charged); the caller holds `lock`."""
+        now = time.monotonic()
+        for bucket in self.buckets.values():
+            bucket.refill(now)
+        self._record(now, path, record, status, False, False, None)
+
+    def _record(
+        self,
+        now: float,
+        path: str,
+        extra: dict,
+        status: int,
+        charged: bool,
+        foreign: bool,
+        decision: Optional[Decision],
+    ) -> None:
+        entry = {"arrival": now, "path": path, **extra, "status": status, "charged": charged}
+        entry["foreign"] = foreign
+        entry["refused_by"] = decision.refused_by if decision is not None else None
+        for name, bucket in self.buckets.items():
+            entry[f"{name}_left"] = bucket.level
+        self.records.append(entry)
+
+    def draw_latency(self) -> float:
+        """A latency to sleep after deciding; the caller holds `lock`."""
+        return self.random.uniform(*self.latency) if self.latency else 0.0
+
+    def records_snapshot(self) -> list[dict]:
+        with self.lock:
+            return list(self.records)
+
+    def records_document(self) -> dict:
+        """What `GET /fake/records` answers: the records and the buckets' figures."""
+        with self.lock:
+            records = list(self.records)
+        buckets = {name: bucket.figures() for name, bucket in self.buckets.items()}
+        return {
+            "records": records,
+            "buckets": buckets,
+            "count_rejected": self.count_rejected,
+            "rejected_tokens": self.rejected_tokens,
+        }
+
+
+class ForeignApplication:
+    """Another application on the same API key, competing for the same buckets.
+
+    A steady stream: one request every `interval` seconds from its start,
+    whatever happens to the earlier ones (its users do not wait for ours).
+    A refused request is retried after the wait its SDK reads from the 429
+    (`retry_after`), or with the SDK's own backoff when there is none or it is
+    longer than a minute, at most `SDK_MAX_RETRIES` times; a request larger
+    than a limit is not retried. It never sleeps a latency: the provider
+    charges at arrival, and nobody waits for its answers.
+    """
+
+    def __init__(
+        self,
+        provider: BucketedProvider,
+        charges: dict[str, float],
+        interval: float,
+        retry_after: Callable[[Decision], float],
+        rng: random.Random,
+    ) -> None:
+        self.provider = provider
+        self.charges = charges
+        self.record = provider.foreign_record(charges)
+        self.interval = interval
+        self.retry_after = retry_after
+        self.random = rng
+        self.stopped = threading.Event()
+        self.gave_up = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+
+    def _backoff(self, attempt: int) -> float:
+        """The SDKs' backoff: 0.5 s doubling, at most 8 s, less up to 25 % jitter."""
+        return min(0.5 * 2.0**attempt, 8.0) * (1.0 - 0.25 * self.random.random())
+
+    def _run(self) -> None:
+        next_arrival = time.monotonic()
+        retries: list[tuple[float, int]] = []  # (due, attempt), a heap
+        while not self.stopped.is_set():
+            due = min(next_arrival, retries[0][0]) if retries else next_arrival
+            if self.stopped.wait(max(0.0, due - time.monotonic())):
+                return
+            if retries and retries[0][0] <= next_arrival:
+                _, attempt = heapq.heappop(retries)
+            else:
+                attempt = 0
+                next_arrival += self.interval
+            with self.provider.lock:
+                decision = self.provider.admit(
+                    self.charges, path="foreign", foreign=True, **self.record
+                )
+            if decision.status == 200:
+                continue
+            if decision.too_large or attempt >= SDK_MAX_RETRIES:
+                self.gave_up += 1
+                continue
+            wait = self.retry_after(decision)
+            if not 0.0 < wait <= SDK_LONGEST_RETRY_AFTER:
+                wait = self._backoff(attempt)
+            heapq.heappush(retries, (time.monotonic() + wait, attempt + 1))
+
+
+class FakeProvider(BucketedProvider):
+    """The OpenAI-shaped server, its buckets and records; `forced` answers go out
+    before any limiting."""
 
     def __init__(
         self,
@@ -104,41 +429,52 @@ class FakeProvider:
         chars_per_token: float = CHARS_PER_TOKEN,
         latency: Optional[tuple[float, float]] = None,
         foreign_fraction: float = 0.0,
+        window_seconds: float = 60.0,
+        count_rejected: bool = True,
+        rejected_tokens: bool = False,
         seed: Optional[int] = None,
         port: int = 0,
     ) -> None:
-        if not 0.0 <= foreign_fraction < 1.0:
-            raise ValueError(f"foreign_fraction must be in [0, 1), got {foreign_fraction}")
-        self.tokens = Bucket(tokens_per_minute, foreign_fraction)
-        self.requests = Bucket(requests_per_minute, foreign_fraction)
+        buckets = {
+            "tokens": Bucket(tokens_per_minute, window_seconds),
+            "requests": Bucket(requests_per_minute, window_seconds),
+        }
+        super().__init__(
+            buckets,
+            _OpenaiHandler,
+            latency=latency,
+            count_rejected=count_rejected,
+            rejected_tokens=rejected_tokens,
+            seed=seed,
+            port=port,
+        )
         self.completion_tokens = completion_tokens
         self.chars_per_token = chars_per_token
-        self.latency = latency
         self.foreign_fraction = foreign_fraction
-        self.random = random.Random(seed)
-        self.lock = threading.Lock()
         self.bodies: list[dict] = []
-        #: One dict per request, in arrival order: `arrival` (time.monotonic()
-        #: when the limit was decided), `charge`, `status`, and the levels
-        #: `tokens_left` / `requests_left` after the decision.
-        self.records: list[dict] = []
         self.served = 0
         self.rate_limited = 0
         self.forced: list[tuple[int, dict]] = []
         self.last_usage: Optional[dict] = None
         self.last_headers: dict = {}
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler(), False)
-        # The openai SDK keeps a connection per thread: room for every worker's.
-        self.server.request_queue_size = 128
-        self.server.daemon_threads = True
-        self.server.server_bind()
-        self.server.server_activate()
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.start_foreign(foreign_fraction, self._foreign_charges, _openai_retry_after)
+
+    @property
+    def tokens(self) -> Bucket:
+        return self.buckets["tokens"]
+
+    @property
+    def requests(self) -> Bucket:
+        return self.buckets["requests"]
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def _foreign_charges(self, interval: float) -> dict[str, float]:
+        # At its natural pace (`interval` = 1 / (fraction * request rate)) this
+        # is tokens_per_minute / requests_per_minute tokens a request.
+        return {"tokens": self.foreign_fraction * self.tokens.rate * interval, "requests": 1}
 
     def force(self, status: int, count: int = 1, **headers: str) -> None:
         """The next `count` requests get `status` with exactly these headers (no
@@ -148,16 +484,12 @@ class FakeProvider:
         with self.lock:
             self.forced.extend([(status, headers)] * count)
 
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
     def _limit_headers(self) -> dict:
         headers = {}
         for kind, bucket in (("requests", self.requests), ("tokens", self.tokens)):
-            headers[f"x-ratelimit-limit-{kind}"] = str(int(bucket.capacity))
+            headers[f"x-ratelimit-limit-{kind}"] = str(int(bucket.per_minute))
             headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, int(bucket.level)))
-            headers[f"x-ratelimit-reset-{kind}"] = duration(bucket.wait_for(bucket.capacity))
+            headers[f"x-ratelimit-reset-{kind}"] = duration(bucket.time_to_full())
         return headers
 
     def _decide(self, endpoint: Any, body: dict) -> tuple[int, dict, dict, Optional[dict]]:
@@ -165,124 +497,130 @@ class FakeProvider:
         charge = endpoint.charge(body, self.chars_per_token)
         usage = endpoint.usage(body, self.completion_tokens)
         with self.lock:
-            now = time.monotonic()
             self.bodies.append(body)
-            self.tokens.refill(now)
-            self.requests.refill(now)
             error = None
             if self.forced:
                 status, headers = self.forced.pop(0)
                 if status != 200:
                     error = _error(status, "fake provider: forced", "tokens")
+                self.record_forced(status, endpoint.path, charge=charge)
             else:
-                waits = {
-                    "requests": self.requests.wait_for(1),
-                    "tokens": self.tokens.wait_for(charge),
-                }
-                if max(waits.values()) == 0:
-                    status = 200
-                    self.tokens.level -= charge
-                    self.requests.level -= 1
-                else:
-                    status = 429
-                    kind = max(waits, key=waits.__getitem__)
-                    error = self._rate_limit_error(kind, charge, waits[kind])
+                decision = self.admit(
+                    {"tokens": charge, "requests": 1},
+                    path=endpoint.path,
+                    foreign=False,
+                    charge=charge,
+                )
+                status = decision.status
                 headers = self._limit_headers()
-                if status == 429:
-                    wait = max(waits.values())
-                    headers["retry-after"] = str(math.ceil(wait))
-                    headers["retry-after-ms"] = str(math.ceil(wait * 1000))
+                if decision.too_large:
+                    error = self._too_large_error(charge)
+                elif status == 429:
+                    error = self._rate_limit_error(decision.refused_by, charge, decision.wait)
+                    headers["retry-after"] = str(math.ceil(decision.wait))
+                    headers["retry-after-ms"] = str(math.ceil(decision.wait * 1000))
                 self.last_headers = headers
             if status == 200:
                 self.served += 1
                 self.last_usage = usage
             elif status == 429:
                 self.rate_limited += 1
-            self.records.append(
-                {
-                    "arrival": now,
-                    "path": endpoint.path,
-                    "charge": charge,
-                    "status": status,
-                    "tokens_left": self.tokens.level,
-                    "requests_left": self.requests.level,
-                }
-            )
-            delay = self.random.uniform(*self.latency) if self.latency else 0.0
+            delay = self.draw_latency()
         if delay:
             time.sleep(delay)
         return status, headers, usage, error
 
     def _rate_limit_error(self, kind: str, charge: int, wait: float) -> dict:
-        bucket = self.requests if kind == "requests" else self.tokens
+        bucket = self.buckets[kind]
         short = "RPM" if kind == "requests" else "TPM"
         requested = 1 if kind == "requests" else charge
-        used = bucket.capacity - max(0.0, bucket.level)
+        used = max(0.0, bucket.capacity - bucket.level)
         message = (
             f"Rate limit reached for fake-model in organization org-fake on {kind} per min "
-            f"({short}): Limit {int(bucket.capacity)}, Used {round(used)}, "
+            f"({short}): Limit {int(bucket.per_minute)}, Used {round(used)}, "
             f"Requested {requested}. Please try again in {duration(wait)}. "
             "Visit https://platform.openai.com/account/rate-limits to learn more."
         )
         return _error(429, message, kind)
 
-    def records_snapshot(self) -> list[dict]:
-        with self.lock:
-            return list(self.records)
+    def _too_large_error(self, charge: int) -> dict:
+        message = (
+            "Request too large for fake-model in organization org-fake on tokens per min "
+            f"(TPM): Limit {int(self.tokens.per_minute)}, Requested {charge}. "
+            "The input or output tokens must be reduced in order to run successfully. "
+            "Visit https://platform.openai.com/account/rate-limits to learn more."
+        )
+        return _error(429, message, "tokens")
 
-    def _handler(self) -> type:
-        provider = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            # Headers and body go out in two writes: without this, Nagle's
-            # algorithm holds the body until the client's delayed ACK.
-            disable_nagle_algorithm = True
+def _openai_retry_after(decision: Decision) -> float:
+    """The wait the openai SDK reads from the fake's 429: `retry-after-ms`."""
+    return math.ceil(decision.wait * 1000) / 1000.0
 
-            def log_message(self, *args: Any) -> None:  # quiet
-                pass
 
-            def do_GET(self) -> None:
-                if self.path != RECORDS_PATH:
-                    return self._json(404, {}, _error(404, "not found", "invalid_request_error"))
-                return self._json(200, {}, {"records": provider.records_snapshot()})
+class JsonHandler(BaseHTTPRequestHandler):
+    """What every fake's handler shares: quiet, HTTP/1.1, JSON and SSE answers,
+    and `GET /fake/records` for the strict ones."""
 
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                endpoint = ENDPOINTS.get(self.path.rstrip("/"))
-                if endpoint is None:
-                    return self._json(404, {}, _error(404, "not found", "invalid_request_error"))
-                status, headers, usage, error = provider._decide(endpoint, body)
-                if error is not None:
-                    return self._json(status, headers, error)
-                if body.get("stream"):
-                    return self._stream(headers, endpoint.events(body, usage))
-                return self._json(200, headers, endpoint.reply(body, usage))
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: without this, Nagle's
+    # algorithm holds the body until the client's delayed ACK.
+    disable_nagle_algorithm = True
 
-            def _json(self, status: int, headers: dict, payload: dict) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
 
-            def _stream(self, headers: dict, frames: list[str]) -> None:
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("connection", "close")
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                for frame in frames:
-                    self.wfile.write(frame.encode())
-                    self.wfile.flush()
-                self.close_connection = True
+    def read_json(self) -> dict:
+        length = int(self.headers.get("content-length") or 0)
+        return json.loads(self.rfile.read(length) or b"{}")
 
-        return Handler
+    def send_json(self, status: int, headers: dict, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_events(self, headers: dict, frames: list[str]) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        for frame in frames:
+            self.wfile.write(frame.encode())
+            self.wfile.flush()
+        self.close_connection = True
+
+    def send_records(self) -> bool:
+        """Answers `GET /fake/records`; False for any other path."""
+        if self.path != RECORDS_PATH:
+            return False
+        self.send_json(200, {}, self.server.provider.records_document())  # type: ignore[attr-defined]
+        return True
+
+
+class _OpenaiHandler(JsonHandler):
+    def do_GET(self) -> None:
+        if not self.send_records():
+            self.send_json(404, {}, _error(404, "not found", "invalid_request_error"))
+
+    def do_POST(self) -> None:
+        provider: FakeProvider = self.server.provider  # type: ignore[attr-defined]
+        body = self.read_json()
+        endpoint = ENDPOINTS.get(self.path.rstrip("/"))
+        if endpoint is None:
+            return self.send_json(404, {}, _error(404, "not found", "invalid_request_error"))
+        status, headers, usage, error = provider._decide(endpoint, body)
+        if error is not None:
+            return self.send_json(status, headers, error)
+        if body.get("stream"):
+            return self.send_events(headers, endpoint.events(body, usage))
+        return self.send_json(200, headers, endpoint.reply(body, usage))
 
 
 def _error(status: int, message: str, kind: str) -> dict:
@@ -296,11 +634,27 @@ def _error(status: int, message: str, kind: str) -> dict:
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_limit_options(parser: argparse.ArgumentParser) -> None:
+    """The standalone options both strict fakes take besides their limits."""
     parser.add_argument("--port", type=int, default=0, help="on 127.0.0.1; 0 picks a free one")
-    parser.add_argument("--tpm", type=float, required=True, help="tokens per minute")
-    parser.add_argument("--rpm", type=float, required=True, help="requests per minute")
+    parser.add_argument(
+        "--window-seconds",
+        type=float,
+        default=60.0,
+        help="enforce each per-minute limit over this many seconds (default 60)",
+    )
+    parser.add_argument(
+        "--count-rejected",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a 429 still charges its request (default on)",
+    )
+    parser.add_argument(
+        "--rejected-tokens",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --count-rejected, a 429 charges its tokens too (default off)",
+    )
     parser.add_argument(
         "--latency-ms",
         type=float,
@@ -309,31 +663,52 @@ def main(argv: Optional[list[str]] = None) -> None:
         help="sleep a uniform random latency in [MIN, MAX] ms after deciding",
     )
     parser.add_argument(
-        "--foreign", type=float, default=0.0, help="fraction of both limits used by others"
+        "--foreign",
+        type=float,
+        default=0.0,
+        help="fraction of the limits another application on the key asks for",
     )
-    parser.add_argument("--chars-per-token", type=float, default=CHARS_PER_TOKEN)
     parser.add_argument("--completion-tokens", type=int, default=20)
     parser.add_argument("--seed", type=int)
-    args = parser.parse_args(argv)
-    latency = None
-    if args.latency_ms:
-        latency = (args.latency_ms[0] / 1000.0, args.latency_ms[1] / 1000.0)
-    provider = FakeProvider(
-        args.tpm,
-        args.rpm,
-        args.completion_tokens,
-        chars_per_token=args.chars_per_token,
-        latency=latency,
-        foreign_fraction=args.foreign,
-        seed=args.seed,
-        port=args.port,
-    )
+
+
+def latency_option(args: argparse.Namespace) -> Optional[tuple[float, float]]:
+    if not args.latency_ms:
+        return None
+    return (args.latency_ms[0] / 1000.0, args.latency_ms[1] / 1000.0)
+
+
+def serve_until_signalled(provider: Any) -> None:
+    """Prints the provider's `base_url` as one JSON line, serves until SIGTERM or SIGINT."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     print(json.dumps({"base_url": provider.base_url}), flush=True)
     stop.wait()
     provider.close()
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tpm", type=float, required=True, help="tokens per minute")
+    parser.add_argument("--rpm", type=float, required=True, help="requests per minute")
+    parser.add_argument("--chars-per-token", type=float, default=CHARS_PER_TOKEN)
+    add_limit_options(parser)
+    args = parser.parse_args(argv)
+    provider = FakeProvider(
+        args.tpm,
+        args.rpm,
+        args.completion_tokens,
+        chars_per_token=args.chars_per_token,
+        latency=latency_option(args),
+        foreign_fraction=args.foreign,
+        window_seconds=args.window_seconds,
+        count_rejected=args.count_rejected,
+        rejected_tokens=args.rejected_tokens,
+        seed=args.seed,
+        port=args.port,
+    )
+    serve_until_signalled(provider)
 
 
 if __name__ == "__main__":

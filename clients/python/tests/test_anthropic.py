@@ -32,6 +32,18 @@ burst_output_tokens = 30000
 requests_per_minute = 1200
 burst_requests = 30
 
+# Requests counted exactly too (one a minute refills nothing within a test).
+[[limits]]
+name = "counted"
+provider = "anthropic"
+input_tokens_per_minute = 1
+output_tokens_per_minute = 1
+burst_input_tokens = 1000000
+burst_output_tokens = 1000000
+requests_per_minute = 1
+burst_requests = 1000
+burst_headroom_ms = 0
+
 [[limits]]
 name = "tiny"
 provider = "anthropic"
@@ -66,6 +78,11 @@ def daemon(make_daemon):
 def levels(limiter: Client, limit: str = "claude") -> tuple[int, int]:
     status = limiter.status(limit).limit(limit)
     return status.bucket("input_tokens").level, status.bucket("output_tokens").level
+
+
+def counted_input(limiter: Client, limit: str = "claude") -> int:
+    """The input the wrapper reserves for MESSAGES (the daemon's count)."""
+    return limiter.estimate(limit, messages=MESSAGES, max_tokens=1, api="anthropic").input_tokens
 
 
 def sync_anthropic(provider: FakeAnthropic) -> anthropic.Anthropic:
@@ -154,13 +171,50 @@ def test_a_429_is_forwarded_pausing_every_worker_then_retried(daemon, provider):
         assert reply.usage.output_tokens == OUTPUT
 
 
+def test_a_429_keeps_the_request_and_its_input_and_the_retry_acquires_again(daemon, provider):
+    provider.force(429, retry_after="0")
+    with Client(daemon.socket) as limiter:
+        claude = wrap(sync_anthropic(provider), limiter, limit="counted", feedback_interval=None)
+        claude.messages.create(model=MODEL, max_tokens=300, messages=MESSAGES)
+        assert provider.answered == [429, 200]
+        status = limiter.status("counted").limit("counted")
+        # Two requests reached Anthropic; both count, one acquire each.
+        assert status.bucket("requests").level == 1000 - 2
+        # The refused one keeps its input; its output, never generated, went back.
+        refused = counted_input(limiter, "counted")
+        assert status.bucket("input_tokens").level == CAPACITY - INPUT_CHARGED - refused
+        assert status.bucket("output_tokens").level == CAPACITY - OUTPUT
+
+
+def test_async_a_429_keeps_its_input(daemon, provider):
+    async def main() -> tuple[int, int]:
+        async with AsyncClient(daemon.socket) as limiter:
+            raw = anthropic.AsyncAnthropic(base_url=provider.base_url, api_key="test-key")
+            claude = wrap(raw, limiter, limit="claude", feedback_interval=None)
+            provider.force(429, retry_after="0")
+            async with claude.messages.stream(
+                model=MODEL, max_tokens=300, messages=MESSAGES
+            ) as stream:
+                assert [text async for text in stream.text_stream] == ["fake reply"]
+            await raw.close()
+            status = (await limiter.status("claude")).limit("claude")
+            return status.bucket("input_tokens").level, status.bucket("output_tokens").level
+
+    got = asyncio.run(asyncio.wait_for(main(), 30))
+    assert provider.answered == [429, 200]
+    with Client(daemon.socket) as limiter:
+        refused = counted_input(limiter)
+    assert got == (CAPACITY - INPUT_CHARGED - refused, CAPACITY - OUTPUT)
+
+
 def test_a_529_is_released_and_retried(daemon, provider):
     provider.force(529, retry_after="0")
     with Client(daemon.socket) as limiter:
         claude = wrap(sync_anthropic(provider), limiter, limit="claude", feedback_interval=None)
         claude.messages.create(model=MODEL, max_tokens=300, messages=MESSAGES)
         assert provider.answered == [529, 200]
-        # The overloaded attempt gave its reservation back.
+        # Overloaded is Anthropic refusing everyone, not its rate limiter
+        # counting this request: the attempt gave its reservation back.
         assert levels(limiter) == (CAPACITY - INPUT_CHARGED, CAPACITY - OUTPUT)
 
 

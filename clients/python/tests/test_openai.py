@@ -31,6 +31,32 @@ tokens_per_minute = 120000
 burst_tokens = 3000
 requests_per_minute = 1200
 burst_requests = 30
+
+# Requests counted exactly too (one a minute refills nothing within a test).
+[[limits]]
+name = "counted"
+tokens_per_minute = 1
+burst_tokens = 1000000
+requests_per_minute = 1
+burst_requests = 1000
+burst_headroom_ms = 0
+
+# OpenAI's own accounting: the charge max(prompt, max_tokens), kept at settlement.
+[[limits]]
+name = "gpt-openai"
+provider = "openai"
+tokens_per_minute = 1
+burst_tokens = 1000000
+
+# One request a second, a burst of one: a retry that finds the request of the
+# refused attempt still spent waits a second for the next.
+[[limits]]
+name = "paced"
+tokens_per_minute = 60000000
+burst_tokens = 10000000
+requests_per_minute = 60
+burst_requests = 1
+burst_headroom_ms = 0
 """
 CAPACITY = 1_000_000
 MESSAGES = [
@@ -55,6 +81,15 @@ def reservation(limiter: Client, max_tokens: int) -> int:
     except Unsupported:
         return estimate_prompt_tokens(MESSAGES) + max_tokens
     return estimate.input_tokens + estimate.output_tokens
+
+
+def prompt_reserved(limiter: Client, limit: str = "gpt") -> int:
+    """The input the wrapper reserves for MESSAGES: what a 429'd attempt keeps
+    on a refunding limit (its output, never generated, goes back)."""
+    try:
+        return limiter.estimate(limit, messages=MESSAGES, max_tokens=1).input_tokens
+    except Unsupported:
+        return estimate_prompt_tokens(MESSAGES)
 
 
 def sync_openai(provider: FakeProvider) -> openai.OpenAI:
@@ -108,8 +143,52 @@ def test_provider_429s_are_retried_after_retry_after(daemon, provider):
         reply = llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
         assert time.monotonic() - started >= 0.3  # 2 x 150 ms, honoured
         assert len(provider.bodies) == 3
-        # The two refused attempts gave their reservations back.
-        assert level(limiter) == CAPACITY - reply.usage.total_tokens
+        # The provider counts what it refused: the two refused attempts keep
+        # their input (the limit refunds, so their output went back).
+        refused = 2 * prompt_reserved(limiter)
+        assert level(limiter) == CAPACITY - reply.usage.total_tokens - refused
+
+
+def test_a_429_keeps_the_request_and_its_input_and_each_retry_acquires_again(daemon, provider):
+    provider.force(429, count=2, retry_after_ms="0")
+    with Client(daemon.socket) as limiter:
+        llm = wrap(sync_openai(provider), limiter, limit="counted", feedback_interval=None)
+        reply = llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=50)
+        assert len(provider.bodies) == 3
+        status = limiter.status("counted").limit("counted")
+        # Three requests reached the provider, and three were counted: one
+        # acquire each, none given back.
+        assert status.bucket("requests").level == 1000 - 3
+        # The refused two hold their prompt; the answered one its usage.
+        refused = 2 * prompt_reserved(limiter, "counted")
+        assert status.bucket("tokens").level == CAPACITY - reply.usage.total_tokens - refused
+
+
+def test_with_the_openai_preset_a_429_keeps_its_whole_charge(daemon, provider):
+    provider.force(429, retry_after_ms="0")
+    with Client(daemon.socket) as limiter:
+        llm = wrap(sync_openai(provider), limiter, limit="gpt-openai", feedback_interval=None)
+        llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=50)
+        estimate = limiter.estimate("gpt-openai", messages=MESSAGES, max_tokens=50)
+        charge = max(estimate.input_tokens, estimate.output_tokens)  # OpenAI's rule
+        # OpenAI keeps its charge for the refused request as for the answered
+        # one ("unsuccessful requests contribute to your per-minute limit").
+        assert level(limiter, "gpt-openai") == CAPACITY - 2 * charge
+
+
+def test_without_forwarding_a_retry_waits_for_what_the_429_spent(daemon, provider):
+    # The provider asks for no wait at all: what holds the retry back is the
+    # shared bucket, where the refused request still counts.
+    provider.force(429, retry_after_ms="0")
+    with Client(daemon.socket) as limiter:
+        llm = wrap(
+            sync_openai(provider), limiter, limit="paced", feedback_interval=None, max_wait=5
+        )
+        started = time.monotonic()
+        llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
+        # One request a second, and the burst of one was the refused attempt's.
+        assert time.monotonic() - started >= 0.9
+        assert len(provider.bodies) == 2
 
 
 def test_persistent_429s_give_up_after_max_retries(daemon, provider):
@@ -121,7 +200,7 @@ def test_persistent_429s_give_up_after_max_retries(daemon, provider):
         with pytest.raises(openai.RateLimitError):
             llm.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=10)
         assert len(provider.bodies) == 3  # the wrapped client's own retries are off
-        assert level(limiter) == CAPACITY
+        assert level(limiter) == CAPACITY - 3 * prompt_reserved(limiter)
 
 
 def test_a_429_one_worker_gets_pauses_the_limit_for_every_worker(daemon, provider):
@@ -240,6 +319,9 @@ def test_async_completions_and_streams(daemon, provider):
             pieces = [chunk.choices[0].delta.content or "" async for chunk in stream]
             assert "".join(pieces) == "fake streamed reply"
             used += provider.last_usage["total_tokens"]
+            # The refused attempt keeps its prompt (the limit refunds its output).
+            estimate = await limiter.estimate("gpt", messages=MESSAGES, max_tokens=1)
+            used += estimate.input_tokens
             status = await limiter.status("gpt")
             assert status.limit("gpt").bucket("tokens").level == CAPACITY - used
             assert len(provider.bodies) == 3

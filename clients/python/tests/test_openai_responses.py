@@ -140,13 +140,19 @@ def test_a_response_reports_its_usage(daemon, provider):
         assert level(limiter) == CAPACITY - used(reply.usage) - used(parsed.usage)
 
 
-def test_a_response_429_is_released_and_retried(daemon, provider):
+def prompt_of(request: dict) -> int:
+    """What a 429'd Responses request keeps: its prompt (the output goes back)."""
+    return counted_by_the_daemon(request) - request["max_output_tokens"]
+
+
+def test_a_response_429_keeps_its_prompt_and_is_retried(daemon, provider):
     provider.force(429, count=2, retry_after_ms="50")
     with Client(daemon.socket) as limiter:
         llm = llm_for(provider, limiter, feedback_interval=None)
         reply = llm.responses.create(model=MODEL, input="Hello", max_output_tokens=50)
         assert len(provider.bodies) == 3
-        assert level(limiter) == CAPACITY - used(reply.usage)
+        refused = 2 * prompt_of({"input": "Hello", "max_output_tokens": 50})
+        assert level(limiter) == CAPACITY - used(reply.usage) - refused
 
 
 def test_a_refused_response_is_released_and_a_server_error_keeps_its_reservation(daemon, provider):
@@ -223,8 +229,9 @@ def test_embeddings_reserve_their_texts_and_report_their_usage(daemon, provider)
         provider.force(429, retry_after_ms="50")
         reply = llm.embeddings.create(model="text-embedding-3-small", input=texts)
         assert [len(item.embedding) for item in reply.data] == [4, 4, 4]
-        assert len(provider.bodies) == 3  # the 429 was released and retried
-        assert level(limiter) == CAPACITY - reserved - reply.usage.prompt_tokens
+        assert len(provider.bodies) == 3  # the 429 was retried
+        # The refused attempt keeps its texts (embeddings reserve no output).
+        assert level(limiter) == CAPACITY - 2 * reserved - reply.usage.prompt_tokens
 
 
 @pytest.mark.parametrize(
@@ -253,7 +260,7 @@ def test_asyncio_responses_and_embeddings(daemon, provider):
             spent = 0
             provider.force(429, retry_after_ms="50")
             reply = await llm.responses.create(model=MODEL, **request)
-            spent += used(reply.usage)
+            spent += used(reply.usage) + prompt_of(request)  # the refused one's prompt
             assert len(provider.bodies) == 2
             assert await async_level(limiter) == CAPACITY - spent
 
@@ -274,7 +281,8 @@ def test_asyncio_responses_and_embeddings(daemon, provider):
             served = len(provider.bodies)
             embedded = await llm.embeddings.create(model="text-embedding-3-small", input="Hi")
             assert len(provider.bodies) == served + 2
-            spent += embedded.usage.prompt_tokens
+            hi = await limiter.estimate(LIMIT, messages=[{"role": "user", "content": "Hi"}])
+            spent += embedded.usage.prompt_tokens + hi.input_tokens  # + the refused one's
             assert await async_level(limiter) == CAPACITY - spent
             await raw.close()
 

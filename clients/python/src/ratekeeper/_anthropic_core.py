@@ -1,8 +1,10 @@
 """What both halves of the Anthropic wrapper share that never waits.
 
 Reading a request's cost and a reply's usage, and adding up a stream's usage
-from its events. What a failed call means for its lease is the OpenAI
-wrapper's rule (`_openai_core.failure`) with 529 retried as 429 is. The halves
+from its events. What a failed call leaves of its lease is the client's rule
+(`_core.failed_call`): a 429 keeps what Anthropic counts (the request and its
+input; the output, never generated, goes back), a 529 (overloaded) releases;
+both are retried (`RETRIED`) with an acquire of their own. The halves
 that do wait are written once in `_anthropic_async.py`, and
 `_anthropic_sync.py` is generated from it.
 
@@ -21,7 +23,8 @@ from ._openai_calls import Cost
 
 log = logging.getLogger("ratekeeper.anthropic")
 
-#: Provider statuses retried after `retry-after`: rate limited, and overloaded.
+#: Provider statuses retried after `retry-after`: rate limited (its lease
+#: settled as rejected), and overloaded (released: not a rate-limit decision).
 RETRIED = (429, 529)
 
 

@@ -5,9 +5,12 @@
 `Messages.create` acquires from the limit by the request's messages
 (`system`, content blocks, `tools`; `max_tokens` as the output), calls the
 provider, and reports the usage it answered: input `input_tokens +
-cache_creation_input_tokens`, output `output_tokens`. A 429 or 529 releases
-the lease, is forwarded to the sidecar, waits as `retry-after` says and tries
-again. `Messages.stream` does the same around the SDK's stream manager,
+cache_creation_input_tokens`, output `output_tokens`. A 429 keeps the
+request and its input spent (`Lease.settle_as_rejected`: a rate
+limiter counts what it refuses), a 529 (overloaded) releases the lease;
+either is forwarded to the sidecar, waited out as `retry-after` says and
+tried again with a new acquire. `Messages.stream` does the same
+around the SDK's stream manager,
 settling when the stream is left; `LimitedEvents` settles a
 `create(stream=True)` stream when it ends.
 
@@ -62,7 +65,7 @@ class Messages:
         return getattr(self._wrapped._client.messages, name)
 
     def _limited(self, kwargs: dict, call: Any) -> tuple[Any, Lease]:
-        """Acquires and makes `call()`; a 429 or 529 releases, is forwarded, waits, retries."""
+        """Acquires and makes `call()`; a 429 or 529 is settled, forwarded, waited out, retried."""
         return self._gate.limited(core.cost(kwargs), call)
 
     def create(self, **kwargs: Any) -> Any:

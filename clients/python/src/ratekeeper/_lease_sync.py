@@ -24,7 +24,8 @@ log = logging.getLogger("ratekeeper")
 
 
 class Lease:
-    """A reservation granted by the daemon. Settle it once: `report` or `release`.
+    """A reservation granted by the daemon. Settle it once: `report` or `release`
+    (or `settle_as_reserved`, `settle_as_rejected`, `settle_failed`).
 
     A lease is settled on the connection that acquired it. If that connection
     is gone (the sidecar restarted), the daemon has already forgotten the lease
@@ -100,6 +101,38 @@ class Lease:
             output_tokens=reserved.output_tokens,
         )
 
+    def settle_as_rejected(self) -> Optional[int]:
+        """Settles a call the provider refused but counts (a 429): the request
+        and its input stay spent, the reserved output goes back.
+
+        Providers count what their rate limiters refuse (OpenAI: "unsuccessful
+        requests contribute to your per-minute limit"), so `release` would
+        hand the fleet room the provider no longer has, and every retry would
+        find it: a retry storm. Retry with a new acquire, which waits in the
+        shared bucket. The output was never generated: a limit that refunds
+        (`settle = "refund"`) gets it back; one that keeps its charge (`none`,
+        the `openai` preset) keeps all of it, as OpenAI does. Returns what
+        `report` returns.
+        """
+        return self.report(input_tokens=self.reserved.input_tokens, output_tokens=0)
+
+    def settle_failed(self, error: BaseException, *, called: bool = True) -> Optional[int]:
+        """Settles the lease after its provider call raised `error`, as the wrappers do.
+
+        A 429 is `settle_as_rejected`; a 529 (overloaded) or another 4xx is
+        `release` (refused, never processed); any other status keeps the
+        reservation (`settle_as_reserved`: it may have been processed), and so
+        does an error without a status, unless `called` is false (the call
+        may not have been made), which releases it. Returns what the
+        settlement returns.
+        """
+        outcome = core.failed_call(error, called)
+        if outcome == "rejected":
+            return self.settle_as_rejected()
+        if outcome == "release":
+            return self.release()
+        return self.settle_as_reserved()
+
     def feedback(self, status: int, headers: Any = None) -> Optional[p.Noted]:
         """Forwards what the provider answered the call this lease was for.
 
@@ -156,16 +189,19 @@ class Lease:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        """Releases an unsettled lease if the body raised, else settles it as fully used."""
+        """Settles an unsettled lease: as fully used if the body ended normally;
+        if it raised, by what the error says of the provider's answer
+        (`settle_failed(exc, called=False)`): a 429 as rejected, 5xx kept,
+        anything else (another 4xx, an error of the body's own) released."""
         if self.settled:
             return
         if exc is None:
             self.settle_as_reserved()
             return
         try:
-            self.release()
+            self.settle_failed(exc, called=False)
         except RatekeeperError as error:
-            log.warning("could not release lease %s: %s", self.lease_id, error)
+            log.warning("could not settle lease %s: %s", self.lease_id, error)
 
     def __repr__(self) -> str:
         name = type(self).__name__

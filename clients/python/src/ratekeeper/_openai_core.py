@@ -1,10 +1,11 @@
 """What both halves of the OpenAI wrapper share that never waits.
 
 Reading the provider's rate-limit headers (`retry_delay`), when to forward
-them (`FeedbackSampler`), what a failed provider call means for its lease,
-which parts of the client spend tokens unlimited, and the options every
-wrapper's `LimitOptions` starts with (`CallOptions`; the Anthropic wrapper
-uses this module too). What each limited call
+them (`FeedbackSampler`), which parts of the client spend tokens unlimited,
+and the options every wrapper's `LimitOptions` starts with (`CallOptions`;
+the Anthropic wrapper uses this module too). What a failed provider call
+leaves of its lease is the client's rule (`_core.failed_call`, applied by
+`AsyncLease.settle_failed`). What each limited call
 costs and used is in `_openai_calls.py`; the halves that do wait are written
 once in `_openai_async.py` and `_openai_resources_async.py`, and the blocking
 ones are generated from them.
@@ -21,7 +22,7 @@ import random
 import re
 import time
 import warnings
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -127,30 +128,9 @@ class FeedbackSampler:
         return True
 
 
-def status_code(error: BaseException) -> Optional[int]:
-    status = getattr(error, "status_code", None)
-    return status if isinstance(status, int) else None
-
-
 def error_headers(error: BaseException) -> Any:
     """The headers of the answer a provider call failed with (None: no answer)."""
     return getattr(getattr(error, "response", None), "headers", None)
-
-
-def failure(error: BaseException, retried: Collection[int] = (429,)) -> str:
-    """What a failed provider call means for its lease (every wrapper's rule).
-
-    `"retry"`: a status in `retried` (a 429; Anthropic's 529 too) — the
-    request was refused, release and try again; `"release"`: another 4xx —
-    refused, never processed; `"keep"`: anything else (5xx, timeouts, broken
-    connections) — it may have been processed, so the reservation is kept.
-    """
-    status = status_code(error)
-    if status in retried:
-        return "retry"
-    if status is not None and 400 <= status < 500:
-        return "release"
-    return "keep"
 
 
 def log_settle_error(lease: Any, error: RatekeeperError) -> None:

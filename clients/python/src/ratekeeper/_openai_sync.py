@@ -3,9 +3,11 @@
 """The OpenAI wrapper's rule for a limited call, written once: acquire, call, settle, retry.
 
 `Gate.limited` acquires a call's cost from the limit and makes the call;
-a provider 429 releases the lease, is forwarded to the sidecar, waits as the
-headers say and tries again, another 4xx releases, anything else keeps the
-reservation (see `core.failure`). `Gate.settle` reports the usage the
+a failed call settles its lease by `Lease.settle_failed` (a 429 keeps
+what the provider counts, the request and its input; another 4xx releases;
+anything else keeps the reservation), and a 429 (a status in `retried`)
+is then forwarded to the sidecar, waited out as the headers say and tried
+again with an acquire of its own. `Gate.settle` reports the usage the
 provider answered and forwards its rate-limit headers (every 429, a sample of
 the other answers, every raw answer). `LimitedStream` settles a stream
 when it ends; `StreamProxy` is what every wrapped stream shares (close,
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from . import _openai_calls as calls
 from . import _openai_core as core
+from ._core import provider_status
 from ._errors import ErrorCode, RatekeeperError, Unsupported
 from ._io_sync import sleep
 
@@ -42,7 +45,7 @@ class Gate:
     OpenAI's; another wrapper's gate is a subclass that acquires its own way
     (`acquire`) and names the statuses it retries."""
 
-    #: The provider statuses a call is retried after (its lease released).
+    #: The provider statuses a call is retried after, with a new acquire.
     retried: tuple[int, ...] = (429,)
     #: Where the retries are told.
     log: logging.Logger = core.log
@@ -86,20 +89,22 @@ class Gate:
         settings = self.settings
         attempt = 0
         while True:
+            # Every attempt is an acquire of its own: the provider counts each.
             lease = self.acquire(cost)
             try:
                 result = call()
             except BaseException as error:
-                outcome = core.failure(error, self.retried)
-                settle_failed(lease, outcome)
-                if outcome != "retry":
+                settle_failed(lease, error)
+                status = provider_status(error)
+                if status not in self.retried:
                     raise
                 headers = core.error_headers(error)
-                status = core.status_code(error) or 429
                 paused = self.forward(lease, status, headers)
                 if attempt >= settings.max_retries:
                     raise
                 # Paused in the sidecar: the next acquire waits exactly as long.
+                # Either way it waits in the shared bucket, where a 429'd
+                # attempt stays spent, so a retry never finds the room it had.
                 delay = (
                     0.0 if paused else core.retry_delay(headers, attempt, settings.max_retry_wait)
                 )
@@ -149,15 +154,13 @@ def report_counts(lease: Lease, counts: Optional[tuple[int, int]]) -> None:
         core.log_settle_error(lease, error)
 
 
-def settle_failed(lease: Lease, outcome: str) -> None:
-    """Keeps the reservation (settled as fully used) or releases it, as `failure` said."""
+def settle_failed(lease: Lease, error: BaseException) -> None:
+    """Settles the lease of a call that raised `error` (`Lease.settle_failed`:
+    a 429 as rejected, another 4xx released, the rest kept); never raises."""
     try:
-        if outcome == "keep":
-            lease.settle_as_reserved()
-        else:
-            lease.release()
-    except RatekeeperError as error:
-        core.log_settle_error(lease, error)
+        lease.settle_failed(error)
+    except RatekeeperError as failed:
+        core.log_settle_error(lease, failed)
 
 
 class StreamProxy:

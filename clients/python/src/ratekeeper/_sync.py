@@ -257,9 +257,13 @@ class Client:
     ) -> Iterator[Lease]:
         """`acquire` as a context manager: `with client.reserve(...) as lease:`.
 
-        If the body raises before the lease was settled, the reservation is
-        released (the provider call is assumed not to have happened). If the
-        body ends normally without a report, the reservation is kept and the
+        If the body raises before the lease was settled, the error decides
+        (`Lease.settle_failed`): a provider's 429 (an SDK error with
+        that `status_code`) is settled as rejected, keeping the request and
+        its input, as the provider counts them; a 5xx keeps the reservation;
+        anything else (another 4xx, an error of the body's own) releases it,
+        the provider call being assumed not to have happened. If the body
+        ends normally without a report, the reservation is kept and the
         lease is settled as fully used: tokens are never handed back on a guess.
         """
         lease = self.acquire(limit, tokens, **options)
@@ -286,7 +290,8 @@ class Client:
         `tokens` is a count, or a function of the call's arguments returning
         one; `messages` a function of the arguments returning the chat
         messages for the daemon to count. If the function raises, the lease
-        is released; if it returns, the lease is reported with
+        is settled as `reserve` settles it (a provider's 429 as rejected, a
+        5xx kept, anything else released); if it returns, the lease is reported with
         `usage(result)` (a total, or `(input_tokens, output_tokens)`), or
         settled as fully used without `usage` or when it returns None. A
         denial raises `RateLimited` before the function is called. The

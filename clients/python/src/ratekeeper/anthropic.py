@@ -17,10 +17,13 @@ answered: input `input_tokens + cache_creation_input_tokens`, output
 Anthropic's input-tokens-per-minute limit for current models. Streams report
 when they are left (`messages.stream`) or end (`create(stream=True)`).
 
-A 429 (rate limited) or 529 (overloaded) releases the lease, is forwarded to
-the sidecar (a 429 pauses the limit for every worker until its
-`retry-after`), waits that long, and tries again, up to `max_retries` times;
-the wrapped client's own retries are turned off for these calls. The
+A 429 (rate limited) keeps the request and its input spent and gives the
+reserved output back (`Lease.settle_as_rejected`); a 529 (overloaded: the
+API short of capacity for everyone, not a rate-limit decision) releases the
+lease. Either is forwarded to the sidecar (a 429 pauses the limit for every
+worker until its `retry-after`), waited out, and tried again with an acquire
+of its own, up to `max_retries` times; the wrapped client's own retries are
+turned off for these calls. The
 `anthropic-ratelimit-*` headers of a sample of successful answers are
 forwarded too (every `feedback_interval` seconds). `ratekeeper.RateLimited`
 from the sidecar itself reaches the caller.

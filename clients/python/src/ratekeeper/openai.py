@@ -41,11 +41,13 @@ the `usage` it answered, so the unused part of the reservation goes back:
   `read()` or `text()`, else as reserved (a chat stream's raw lines carry
   the usage chunk the wrapper asks for).
 
-A 429 from the provider (other applications on the same key) releases the
-lease, forwards the answer's headers to the sidecar (which pauses the limit
-for every worker until the `retry-after`), waits that long, and tries again,
-up to `max_retries` times; other 4xx release the lease, 5xx and timeouts keep
-it. The rate-limit headers of successful answers are forwarded too, at most
+A 429 from the provider (other applications on the same key) keeps the
+request and its input spent (OpenAI counts unsuccessful requests towards its
+per-minute limits: `Lease.settle_as_rejected`), forwards the answer's headers
+to the sidecar (which pauses the limit for every worker until the
+`retry-after`), waits that long, and tries again with an acquire of its own,
+up to `max_retries` times; other 4xx release the lease, 5xx and timeouts
+keep it. The rate-limit headers of successful answers are forwarded too, at most
 every `feedback_interval` seconds, so the shared buckets follow the provider's
 `remaining` counts when other traffic uses the same key.
 `ratekeeper.RateLimited` from the sidecar itself is not retried: it reaches
