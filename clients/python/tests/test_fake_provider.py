@@ -69,7 +69,9 @@ def test_by_default_a_bucket_holds_a_minute_and_the_headers_describe_it(closing)
 def test_a_one_second_window_admits_a_larger_request_when_full_and_counts_its_refusals(closing):
     # 60 TPM over one second: the bucket holds one token, refilled one a second
     # (and 6 RPM a tenth of a request, refilled in 10 s).
-    provider = FakeProvider(tokens_per_minute=60, requests_per_minute=6, window_seconds=1)
+    provider = FakeProvider(
+        tokens_per_minute=60, requests_per_minute=6, window_seconds=1, rejected_tokens=True
+    )
     closing(provider)
     assert provider.capacities == {"tokens": 1, "requests": 0.1}
     first = chat(provider, max_tokens=30)
@@ -88,6 +90,17 @@ def test_a_one_second_window_admits_a_larger_request_when_full_and_counts_its_re
     # The refusal was charged: OpenAI counts unsuccessful requests.
     assert after_refused["charged"] is True
     assert after_refused["tokens_left"] == pytest.approx(-59, abs=1)
+    assert after_refused["requests_left"] < after_first["requests_left"]
+
+
+def test_by_default_a_429_costs_its_request_not_its_tokens(closing):
+    provider = FakeProvider(tokens_per_minute=60, requests_per_minute=6, window_seconds=1)
+    closing(provider)
+    assert chat(provider, max_tokens=30).status_code == 200
+    assert isinstance(chat(provider, max_tokens=30), openai.RateLimitError)
+    after_first, after_refused = provider.records_snapshot()
+    assert after_refused["charged"] is True
+    assert after_refused["tokens_left"] == pytest.approx(after_first["tokens_left"], abs=0.5)
     assert after_refused["requests_left"] < after_first["requests_left"]
 
 
@@ -216,7 +229,9 @@ def test_the_strict_anthropic_fake_rounds_remaining_tokens_to_thousands(closing)
 
 def test_the_strict_anthropic_fake_refuses_in_anthropics_shape_and_keeps_the_input(closing):
     # 60 ITPM over a second: one input token a second.
-    provider = StrictAnthropic(60, 60_000, 600, window_seconds=1, round_remaining=False)
+    provider = StrictAnthropic(
+        60, 60_000, 600, window_seconds=1, round_remaining=False, rejected_tokens=True
+    )
     closing(provider)
     request = {"max_tokens": 100, "messages": [{"role": "user", "content": "x" * 35}]}
     # Ten windows' worth, admitted from the full bucket.
