@@ -18,11 +18,13 @@ The load: at the start a minute of the limit's worth of tasks is queued (a
 batch job's backlog), then HTTP requests (`POST /ask`, by `HTTP_CLIENTS`
 paced client threads) and tasks each arrive at half of `load` times the
 limit. Questions are English prose of 1,000-3,000 characters, so the token
-limit binds. The backlog is there to spend the provider's initial burst (a
-minute's worth) quickly: at twice the limit alone that takes a minute. The
-run is measured from the moment the provider's bucket first holds at most a
-tenth of its capacity (the warm-up before it, 5-30 s on a busy 2-core
-machine, is reported and its 429s counted) for `seconds` more.
+limit binds. The provider keeps minute buckets (`window_seconds`); the
+backlog would spend its initial burst quickly, but the shipped presets pace
+from the start (a one-second enforcement window) and never do. The run is
+measured from the moment the provider's bucket first holds at most a tenth
+of its capacity, or, for a limiter that has sent for `PACED_AFTER` seconds
+without drawing it below nine tenths, from its first request (the warm-up
+before it is reported and its 429s counted), for `seconds` more.
 
 The outcome is `_e2e.analyse`'s, from the provider's record of every
 request: the 429s (all of them, warm-up included), and the utilization of
@@ -50,6 +52,7 @@ from celery import Celery
 from _daemon import Daemon, RedisServer, free_port
 from _e2e import (
     BURST_SPENT_LEVEL,
+    MINUTE,
     SHIPPED_CONFIG,
     Outcome,
     ProviderProcess,
@@ -86,6 +89,10 @@ class StackRun:
     requests_per_minute: int = 3_000
     latency_ms: tuple[float, float] = (20.0, 200.0)
     seed: int = 1
+    #: The provider's enforcement window. A minute's: against one second's
+    #: this stack used 86 % of the limit in one run (0 429s), below the 98 %
+    #: goal, which issue 26's note records as not yet understood.
+    window_seconds: float = MINUTE
 
     @property
     def admitted_per_second(self) -> float:
@@ -107,6 +114,7 @@ class StackRun:
             requests_per_minute=self.requests_per_minute,
             latency_ms=self.latency_ms,
             seed=self.seed,
+            window_seconds=self.window_seconds,
         )
 
 
@@ -226,15 +234,39 @@ def commands(limiter: str, port: int) -> tuple[str, str]:
     return gunicorn, celery
 
 
+#: How long a limiter must have sent without drawing a minute provider's
+#: bucket down before it counts as pacing from the start.
+PACED_AFTER = 5.0
+
+
 def burst_spent(provider: ProviderProcess, stack: StackRun, began: float) -> float:
-    """When the provider's token bucket first held at most a tenth of its capacity
-    (the initial burst spent); waits for it, polling its records."""
+    """When the measured run starts: the provider's first request against a
+    window shorter than a minute, else when its token bucket first held at
+    most a tenth of its capacity (the initial burst spent); waits for it,
+    polling its records."""
     deadline = began + WARM_UP_TIMEOUT
+    # A limiter that paces keeps a one-second bucket above a tenth (its
+    # headroom): against a window shorter than a minute there is no burst to
+    # spend, and the run is measured from its first request, as `_e2e` does.
+    short_window = stack.window_seconds < MINUTE
     while True:
+        records = provider.records()
+        if short_window and records:
+            return records[0]["arrival"]
+        # A limiter that paces from the start (the presets' one-second
+        # window) never spends a minute provider's burst: once it has sent
+        # for a few seconds without drawing the bucket below nine tenths,
+        # the whole run is steady.
+        paced = [r for r in records if r["arrival"] >= began + PACED_AFTER]
+        if paced and all(
+            r["tokens_left"] >= (1 - BURST_SPENT_LEVEL) * stack.scenario().binding_capacity
+            for r in records
+        ):
+            return records[0]["arrival"]
         low = [
             r["arrival"]
             for r in provider.records()
-            if r["tokens_left"] <= BURST_SPENT_LEVEL * stack.tokens_per_minute
+            if r["tokens_left"] <= BURST_SPENT_LEVEL * stack.scenario().binding_capacity
         ]
         if low:
             return min(low)

@@ -140,6 +140,13 @@ def test_without_forwarding_foreign_traffic_draws_429s_and_still_gets_its_share(
     assert outcome.foreign_share >= FOREIGN_LEAST_SHARE, outcome.summary()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 26, not met yet: against the one-second provider with a real competing "
+    "application, forwarding keeps the other application's share (19.95-20.01 %) but our "
+    "calls got 7.9 % and 9.8 % 429s in two runs (goal < 0.5 %): corrections placed by "
+    "history slots, not by the grant they describe (exact placement is the next step)",
+)
 def test_forwarded_headers_keep_429s_rare_under_foreign_traffic():
     outcomes = [measured(Scenario(**FOREIGN, feedback=True, seed=seed)) for seed in (1, 2)]
     summaries = "; ".join(outcome.summary() for outcome in outcomes)
