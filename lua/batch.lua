@@ -28,8 +28,10 @@
 --   "l", n, and n times: key index, a level that the bucket is lowered to if
 --        it is above it (provider feedback; never raises), then the
 --        provider's remaining count (-1: none), how long ago (ms) the
---        answered call was reserved (-1: unknown) and at most how long ago
---        the provider counted (ms): see below
+--        answered call was reserved (-1: unknown), at most how long ago
+--        the provider counted (ms), and the answered call's draw mark (the
+--        bucket's n right after it drew, less what may have reached the
+--        provider after it; -1: unknown): see below
 --   "c", n, and n times: key index, capacity, refill rate, largest cost:
 --        the bucket's shape from the next operation on (a config reload
 --        between two of the call's operations); no reply
@@ -46,7 +48,12 @@
 -- "slot:n"). A later lowering then also lowers it to the provider's count
 -- less everything the fleet drew since the answered call was reserved,
 -- n now - n then: calls the provider had not seen, whichever sidecar
--- granted them. (A sidecar alone knows only its own.)
+-- granted them. (A sidecar alone knows only its own.) A lowering that
+-- carries the answered call's mark (the n its grant's reply gave, which a
+-- sidecar keeps with the lease that feedback names) subtracts n now less
+-- the mark instead: exactly what the fleet drew after it, no slot rounding.
+-- A bucket with a history outlives being full for a while (PLACED_KEEP in
+-- bucket.lua), so that n does not start again under a mark.
 --
 -- Sidecars that disagree. A bucket that the call writes also keeps the two
 -- shapes (capacity, rate, largest cost) it was last drawn with, each with
@@ -63,7 +70,9 @@
 --             before it ran, so it did nothing (and no replies follow).
 --             After a 1, for each bucket drawn with another sidecar's shape
 --             as well: its key index, and that shape's capacity and rate
---   acquire:    {1, wait_ms}                       reserved in every bucket
+--   acquire:    {1, wait_ms, n...}                 reserved in every bucket;
+--                                                  then each draw's bucket's
+--                                                  n right after it (its mark)
 --               {0, retry_after_ms, draw_index}    reserved nothing; the draw
 --                                                  (from 1) needing the longest wait
 --               {-1, draw_index}                   that draw can never fit
@@ -291,6 +300,9 @@ for _ = 1, count do
           add(index, -cost)
         end
         reply = {1, longest}
+        for draw = 1, n do
+          reply[draw + 2] = drawn[tonumber(ARGV[first + 3 * (draw - 1)])]
+        end
       end
     end
     at = first + 3 * n
@@ -310,7 +322,7 @@ for _ = 1, count do
     local n = tonumber(ARGV[at + 1])
     local stride = 2
     if kind == 'l' then
-      stride = 5
+      stride = 6
     end
     for change = 1, n do
       local base = at + 2 + stride * (change - 1)
@@ -319,10 +331,18 @@ for _ = 1, count do
       local units = tonumber(ARGV[base + 1])
       if kind == 'l' then
         local reported, since = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-        local counted = tonumber(ARGV[base + 4])
+        local counted, mark = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
         -- The provider's count less what the fleet drew that it had not seen.
         local seen
-        if reported >= 0 and history[index] == nil then
+        if reported >= 0 and mark >= 0 then
+          -- A count below the mark started again (the bucket expired): unknown.
+          if drawn[index] >= mark then
+            seen = reported - (drawn[index] - mark)
+          end
+          if history[index] == nil then
+            history[index] = -1
+          end
+        elseif reported >= 0 and history[index] == nil then
           -- Keep a history from now on (written with the bucket).
           history[index] = -1
           delta[index] = delta[index] or 0

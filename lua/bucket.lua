@@ -60,13 +60,22 @@ local function read_bucket(key, capacity, rate, now)
   return level, updated, drawn, history
 end
 
+-- How long a bucket that provider feedback places (one with a history, hs)
+-- outlives being full: its count of draws n must not start again while a
+-- sidecar may still name a grant by it (sidecars remember grants for 10 s).
+local PLACED_KEEP = 15000
+
 -- Stores a level. The key expires when the bucket would be full again, and
--- a full bucket is deleted: then it carries no information.
+-- a full bucket is deleted: then it carries no information, unless feedback
+-- places it (history given), which keeps it PLACED_KEEP ms longer.
 -- `drawn` and `history` (batch.lua's n and hs) are written when given.
 local function write_bucket(key, level, updated, capacity, rate, drawn, history)
   if level >= capacity then
-    redis.call('DEL', key)
-    return
+    if not history then
+      redis.call('DEL', key)
+      return
+    end
+    level = capacity
   end
   redis.call('HSET', key, 'l', string.format('%d', level), 't', string.format('%d', updated))
   if drawn then
@@ -75,5 +84,9 @@ local function write_bucket(key, level, updated, capacity, rate, drawn, history)
   if history then
     redis.call('HSET', key, 'hs', string.format('%d', history))
   end
-  redis.call('PEXPIRE', key, string.format('%d', ceil_div(capacity - level, rate)))
+  local expiry = ceil_div(capacity - level, rate)
+  if history then
+    expiry = expiry + PLACED_KEEP
+  end
+  redis.call('PEXPIRE', key, string.format('%d', expiry))
 end

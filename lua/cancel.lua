@@ -33,7 +33,8 @@ for index, units in string.gmatch(changes, '(%d+):(%-?%d+)') do
   local base = 1 + 2 * (index - 1)
   local capacity = tonumber(ARGV[base])
   local rate = tonumber(ARGV[base + 1])
-  local level, updated = read_bucket(KEYS[index], capacity, rate, now)
-  write_bucket(KEYS[index], math.min(capacity, level - tonumber(units)), updated, capacity, rate)
+  local level, updated, drawn, history = read_bucket(KEYS[index], capacity, rate, now)
+  write_bucket(KEYS[index], math.min(capacity, level - tonumber(units)), updated, capacity, rate,
+    drawn, history)
 end
 return 1

@@ -739,6 +739,53 @@ async fn a_correction_subtracts_what_every_sidecar_reserved_since() {
     assert!((100..=103).contains(&after), "lowered to {after}");
 }
 
+/// Issue 26: a correction placed by history slots also subtracted the
+/// answered call itself and whatever came just before it in its slot, so
+/// the bucket stepped below the provider. Feedback that names its lease
+/// (revision 5) subtracts exactly what the fleet drew after that lease:
+/// the other sidecar's call and this sidecar's later one, and nothing else.
+#[tokio::test]
+async fn a_correction_naming_its_lease_subtracts_exactly_what_the_fleet_drew_after_it() {
+    let server = RedisServer::start();
+    let first = Daemon::start(&single(&server));
+    let second = Daemon::start(&single(&server));
+    let a = first.client().await;
+    let b = second.client().await;
+    // Drawn before the answered call: the provider has counted it.
+    lease_of(a.call(acquire("gpt", 200, 0)).await.unwrap());
+    // Long enough before it that it cannot have reached the provider after it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let answered = lease_of(a.call(acquire("gpt", 100, 0)).await.unwrap());
+    // After it, through both sidecars: the provider had not seen these.
+    lease_of(b.call(acquire("gpt", 300, 0)).await.unwrap());
+    lease_of(a.call(acquire("gpt", 50, 0)).await.unwrap());
+    let before = levels(&a, "gpt").await[0].1;
+    assert!((350..=353).contains(&before), "{before}");
+    // A provider with 700 left after the answered call agrees with the
+    // bucket (1000 less the 300 it had seen): the bucket stays where it is;
+    // 600 lowers it by exactly 100.
+    let named = |count: &'static str| Request::LeaseFeedback {
+        lease: answered,
+        feedback: match feedback("gpt", 200, 0, &[("x-ratelimit-remaining-tokens", count)]) {
+            Request::Feedback(feedback) => feedback,
+            other => unreachable!("{other:?}"),
+        },
+    };
+    a.call(named("700")).await.unwrap();
+    let kept = levels(&a, "gpt").await[0].1;
+    assert!(
+        (350..=356).contains(&kept),
+        "a count that agrees moved it to {kept}"
+    );
+    a.call(named("600")).await.unwrap();
+    let after = levels(&a, "gpt").await[0].1;
+    assert!((250..=256).contains(&after), "lowered to {after}");
+    // Through the sidecar that did not grant it, the lease is unknown: the
+    // count is placed by its age instead, which still never raises it.
+    b.call(named("900")).await.unwrap();
+    assert!(levels(&a, "gpt").await[0].1 <= 259);
+}
+
 /// Two sidecars on one Redis whose configs give the same limit different
 /// bursts (a rolling update of the config): the one that meets the other's
 /// shape warns, naming both, shows it in `status` and `/metrics` at once,

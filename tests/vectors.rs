@@ -678,6 +678,31 @@ fn catalogue() -> Vec<FileSpec> {
             ],
         },
         FileSpec {
+            file: "request_lease_feedback.json",
+            frame_type: CLIENT_FRAME,
+            message: "Request::LeaseFeedback",
+            description: "Feedback that names the lease of the call it answers, so the daemon places the provider's counts exactly (revision 5).",
+            cases: vec![case(
+                "openai_200",
+                "A 200 from OpenAI with its remaining counts, for lease 0x0123456789abcdef.",
+                client(
+                    37,
+                    Request::LeaseFeedback {
+                        lease: 0x0123_4567_89ab_cdef,
+                        feedback: Feedback {
+                            limit: s("gpt-4o"),
+                            status: 200,
+                            since_grant_ms: 95,
+                            headers: vec![
+                                header("x-ratelimit-remaining-requests", "2999"),
+                                header("x-ratelimit-remaining-tokens", "4200"),
+                            ],
+                        },
+                    },
+                ),
+            )],
+        },
+        FileSpec {
             file: "cost_tokens.json",
             frame_type: CLIENT_FRAME,
             message: "Cost::Tokens",
@@ -1482,8 +1507,8 @@ fn invalid_client_cases() -> Vec<CaseSpec> {
     vec![
         case(
             "unknown_request_tag",
-            "Request tag 11 is not known in this revision: a decoder refuses it, and the daemon answers Unsupported to request id 9 and keeps the connection (a request of a later revision).",
-            Expect::Unsupported(raw_frame(&[&id, &tag(11)])),
+            "Request tag 12 is not known in this revision: a decoder refuses it, and the daemon answers Unsupported to request id 9 and keeps the connection (a request of a later revision).",
+            Expect::Unsupported(raw_frame(&[&id, &tag(12)])),
         ),
         case(
             "unknown_cost_tag",
@@ -1840,6 +1865,7 @@ fn request_tag(request: &Request) -> u32 {
         Request::Health => 8,
         Request::Inspect { .. } => 9,
         Request::Feedback(_) => 10,
+        Request::LeaseFeedback { .. } => 11,
     }
 }
 

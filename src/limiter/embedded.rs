@@ -305,7 +305,8 @@ mod tests {
             store.acquire(&both, 0).await.unwrap(),
             Decision::Granted {
                 wait_ms: 0,
-                origin: Origin::Store
+                origin: Origin::Store,
+                marks: None,
             }
         );
         // The request bucket is empty: refused, and tokens keep 900.
@@ -348,6 +349,7 @@ mod tests {
                         remaining: provider,
                         reserved_ms_ago: Some(0),
                         counted_ms_ago: 0,
+                        drawn: None,
                     }),
                 };
                 store.lower(&[count]).await.unwrap();

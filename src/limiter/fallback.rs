@@ -212,6 +212,7 @@ impl Store for FallbackStore {
             FailurePolicy::FailOpen => Ok(Decision::Granted {
                 wait_ms: 0,
                 origin: Origin::Unlimited,
+                marks: None,
             }),
             FailurePolicy::Local => {
                 let local: Vec<Draw> = draws.iter().map(|draw| self.local_draw(draw)).collect();
@@ -219,6 +220,7 @@ impl Store for FallbackStore {
                     Ok(Decision::Granted { wait_ms, .. }) => Ok(Decision::Granted {
                         wait_ms,
                         origin: Origin::Local,
+                        marks: None,
                     }),
                     Ok(denied) => Ok(denied),
                     // Fits the real limit but not this sidecar's share of it:
@@ -383,7 +385,8 @@ mod tests {
                 open.acquire(&[draw(1000)], 0).await.unwrap(),
                 Decision::Granted {
                     wait_ms: 0,
-                    origin: Origin::Unlimited
+                    origin: Origin::Unlimited,
+                    marks: None,
                 }
             );
         }
@@ -395,7 +398,8 @@ mod tests {
             local.acquire(&[draw(250)], 0).await.unwrap(),
             Decision::Granted {
                 wait_ms: 0,
-                origin: Origin::Local
+                origin: Origin::Local,
+                marks: None,
             }
         );
         assert!(matches!(

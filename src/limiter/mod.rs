@@ -16,6 +16,8 @@ pub mod replay;
 pub mod shapes;
 pub mod slots;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 pub use bucket::{BucketSpec, BucketState, Draw, Plan, Refill, Window};
@@ -138,10 +140,15 @@ pub enum Origin {
 }
 
 /// A store's verdict on one acquire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Reserved in every bucket; the reservation is due after `wait_ms`.
-    Granted { wait_ms: u64, origin: Origin },
+    /// `marks`: where a shared store drew it, for placing feedback exactly.
+    Granted {
+        wait_ms: u64,
+        origin: Origin,
+        marks: Option<DrawMarks>,
+    },
     /// Nothing reserved; `bucket` indexes the draw that needs the longest wait.
     Denied { retry_after_ms: u64, bucket: usize },
 }
@@ -166,6 +173,22 @@ pub struct Lowering {
     pub fleet: Option<FleetView>,
 }
 
+/// Where a shared store drew a grant: for each bucket, its running count
+/// of units drawn right after the grant's draw (`n` in `lua/batch.lua`).
+/// What the fleet drew after the grant is the count now less the mark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrawMarks(pub Arc<[(Arc<str>, i64)]>);
+
+impl DrawMarks {
+    /// The mark of the bucket with `key`, if the grant drew it.
+    pub fn of(&self, key: &str) -> Option<i64> {
+        self.0
+            .iter()
+            .find(|(drawn, _)| drawn.as_ref() == key)
+            .map(|(_, mark)| *mark)
+    }
+}
+
 /// The provider's count for a bucket, when the call it answered was
 /// reserved, and how old the count is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,6 +204,11 @@ pub struct FleetView {
     /// the refill since at the configured rate, and what drains the
     /// provider unseen took its share of that.
     pub counted_ms_ago: u64,
+    /// The answered call's mark in the store (see [`DrawMarks`]), less what
+    /// this sidecar granted before it that may still have reached the
+    /// provider after it, in the bucket's units, when the feedback named its
+    /// lease: the store then subtracts what the fleet drew after that.
+    pub drawn: Option<i64>,
 }
 
 /// Why a store could not answer.
@@ -258,6 +286,7 @@ pub(crate) fn decision_from_plan(draws: &[Draw], plan: Plan) -> Result<Decision,
         Plan::Grant { wait_ms } => Ok(Decision::Granted {
             wait_ms,
             origin: Origin::Store,
+            marks: None,
         }),
         Plan::Deny {
             retry_after_ms,

@@ -63,6 +63,11 @@ pub enum Request {
     /// rate-limit headers, so that the daemon lowers the shared buckets to
     /// the provider's view and pauses the limit after a 429.
     Feedback(Feedback),
+    /// The same as `Feedback`, naming the lease of the call it answers
+    /// (revision 5): the daemon then places the provider's counts exactly,
+    /// against what was granted after that lease, instead of by
+    /// `since_grant_ms`.
+    LeaseFeedback { lease: u64, feedback: Feedback },
 }
 
 /// A provider's answer, forwarded by a worker.
@@ -261,7 +266,7 @@ impl ChatMessage {
 impl Request {
     /// Request tags this build knows: `0..KNOWN_TAGS`. A later protocol
     /// revision appends variants; a tag at or above this is `Unsupported`.
-    pub const KNOWN_TAGS: u32 = 11;
+    pub const KNOWN_TAGS: u32 = 12;
 }
 
 impl Cost {

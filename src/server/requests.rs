@@ -247,7 +247,8 @@ impl Requests {
             Request::Status { limit } => Call::Status { limit },
             Request::Health => Call::Health,
             Request::Inspect { limit } => Call::Inspect { limit },
-            Request::Feedback(feedback) => Call::Feedback(feedback),
+            Request::Feedback(feedback) => Call::Feedback(feedback, None),
+            Request::LeaseFeedback { lease, feedback } => Call::Feedback(feedback, Some(lease)),
         };
         Ok(Some((request_id, call)))
     }

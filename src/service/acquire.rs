@@ -13,7 +13,7 @@ use super::feedback::Granted;
 use super::{ConnectionId, Service, ServiceError, Snapshot};
 use crate::config::{LimitConfig, LimitMode};
 use crate::leases::{Lease, refund_all};
-use crate::limiter::{Decision, Origin, SlotGuard, SlotSpec};
+use crate::limiter::{Decision, DrawMarks, Origin, SlotGuard, SlotSpec};
 use crate::plan::{AcquirePlan, PlanError, check_name};
 use crate::proto::{Acquire, ChatRequest, Cost, Response};
 use crate::tokens::{self, Counter, PromptCount};
@@ -118,6 +118,7 @@ impl Service {
             Decision::Granted {
                 wait_ms: 0,
                 origin: slot.as_ref().map_or(Origin::Store, |slot| slot.origin()),
+                marks: None,
             }
         } else {
             self.store
@@ -125,8 +126,12 @@ impl Service {
                 .await
                 .map_err(store_error)?
         };
-        let (wait_ms, origin) = match decision {
-            Decision::Granted { wait_ms, origin } => (wait_ms, origin),
+        let (wait_ms, origin, marks) = match decision {
+            Decision::Granted {
+                wait_ms,
+                origin,
+                marks,
+            } => (wait_ms, origin, marks),
             Decision::Denied {
                 retry_after_ms,
                 bucket,
@@ -139,7 +144,8 @@ impl Service {
         };
         let started = Instant::now();
         let due = started + Duration::from_millis(wait_ms);
-        Self::note_reservation(&snapshot, limit, (input, output), plan.tokens, due);
+        let noted =
+            Self::note_reservation(&snapshot, limit, (input, output), plan.tokens, due, marks);
         // Counted until the reservation is granted or given back, so that
         // status never shows a waiter gone while its tokens are still out.
         let _waiter = (wait_ms > 0).then(|| Waiter::enter(&snapshot.waiters[&limit.name]));
@@ -152,6 +158,7 @@ impl Service {
         }
         let tokens = plan.tokens;
         let lease = self.grant(connection, limit, (plan, origin), slot);
+        snapshot.grants[&limit.name].name(noted, lease);
         Ok(Response::Granted {
             lease,
             tokens,
@@ -160,21 +167,23 @@ impl Service {
     }
 
     /// Notes a reservation for provider feedback: a call the provider will
-    /// see from `due` on.
+    /// see from `due` on, drawn where `marks` say. Returns what names it to
+    /// `RecentGrants::name`.
     fn note_reservation(
         snapshot: &Snapshot,
         limit: &LimitConfig,
         (input, output): (u64, u64),
         tokens: u64,
         due: Instant,
-    ) {
+        marks: Option<DrawMarks>,
+    ) -> u64 {
         let granted = Granted {
             requests: 1,
             tokens,
             input_tokens: input,
             output_tokens: output,
         };
-        snapshot.grants[&limit.name].note(granted, due);
+        snapshot.grants[&limit.name].note(granted, due, marks)
     }
 
     /// Opens a grant's lease.
@@ -270,7 +279,9 @@ impl Service {
         let (decision, tokens, plan, origin) = match plan {
             Ok(plan) if plan.reserved.is_empty() => ("granted", 0, plan, Origin::Store),
             Ok(plan) => match self.store.acquire(&plan.draws(), max_wait_ms).await {
-                Ok(Decision::Granted { wait_ms, origin }) => {
+                Ok(Decision::Granted {
+                    wait_ms, origin, ..
+                }) => {
                     let decision = if wait_ms > 0 { "would_wait" } else { "granted" };
                     (decision, plan.tokens, plan, origin)
                 }
@@ -314,8 +325,16 @@ impl Service {
         tracing::debug!(limit = limit.name.as_str(), decision, "shadow decision");
         self.count_shadow(snapshot, limit, decision);
         // The call goes to the provider now, whatever the buckets said.
-        Self::note_reservation(snapshot, limit, (input, output), tokens, Instant::now());
+        let noted = Self::note_reservation(
+            snapshot,
+            limit,
+            (input, output),
+            tokens,
+            Instant::now(),
+            None,
+        );
         let lease = self.grant(connection, limit, (plan, origin), slot);
+        snapshot.grants[&limit.name].name(noted, lease);
         Ok(Response::Granted {
             lease,
             tokens,

@@ -6,13 +6,15 @@
 //! still waiting for their reservation to come due). Buckets are never
 //! raised.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+
+use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{Service, ServiceError};
 use crate::feedback::{self, Dimension};
-use crate::limiter::{BucketRole, FleetView, Lowering};
+use crate::limiter::{BucketRole, DrawMarks, FleetView, Lowering};
 use crate::proto::{Feedback, Response};
 
 /// Most headers one `Feedback` may carry.
@@ -44,6 +46,62 @@ struct Slots {
     /// Per slot: its number since `start`, the reservations due in it, and
     /// when the earliest of them was made.
     counts: Box<[(u64, Granted, Instant); SLOTS]>,
+    /// Exact placement of feedback that names its lease.
+    placed: Placements,
+}
+
+/// This sidecar's reservations of one limit in the order it made them, each
+/// with the running total after it: what was granted after a lease is the
+/// total now less the total after it, exactly (no slot rounding). Bounded:
+/// entries older than [`WINDOW`] or past [`MAX_PLACED`] are forgotten, and
+/// feedback naming such a lease is placed by its `since_grant_ms`.
+#[derive(Default)]
+struct Placements {
+    /// Everything noted, summed (saturating).
+    total: Granted,
+    /// The sequence number of `log[0]`.
+    first: u64,
+    log: VecDeque<Placed>,
+    /// Each named lease's sequence number.
+    by_lease: FxHashMap<u64, u64>,
+}
+
+/// One reservation as [`Placements`] keeps it.
+struct Placed {
+    noted_at: Instant,
+    due: Instant,
+    granted: Granted,
+    /// `Placements.total` right after it.
+    after: Granted,
+    /// Its lease, once granted (0 before, or if it never was).
+    lease: u64,
+    /// Where the shared store drew it, when it says.
+    marks: Option<DrawMarks>,
+}
+
+/// Most reservations a limit's [`Placements`] remembers.
+const MAX_PLACED: usize = 16_384;
+/// How much earlier a reservation may come due than the one a count answers
+/// and still reach the provider after it: the client's way from the answer
+/// to the provider (a thread's turn to run, the HTTP request) varies by
+/// this much. Such reservations count as unseen, which errs low.
+const REORDER: Duration = Duration::from_millis(20);
+/// How many reservations before a lease [`REORDER`] looks at.
+const REORDER_LOOKBACK: usize = 64;
+
+/// Where a feedback's lease stands among this sidecar's reservations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Placement {
+    /// What this sidecar reserved that the provider may not have seen when
+    /// it counted: everything after the lease, and what came due up to
+    /// [`REORDER`] before it.
+    pub unseen: Granted,
+    /// The part of `unseen` reserved before the lease.
+    pub reordered: Granted,
+    /// How long ago the lease's reservation was made.
+    pub reserved_ago: Duration,
+    /// Where the shared store drew it.
+    pub marks: Option<DrawMarks>,
 }
 
 /// What some grants reserved in the limit's own buckets.
@@ -57,11 +115,22 @@ pub(super) struct Granted {
 }
 
 impl Granted {
+    /// Saturating: the figures come from clients' costs.
     fn add(&mut self, other: Granted) {
-        self.requests += other.requests;
-        self.tokens += other.tokens;
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
+        self.requests = self.requests.saturating_add(other.requests);
+        self.tokens = self.tokens.saturating_add(other.tokens);
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+    }
+
+    /// What `self` holds beyond `earlier`, a running total it grew from.
+    fn since(&self, earlier: Granted) -> Granted {
+        Granted {
+            requests: self.requests.saturating_sub(earlier.requests),
+            tokens: self.tokens.saturating_sub(earlier.tokens),
+            input_tokens: self.input_tokens.saturating_sub(earlier.input_tokens),
+            output_tokens: self.output_tokens.saturating_sub(earlier.output_tokens),
+        }
     }
 
     fn of(&self, dimension: Dimension) -> u64 {
@@ -80,12 +149,15 @@ impl RecentGrants {
             slots: Mutex::new(Slots {
                 start: Instant::now(),
                 counts: Box::new([(u64::MAX, Granted::default(), Instant::now()); SLOTS]),
+                placed: Placements::default(),
             }),
         }
     }
 
-    /// Notes a reservation made now that comes due at `due`.
-    pub(super) fn note(&self, granted: Granted, due: Instant) {
+    /// Notes a reservation made now that comes due at `due`, and where the
+    /// shared store drew it; the number returned names it to
+    /// [`RecentGrants::name`] once it is granted.
+    pub(super) fn note(&self, granted: Granted, due: Instant, marks: Option<DrawMarks>) -> u64 {
         let mut slots = self.lock();
         let now = Instant::now();
         let slot = slots.slot_of(due.min(now + AHEAD));
@@ -94,6 +166,18 @@ impl RecentGrants {
             *entry = (slot, Granted::default(), now);
         }
         entry.1.add(granted);
+        slots.placed.note(granted, now, due, marks)
+    }
+
+    /// Gives the reservation `noted` (what [`RecentGrants::note`] returned)
+    /// its lease, so that feedback naming the lease finds it.
+    pub(super) fn name(&self, noted: u64, lease: u64) {
+        self.lock().placed.name(noted, lease);
+    }
+
+    /// Where `lease` stands, if it is still remembered.
+    pub(super) fn placement(&self, lease: u64) -> Option<Placement> {
+        self.lock().placed.placement(lease, Instant::now())
     }
 
     /// How long ago the earliest reservation due `since` ago was made:
@@ -140,6 +224,72 @@ impl RecentGrants {
     }
 }
 
+impl Placements {
+    fn note(
+        &mut self,
+        granted: Granted,
+        now: Instant,
+        due: Instant,
+        marks: Option<DrawMarks>,
+    ) -> u64 {
+        while let Some(oldest) = self.log.front() {
+            if self.log.len() < MAX_PLACED && now.duration_since(oldest.noted_at) <= WINDOW {
+                break;
+            }
+            if oldest.lease != 0 {
+                self.by_lease.remove(&oldest.lease);
+            }
+            self.log.pop_front();
+            self.first += 1;
+        }
+        self.total.add(granted);
+        self.log.push_back(Placed {
+            noted_at: now,
+            due,
+            granted,
+            after: self.total,
+            lease: 0,
+            marks,
+        });
+        self.first + self.log.len() as u64 - 1
+    }
+
+    fn name(&mut self, noted: u64, lease: u64) {
+        let Some(index) = noted.checked_sub(self.first) else {
+            return; // forgotten meanwhile (it waited longer than the window)
+        };
+        if let Some(placed) = self.log.get_mut(index as usize)
+            && placed.lease == 0
+        {
+            placed.lease = lease;
+            self.by_lease.insert(lease, noted);
+        }
+    }
+
+    fn placement(&self, lease: u64, now: Instant) -> Option<Placement> {
+        let index = (self.by_lease.get(&lease)? - self.first) as usize;
+        let placed = self.log.get(index)?;
+        let mut unseen = self.total.since(placed.after);
+        let mut reordered = Granted::default();
+        let reordered_after = placed.due.checked_sub(REORDER).unwrap_or(placed.due);
+        for earlier in self
+            .log
+            .range(index.saturating_sub(REORDER_LOOKBACK)..index)
+        {
+            if earlier.due > reordered_after {
+                reordered.add(earlier.granted);
+            }
+        }
+        unseen.add(reordered);
+        Some(Placement {
+            unseen,
+            reordered,
+            reserved_ago: now.saturating_duration_since(placed.noted_at),
+            marks: placed.marks.clone(),
+        })
+    }
+}
+
 impl Slots {
     fn slot_of(&self, at: Instant) -> u64 {
         (at.duration_since(self.start).as_millis() / SLOT.as_millis()) as u64
@@ -169,17 +319,34 @@ impl Warned {
 }
 
 impl Service {
-    pub(super) async fn feedback(&self, feedback: Feedback) -> Result<Response, ServiceError> {
+    /// Applies `feedback`, placed by `lease` when the client named it and
+    /// this sidecar still remembers it, else by its `since_grant_ms`.
+    pub(super) async fn feedback(
+        &self,
+        feedback: Feedback,
+        lease: Option<u64>,
+    ) -> Result<Response, ServiceError> {
         check_headers(&feedback)?;
         let snapshot = self.snapshot();
         let limit = snapshot.planner.find_limit(&feedback.limit)?;
         let view = feedback::read(feedback.status, &feedback.headers, SystemTime::now());
         let recent = &snapshot.grants[&limit.name];
         let since_grant = Duration::from_millis(feedback.since_grant_ms);
-        let unseen = recent.since(since_grant);
-        let reserved_ms_ago = recent
-            .reserved_ago(since_grant)
-            .map(|ago| ago.as_millis() as u64);
+        let placement = lease.and_then(|lease| recent.placement(lease));
+        let (unseen, reserved_ms_ago, marks) = match placement {
+            Some(placement) => (
+                placement.unseen,
+                Some(placement.reserved_ago.as_millis() as u64),
+                placement.marks.map(|marks| (marks, placement.reordered)),
+            ),
+            None => (
+                recent.since(since_grant),
+                recent
+                    .reserved_ago(since_grant)
+                    .map(|ago| ago.as_millis() as u64),
+                None,
+            ),
+        };
         let mut lowerings: Vec<Lowering> = Vec::new();
         let mut paused_any = false;
         for (role, spec) in snapshot.planner.buckets(limit) {
@@ -258,6 +425,10 @@ impl Service {
                         remaining,
                         reserved_ms_ago,
                         counted_ms_ago: feedback.since_grant_ms,
+                        drawn: marks.as_ref().and_then(|(marks, reordered)| {
+                            let mark = marks.of(&spec.key)?;
+                            Some(mark.saturating_sub(spec.units(reordered.of(dimension))))
+                        }),
                     });
                 lowerings.push(Lowering {
                     bucket: spec.clone(),
@@ -315,17 +486,83 @@ mod tests {
             output_tokens: 6,
         };
         let now = Instant::now();
-        recent.note(one, now);
-        recent.note(one, now);
+        recent.note(one, now, None);
+        recent.note(one, now, None);
         // Still waiting: unseen by the provider whatever the window.
-        recent.note(one, now + Duration::from_secs(2));
-        recent.note(one, now + Duration::from_secs(3600));
+        recent.note(one, now + Duration::from_secs(2), None);
+        recent.note(one, now + Duration::from_secs(3600), None);
         let seen = recent.since(Duration::from_millis(0));
         assert_eq!(seen.of(Dimension::Requests), 4);
         assert_eq!(seen.of(Dimension::Tokens), 40);
         assert_eq!(seen.of(Dimension::OutputTokens), 24);
         // Longer than the window: still only what was noted.
         assert_eq!(recent.since(Duration::from_secs(3600)), seen);
+    }
+
+    fn tokens(tokens: u64) -> Granted {
+        Granted {
+            requests: 1,
+            tokens,
+            input_tokens: 0,
+            output_tokens: 0,
+        }
+    }
+
+    #[test]
+    fn a_named_lease_counts_exactly_what_came_after_it_and_what_may_overtake_it() {
+        let recent = RecentGrants::new();
+        let now = Instant::now();
+        let early = recent.note(tokens(1), now, None);
+        // Due 10 ms before the answered call: it may reach the provider after it.
+        let close = recent.note(tokens(20), now + Duration::from_millis(90), None);
+        let answered = recent.note(tokens(300), now + Duration::from_millis(100), None);
+        let after = recent.note(tokens(4000), now + Duration::from_millis(100), None);
+        recent.note(tokens(50_000), now + Duration::from_secs(5), None);
+        for (noted, lease) in [(early, 7), (close, 8), (answered, 9), (after, 10)] {
+            recent.name(noted, lease);
+        }
+        let placement = recent.placement(9).expect("remembered");
+        assert_eq!(placement.unseen.of(Dimension::Tokens), 54_020);
+        assert_eq!(placement.unseen.of(Dimension::Requests), 3);
+        assert_eq!(placement.reordered.of(Dimension::Tokens), 20);
+        assert_eq!(
+            recent.placement(10).unwrap().unseen.tokens,
+            50_000 + 300 + 20
+        );
+        assert_eq!(recent.placement(11), None, "never granted");
+    }
+
+    #[test]
+    fn placements_are_bounded_and_forget_the_oldest_first() {
+        let recent = RecentGrants::new();
+        let now = Instant::now();
+        for lease in 1..=(MAX_PLACED as u64 + 10) {
+            let noted = recent.note(tokens(1), now, None);
+            recent.name(noted, lease);
+        }
+        let slots = recent.lock();
+        assert_eq!(slots.placed.log.len(), MAX_PLACED);
+        assert!(slots.placed.by_lease.len() <= MAX_PLACED);
+        drop(slots);
+        assert_eq!(recent.placement(10), None, "the oldest went first");
+        assert_eq!(
+            recent.placement(11).unwrap().unseen.tokens,
+            MAX_PLACED as u64 - 1
+        );
+    }
+
+    #[test]
+    fn running_totals_saturate_instead_of_overflowing() {
+        let recent = RecentGrants::new();
+        let now = Instant::now();
+        let first = recent.note(tokens(u64::MAX), now, None);
+        recent.name(first, 1);
+        recent.note(tokens(u64::MAX), now, None);
+        let placement = recent.placement(1).unwrap();
+        assert_eq!(
+            placement.unseen.tokens, 0,
+            "nothing beyond the saturated total"
+        );
     }
 
     /// A flake of `a_correction_subtracts_what_every_sidecar_reserved_since`:
@@ -337,7 +574,7 @@ mod tests {
         let recent = RecentGrants::new();
         let start = recent.lock().start;
         let noted = start + SLOT - Duration::from_millis(1);
-        recent.note(Granted::default(), noted);
+        recent.note(Granted::default(), noted, None);
         let since = Duration::from_millis(30);
         let now = noted + Duration::from_millis(2) + since;
         assert!(recent.reserved_ago_at(since, now).is_some());

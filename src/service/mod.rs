@@ -59,7 +59,9 @@ pub enum Call {
     Inspect {
         limit: Option<String>,
     },
-    Feedback(Feedback),
+    /// Provider feedback, and the lease of the call it answers when the
+    /// client named it.
+    Feedback(Feedback, Option<u64>),
 }
 
 /// Answers calls against one configuration and one store.
@@ -227,7 +229,7 @@ impl Service {
             Call::Status { limit } => self.status(limit.as_deref()).await,
             Call::Health => Ok(Response::Health(self.health(true))),
             Call::Inspect { limit } => self.inspect(limit.as_deref()).await,
-            Call::Feedback(feedback) => self.feedback(feedback).await,
+            Call::Feedback(feedback, lease) => self.feedback(feedback, lease).await,
         };
         self.record(&snapshot, observed, &answer);
         answer

@@ -257,6 +257,33 @@ def test_the_providers_remaining_counts_lower_the_shared_buckets(daemon):
         provider.close()
 
 
+#: A limit that refills one token a second: levels stay where feedback puts them.
+SLOW_CONFIG = """
+[[limits]]
+name = "slow"
+tokens_per_minute = 60
+burst_tokens = 10000
+burst_headroom_ms = 0
+"""
+
+
+def test_feedback_names_its_lease_and_is_placed_exactly(make_daemon, store):
+    # Issue 26: placed by its age, a count also subtracted the answered call
+    # and whatever shared its 25 ms slot. Named by its lease (revision 5),
+    # it subtracts exactly what was granted after the lease.
+    daemon = make_daemon(SLOW_CONFIG, store=store)
+    with Client(daemon.socket) as limiter:
+        answered = limiter.acquire("slow", tokens=100)
+        later = limiter.acquire("slow", tokens=300)
+        answered.report(input_tokens=100, output_tokens=0)
+        # The provider had 9000 left once it counted the answered call.
+        answered.feedback(200, {"x-ratelimit-remaining-tokens": "9000"})
+        lowered = level(limiter, "slow")
+        # 9000 less the 300 granted after it, and a token or two refilled since.
+        assert 8700 <= lowered <= 8702, lowered
+        later.release()
+
+
 def test_feedback_is_bounded_and_checked(daemon):
     with Client(daemon.socket) as limiter:
         # Only the headers the daemon reads are sent: never too many or too long.

@@ -36,6 +36,7 @@ SPEC_VARIANTS = {
         "Health",
         "Inspect",
         "Feedback",
+        "LeaseFeedback",
     ],
     p.COST: ["Tokens", "Messages", "Conversation"],
     p.BLOCK: ["Text", "Image"],

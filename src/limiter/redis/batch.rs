@@ -10,7 +10,7 @@ use redis::{Cmd, Script};
 use super::keys::call_record_key;
 use crate::limiter::bucket::{BucketSpec, Draw, Plan};
 use crate::limiter::shapes::{self, Disagreement};
-use crate::limiter::{Adjustment, Decision, Lowering, StoreError, decision_from_plan};
+use crate::limiter::{Adjustment, Decision, DrawMarks, Lowering, StoreError, decision_from_plan};
 
 /// One operation of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -235,19 +235,22 @@ impl Call {
                     args.text("l").size(lowerings.len());
                     for (lowering, index) in lowerings.iter().zip(indices) {
                         let bucket = &lowering.bucket;
-                        let (remaining, reserved_ms_ago, counted_ms_ago) = match lowering.fleet {
-                            Some(fleet) => (
-                                bucket.signed_units(fleet.remaining),
-                                fleet.reserved_ms_ago.map_or(-1, |ago| ago as i64),
-                                fleet.counted_ms_ago.min(i64::MAX as u64) as i64,
-                            ),
-                            None => (-1, -1, 0),
-                        };
+                        let (remaining, reserved_ms_ago, counted_ms_ago, drawn) =
+                            match lowering.fleet {
+                                Some(fleet) => (
+                                    bucket.signed_units(fleet.remaining),
+                                    fleet.reserved_ms_ago.map_or(-1, |ago| ago as i64),
+                                    fleet.counted_ms_ago.min(i64::MAX as u64) as i64,
+                                    fleet.drawn.map_or(-1, |mark| mark.max(0)),
+                                ),
+                                None => (-1, -1, 0, -1),
+                            };
                         args.size(*index)
                             .int(bucket.signed_units(lowering.level))
                             .int(remaining)
                             .int(reserved_ms_ago)
-                            .int(counted_ms_ago);
+                            .int(counted_ms_ago)
+                            .int(drawn);
                     }
                 }
             }
@@ -293,7 +296,8 @@ impl Call {
             results.push(match (op, reply.as_slice()) {
                 (BatchOp::Settle(_), [2]) | (BatchOp::Lower(_), [3]) => Ok(None),
                 (BatchOp::Acquire { draws, .. }, reply) => {
-                    decision_from_plan(draws, acquire_plan(reply, draws.len())?).map(Some)
+                    let decision = decision_from_plan(draws, acquire_plan(reply, draws.len())?);
+                    decision.map(|decision| Some(with_marks(decision, draws, reply)))
                 }
                 (_, other) => return Err(unexpected_reply(other)),
             });
@@ -374,9 +378,30 @@ pub(super) fn evalsha<K: AsRef<str>>(script: &Script, keys: &[K]) -> Cmd {
     cmd
 }
 
+/// A grant with the marks its reply gave after the wait, one per draw
+/// (a script of before they were given sends none).
+fn with_marks(decision: Decision, draws: &[Draw], reply: &[i64]) -> Decision {
+    match decision {
+        Decision::Granted {
+            wait_ms, origin, ..
+        } if reply.len() == 2 + draws.len() => Decision::Granted {
+            wait_ms,
+            origin,
+            marks: Some(DrawMarks(
+                draws
+                    .iter()
+                    .zip(&reply[2..])
+                    .map(|(draw, mark)| (draw.bucket.key.clone(), *mark))
+                    .collect(),
+            )),
+        },
+        other => other,
+    }
+}
+
 fn acquire_plan(reply: &[i64], draws: usize) -> Result<Plan, StoreError> {
     Ok(match reply {
-        [1, wait_ms] => Plan::Grant {
+        [1, wait_ms, ..] => Plan::Grant {
             wait_ms: non_negative(*wait_ms),
         },
         [0, retry_after_ms, draw] => Plan::Deny {

@@ -18,15 +18,18 @@ fn ping_has_the_documented_layout() {
 }
 
 #[test]
-fn known_tags_end_with_feedback_the_last_request() {
+fn known_tags_end_with_lease_feedback_the_last_request() {
     let frame = ClientFrame {
         request_id: 7,
-        request: Request::Feedback(crate::proto::Feedback {
-            limit: "gpt".into(),
-            status: 429,
-            since_grant_ms: 0,
-            headers: Vec::new(),
-        }),
+        request: Request::LeaseFeedback {
+            lease: 9,
+            feedback: crate::proto::Feedback {
+                limit: "gpt".into(),
+                status: 429,
+                since_grant_ms: 0,
+                headers: Vec::new(),
+            },
+        },
     };
     let mut bytes = Vec::new();
     encode_frame(&frame, &mut bytes).unwrap();

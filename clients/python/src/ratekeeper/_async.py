@@ -81,6 +81,9 @@ class AsyncClient:
         self.connect_timeout = core.check_seconds("connect_timeout", connect_timeout)
         self.on_unavailable: core.OnUnavailable = core.check_on_unavailable(on_unavailable)
         self._slot = Slot(self.socket_path, self)
+        #: Cleared when the daemon answers `LeaseFeedback` as unsupported
+        #: (revision 4 or earlier): feedback then goes as plain `Feedback`.
+        self._lease_feedback = True
 
     # -- connections --------------------------------------------------------
 
@@ -356,15 +359,24 @@ class AsyncClient:
         headers: Any = None,
         *,
         since_grant: float = 0.0,
+        lease: Optional[int] = None,
     ) -> p.Noted:
         """Forwards a provider's answer on `limit`: its status and rate-limit headers.
 
         `since_grant` is how many seconds before the answer the call was
         granted: what the daemon granted since then is subtracted from the
         provider's `remaining` counts (the provider had not seen it yet).
-        Returns the daemon's `Noted`: the pause applied and the buckets lowered.
+        `lease`, the id of the lease the call was made under, lets the daemon
+        subtract exactly what it granted after that lease instead
+        (`Lease.feedback` passes it). Returns the daemon's `Noted`: the pause
+        applied and the buckets lowered.
         """
         request = req.build_feedback(limit, status, headers, since_grant)
+        if lease is not None and self._lease_feedback:
+            response = await self._call(p.LeaseFeedback(lease, request))
+            if not req.unsupported(response):
+                return core.expect(response, p.Noted)
+            self._lease_feedback = False
         return core.expect(await self._call(request), p.Noted)
 
     async def status(self, limit: Optional[str] = None) -> p.StatusReply:

@@ -143,7 +143,9 @@ class AsyncLease:
         if self.unlimited:
             return None
         since_grant = time.monotonic() - self._granted_at
-        return await self._client.feedback(self.limit, status, headers, since_grant=since_grant)
+        return await self._client.feedback(
+            self.limit, status, headers, since_grant=since_grant, lease=self.lease_id
+        )
 
     async def _settle(self, request: req.Settlement, kind: type) -> Optional[int]:
         """Sends `request` on the lease's connection until it is settled.

@@ -145,7 +145,9 @@ class Lease:
         if self.unlimited:
             return None
         since_grant = time.monotonic() - self._granted_at
-        return self._client.feedback(self.limit, status, headers, since_grant=since_grant)
+        return self._client.feedback(
+            self.limit, status, headers, since_grant=since_grant, lease=self.lease_id
+        )
 
     def _settle(self, request: req.Settlement, kind: type) -> Optional[int]:
         """Sends `request` on the lease's connection until it is settled.

@@ -233,8 +233,30 @@ class Feedback:
     TAG: ClassVar[int]
 
 
+@dataclass(frozen=True)
+class LeaseFeedback:
+    """Request 11 (revision 5): `Feedback` naming the lease of the call it answers,
+    which the daemon places exactly."""
+
+    lease: int
+    feedback: Feedback
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
 Request = Union[
-    Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping, Health, Inspect, Feedback
+    Hello,
+    Acquire,
+    Report,
+    Release,
+    Cancel,
+    Estimate,
+    Status,
+    Ping,
+    Health,
+    Inspect,
+    Feedback,
+    LeaseFeedback,
 ]
 
 
@@ -259,7 +281,20 @@ COST = Enum("Cost", (TokenCost, ChatRequest, Conversation))
 BLOCK = Enum("Block", (TextBlock, ImageBlock))
 REQUEST = Enum(
     "Request",
-    (Hello, Acquire, Report, Release, Cancel, Estimate, Status, Ping, Health, Inspect, Feedback),
+    (
+        Hello,
+        Acquire,
+        Report,
+        Release,
+        Cancel,
+        Estimate,
+        Status,
+        Ping,
+        Health,
+        Inspect,
+        Feedback,
+        LeaseFeedback,
+    ),
 )
 RESPONSE = Enum(
     "Response",
@@ -364,6 +399,7 @@ Feedback.WIRE = (
     ("since_grant_ms", U64),
     ("headers", Vec(Struct(Header))),
 )
+LeaseFeedback.WIRE = (("lease", U64), ("feedback", Struct(Feedback)))
 Noted.WIRE = (("paused_ms", U64), ("lowered", U32))
 InspectReply.WIRE = (
     ("health", Struct(HealthReply)),

@@ -139,6 +139,15 @@ def message_cost(
     return chat
 
 
+def unsupported(response: p.Response) -> bool:
+    """Whether `response` refuses a request of a later revision than the daemon's
+    (`Unsupported`, or `MalformedMessage` from 0.1 daemons: PROTOCOL.md §10)."""
+    return isinstance(response, p.ErrorReply) and response.code in (
+        ErrorCode.MALFORMED_MESSAGE,
+        ErrorCode.UNSUPPORTED,
+    )
+
+
 def older_daemon(response: p.Response, cost: Any) -> p.Response:
     """`Unsupported` for a daemon of revision 3 or earlier refusing a `Conversation`
     (it answers `MalformedMessage`, PROTOCOL.md §10); any other answer as it is."""
