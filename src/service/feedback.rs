@@ -57,11 +57,12 @@ pub(super) struct Granted {
 }
 
 impl Granted {
+    /// Saturating: the figures come from clients' costs.
     fn add(&mut self, other: Granted) {
-        self.requests += other.requests;
-        self.tokens += other.tokens;
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
+        self.requests = self.requests.saturating_add(other.requests);
+        self.tokens = self.tokens.saturating_add(other.tokens);
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
     }
 
     fn of(&self, dimension: Dimension) -> u64 {
@@ -326,6 +327,27 @@ mod tests {
         assert_eq!(seen.of(Dimension::OutputTokens), 24);
         // Longer than the window: still only what was noted.
         assert_eq!(recent.since(Duration::from_secs(3600)), seen);
+    }
+
+    /// Issue 27, item 9: two grants whose tokens add up past `u64::MAX`
+    /// (costs are the client's) overflowed, a panic in a debug build.
+    #[test]
+    fn sums_of_grants_saturate_instead_of_overflowing() {
+        let recent = RecentGrants::new();
+        let huge = Granted {
+            requests: 1,
+            tokens: u64::MAX / 2 + 1,
+            input_tokens: u64::MAX,
+            output_tokens: 0,
+        };
+        let now = Instant::now();
+        recent.note(huge, now);
+        recent.note(huge, now);
+        let seen = recent.since(Duration::ZERO);
+        assert_eq!(
+            (seen.tokens, seen.input_tokens, seen.requests),
+            (u64::MAX, u64::MAX, 2)
+        );
     }
 
     /// A flake of `a_correction_subtracts_what_every_sidecar_reserved_since`:
