@@ -565,6 +565,27 @@ mod tests {
         );
     }
 
+    /// Issue 27, item 9: two grants whose tokens add up past `u64::MAX`
+    /// (costs are the client's) overflowed, a panic in a debug build.
+    #[test]
+    fn sums_of_grants_saturate_instead_of_overflowing() {
+        let recent = RecentGrants::new();
+        let huge = Granted {
+            requests: 1,
+            tokens: u64::MAX / 2 + 1,
+            input_tokens: u64::MAX,
+            output_tokens: 0,
+        };
+        let now = Instant::now();
+        recent.note(huge, now, None);
+        recent.note(huge, now, None);
+        let seen = recent.since(Duration::ZERO);
+        assert_eq!(
+            (seen.tokens, seen.input_tokens, seen.requests),
+            (u64::MAX, u64::MAX, 2)
+        );
+    }
+
     /// A flake of `a_correction_subtracts_what_every_sidecar_reserved_since`:
     /// a call noted at the end of a slot, asked about a millisecond later
     /// than it was noted, was not found, and the correction fell back to
