@@ -29,9 +29,10 @@
 --        it is above it (provider feedback; never raises), then the
 --        provider's remaining count (-1: none), how long ago (ms) the
 --        answered call was reserved (-1: unknown), at most how long ago
---        the provider counted (ms), and the answered call's draw mark (the
+--        the provider counted (ms), the answered call's draw mark (the
 --        bucket's n right after it drew, less what may have reached the
---        provider after it; -1: unknown): see below
+--        provider after it; -1: unknown), and what the answered call holds
+--        in the bucket if the provider refused it (a 429; else 0): see below
 --   "c", n, and n times: key index, capacity, refill rate, largest cost:
 --        the bucket's shape from the next operation on (a config reload
 --        between two of the call's operations); no reply
@@ -206,7 +207,8 @@ end
 -- level, never a lower rate, so a busy limit loses no throughput to it.
 -- src/limiter/drain.rs is the embedded store's copy.
 local DRAIN_WINDOW, DRAIN_HORIZON, DRAIN_SIGNIFICANCE, SCATTER_SAMPLES = 4000, 1000, 2, 4
-local function margin_below(index, seen, counted)
+local FLUCTUATION = 1
+local function margin_below(index, seen, counted, refused)
   local state = redis.call('HMGET', KEYS[index], 'c', 'm', 'd', 's', 'a')
   local last, left = tonumber(state[1]), tonumber(state[2]) or 0
   local drain, scatter, age = tonumber(state[3]) or 0, tonumber(state[4]) or 0, tonumber(state[5]) or 0
@@ -216,7 +218,11 @@ local function margin_below(index, seen, counted)
   local grown = last and now >= last and math.min(DRAIN_WINDOW, age + now - last)
   if grown and grown > 0 then
     local elapsed = now - last
-    local shrank = left - (seen - level[index])
+    -- A refused call keeps its charge here; if the provider did not charge
+    -- it, the gap grows by that much at once: no drain, and not negative
+    -- drain either (taken as such it cancelled what other traffic drains,
+    -- and the margin stayed at zero while the 429s went on).
+    local shrank = left + refused - (seen - level[index])
     drain = drain + (shrank - elapsed * drain) / grown
     if age == 0 then
       scatter = shrank * shrank
@@ -233,9 +239,11 @@ local function margin_below(index, seen, counted)
     return seen
   end
   -- A shrink measured between two corrections carries the noise of both.
-  local significant = drain - DRAIN_SIGNIFICANCE * math.sqrt(scatter / 2) / age
+  local noise = math.sqrt(scatter / 2)
+  local fluctuation = math.floor(FLUCTUATION * noise)
+  local significant = drain - DRAIN_SIGNIFICANCE * noise / age
   if significant <= 0 then
-    return seen
+    return seen - fluctuation
   end
   -- The sidecar added the refill since the count at the configured rate:
   -- the drain took its share of that too. And a bucket in debt has told
@@ -252,7 +260,7 @@ local function margin_below(index, seen, counted)
   if age < DRAIN_WINDOW then
     ahead = math.min(ahead, age)
   end
-  return seen - math.floor(significant * ahead)
+  return seen - math.floor(significant * ahead) - fluctuation
 end
 
 local replies = {{1}}
@@ -322,7 +330,7 @@ for _ = 1, count do
     local n = tonumber(ARGV[at + 1])
     local stride = 2
     if kind == 'l' then
-      stride = 6
+      stride = 7
     end
     for change = 1, n do
       local base = at + 2 + stride * (change - 1)
@@ -332,6 +340,7 @@ for _ = 1, count do
       if kind == 'l' then
         local reported, since = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
         local counted, mark = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
+        local refused = tonumber(ARGV[base + 6])
         -- The provider's count less what the fleet drew that it had not seen.
         local seen
         if reported >= 0 and mark >= 0 then
@@ -363,7 +372,7 @@ for _ = 1, count do
           end
         end
         if seen then
-          units = math.min(units, margin_below(index, seen, counted))
+          units = math.min(units, margin_below(index, seen, counted, refused))
         end
         -- Only ever down, to the level asked for.
         local down = units - level[index]
@@ -376,6 +385,11 @@ for _ = 1, count do
         end
       else
         add(index, units)
+        -- n counts what the bucket is charged for: a refund (a report
+        -- below the reservation) takes back from it, an overrun adds, so
+        -- that what the fleet drew after a mark is what the provider will
+        -- be charged for, not what was reserved.
+        drawn[index] = math.max(0, drawn[index] - units)
       end
     end
     if kind == 'l' then

@@ -38,6 +38,11 @@ pub struct ProviderView {
     pub remaining: Vec<(Dimension, u64)>,
     /// The provider's limit per minute, per dimension it reported.
     pub limits: Vec<(Dimension, u64)>,
+    /// How long until the provider's bucket is full again, per dimension
+    /// OpenAI reported it for (`x-ratelimit-reset-*`, to the ms; Anthropic's
+    /// `-reset` is a moment in whole seconds rounded up, too coarse to place
+    /// a one-second bucket by, and is not read).
+    pub resets: Vec<(Dimension, Duration)>,
 }
 
 /// Reads an answer's `status` and `headers` (names in any case) at `now`
@@ -87,11 +92,42 @@ pub fn read(status: u16, headers: &[Header], now: SystemTime) -> ProviderView {
         }
         found
     };
+    let resets = DIMENSIONS
+        .iter()
+        .filter_map(|(dimension, openai, _)| {
+            let name = format!("x-ratelimit-reset-{}", (*openai)?);
+            Some((*dimension, openai_duration(value(&name)?)?))
+        })
+        .collect();
     ProviderView {
         pause,
         remaining: counts("remaining"),
         limits: counts("limit"),
+        resets,
     }
+}
+
+/// OpenAI's reset format: `"20ms"`, `"1.5s"`, `"6m0s"`, `"1h2m3.5s"`; at
+/// most [`MAX_PAUSE`]. `None` for anything else.
+fn openai_duration(value: &str) -> Option<Duration> {
+    let mut seconds = 0.0;
+    let mut rest = value;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, scale) = [("ms", 0.001), ("h", 3600.0), ("m", 60.0), ("s", 1.0)]
+            .into_iter()
+            .find(|(unit, _)| rest.starts_with(unit))?;
+        rest = &rest[unit.len()..];
+        seconds += number * scale;
+    }
+    capped_seconds(seconds).map(|duration| duration.min(MAX_PAUSE))
 }
 
 /// Anthropic's `anthropic-ratelimit-*tokens-remaining` headers are "rounded
@@ -286,5 +322,39 @@ mod tests {
             vec![(Requests, 5000), (Tokens, 800_000), (OutputTokens, 16_000)]
         );
         assert!(view.remaining.is_empty());
+    }
+
+    #[test]
+    fn openai_resets_are_read_to_the_ms_and_anthropic_moments_are_not() {
+        let view = read(
+            200,
+            &headers(&[
+                ("x-ratelimit-reset-requests", "20ms"),
+                ("x-ratelimit-reset-tokens", "6m0.5s"),
+                ("anthropic-ratelimit-tokens-reset", "2026-12-03T10:00:01Z"),
+            ]),
+            SystemTime::now(),
+        );
+        use Dimension::*;
+        assert_eq!(
+            view.resets,
+            vec![
+                (Requests, Duration::from_millis(20)),
+                (Tokens, Duration::from_millis(360_500))
+            ]
+        );
+        for (value, expected) in [
+            ("1h2m3s", Some(Duration::from_secs(3723).min(MAX_PAUSE))),
+            ("1.5s", Some(Duration::from_millis(1500))),
+            ("0s", Some(Duration::ZERO)),
+            ("", None),
+            ("5", None),
+            ("5x", None),
+            ("s", None),
+            ("1e9s", Some(MAX_PAUSE)),
+            ("-1s", None),
+        ] {
+            assert_eq!(openai_duration(value), expected, "{value:?}");
+        }
     }
 }

@@ -51,6 +51,8 @@ fn count_now(bucket: &BucketSpec, remaining: i64) -> BatchOp {
             remaining,
             reserved_ms_ago: Some(0),
             counted_ms_ago: 0,
+            drawn: None,
+            refused: 0,
         }),
     }])
 }

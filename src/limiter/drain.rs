@@ -21,6 +21,10 @@ pub const DRAIN_WINDOW_MS: f64 = 4000.0;
 pub const DRAIN_HORIZON_MS: f64 = 1000.0;
 /// How many standard errors of the rate a drain must exceed to count.
 pub const DRAIN_SIGNIFICANCE: f64 = 2.0;
+/// How many standard deviations of a count's noise the margin also keeps:
+/// a count that reads high by its noise must not hand out what the
+/// provider does not have. A level, so it costs no throughput either.
+pub const FLUCTUATION: f64 = 1.0;
 /// How many corrections the scatter is averaged over: few, so that it
 /// follows the counts' noise as it changes. A burst's counts are off by a
 /// request or two (the fleet draws many times the rate, and its calls reach
@@ -47,7 +51,9 @@ pub struct Drain {
 impl Drain {
     /// Corrects a bucket at `level`, refilled at `units_per_ms`, by the
     /// provider's view `seen` at `now_ms` (units), counted at most
-    /// `counted_ms_ago`: the level it is lowered to (never above `level`).
+    /// `counted_ms_ago`, when the answered call keeps `refused` units in the
+    /// bucket after a 429 (the gap may grow by that much at once, which is
+    /// no drain): the level it is lowered to (never above `level`).
     /// Updates the rate from the gap's shrinking and notes the gap left.
     pub fn correct(
         &mut self,
@@ -56,6 +62,7 @@ impl Drain {
         units_per_ms: i64,
         now_ms: i64,
         counted_ms_ago: i64,
+        refused: i64,
     ) -> i64 {
         if let Some(last) = self.last_ms.filter(|last| now_ms >= *last) {
             let elapsed = (now_ms - last) as f64;
@@ -65,7 +72,10 @@ impl Drain {
             // enters the rate, so that each count's error cancels against
             // the next shrink instead of staying in the rate.
             if age > 0.0 {
-                let shrank = self.left.saturating_sub(seen.saturating_sub(level)) as f64;
+                let shrank = self
+                    .left
+                    .saturating_add(refused)
+                    .saturating_sub(seen.saturating_sub(level)) as f64;
                 self.per_ms += (shrank - elapsed * self.per_ms) / age;
                 self.scatter = if self.age_ms == 0.0 {
                     shrank * shrank
@@ -97,16 +107,17 @@ impl Drain {
             return 0;
         }
         // A shrink measured between two corrections carries the noise of both.
-        let noise = (self.scatter / 2.0).sqrt() / self.age_ms;
-        let significant = self.per_ms - DRAIN_SIGNIFICANCE * noise;
+        let noise = (self.scatter / 2.0).sqrt();
+        let fluctuation = (FLUCTUATION * noise).floor() as i64;
+        let significant = self.per_ms - DRAIN_SIGNIFICANCE * noise / self.age_ms;
         if significant <= 0.0 {
-            return 0;
+            return fluctuation;
         }
         let mut ahead = DRAIN_HORIZON_MS + counted_ms_ago.max(0) as f64 + promised_ms as f64;
         if self.age_ms < DRAIN_WINDOW_MS {
             ahead = ahead.min(self.age_ms);
         }
-        (significant * ahead).floor() as i64
+        ((significant * ahead).floor() as i64).saturating_add(fluctuation)
     }
 }
 
@@ -134,7 +145,7 @@ mod tests {
             let now = 1_000 + step * 100;
             provider -= unseen;
             let seen = provider + noise(step);
-            level = drain.correct(seen, level, 1, now, 0);
+            level = drain.correct(seen, level, 1, now, 0, 0);
             margin = provider - level;
         }
         margin
@@ -172,7 +183,7 @@ mod tests {
             let now = 1_000 + step * 25;
             provider -= unseen_per_step;
             let seen = provider + noise();
-            level = drain.correct(seen, level, 1, now, 0);
+            level = drain.correct(seen, level, 1, now, 0, 0);
             if step >= 200 {
                 let margin = drain.margin(0, 0);
                 sum += margin;
@@ -264,7 +275,7 @@ mod tests {
         for step in 0..100 {
             let now = 1_000 + step * 100;
             for seen in [provider - 500, provider] {
-                level = drain.correct(seen, level, 1, now, 0);
+                level = drain.correct(seen, level, 1, now, 0, 0);
             }
         }
         let margin = provider - 500 - level;

@@ -194,6 +194,9 @@ impl Store for EmbeddedStore {
             let counted_ms_ago = lowering
                 .fleet
                 .map_or(0, |fleet| fleet.counted_ms_ago.min(i64::MAX as u64) as i64);
+            let refused = lowering
+                .fleet
+                .map_or(0, |fleet| spec.units(fleet.refused));
             if let Some(drain) = buckets.drain_mut(spec) {
                 let lowered = BucketState {
                     level: drain.correct(
@@ -202,6 +205,7 @@ impl Store for EmbeddedStore {
                         spec.units_per_ms(),
                         now,
                         counted_ms_ago,
+                        refused,
                     ),
                     ..current
                 };
@@ -350,6 +354,7 @@ mod tests {
                         reserved_ms_ago: Some(0),
                         counted_ms_ago: 0,
                         drawn: None,
+                        refused: 0,
                     }),
                 };
                 store.lower(&[count]).await.unwrap();

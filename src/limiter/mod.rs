@@ -209,6 +209,11 @@ pub struct FleetView {
     /// provider after it, in the bucket's units, when the feedback named its
     /// lease: the store then subtracts what the fleet drew after that.
     pub drawn: Option<i64>,
+    /// What the answered call holds in the bucket when the provider refused
+    /// it (a 429), in tokens: the bucket keeps it, and if the provider did
+    /// not charge it the gap to the provider grows by that much at once,
+    /// which the drain estimate must not read as negative drain.
+    pub refused: u64,
 }
 
 /// Why a store could not answer.

@@ -98,6 +98,8 @@ pub(super) struct Placement {
     pub unseen: Granted,
     /// The part of `unseen` reserved before the lease.
     pub reordered: Granted,
+    /// What the lease itself reserved.
+    pub own: Granted,
     /// How long ago the lease's reservation was made.
     pub reserved_ago: Duration,
     /// Where the shared store drew it.
@@ -284,6 +286,7 @@ impl Placements {
         Some(Placement {
             unseen,
             reordered,
+            own: placed.granted,
             reserved_ago: now.saturating_duration_since(placed.noted_at),
             marks: placed.marks.clone(),
         })
@@ -333,6 +336,12 @@ impl Service {
         let recent = &snapshot.grants[&limit.name];
         let since_grant = Duration::from_millis(feedback.since_grant_ms);
         let placement = lease.and_then(|lease| recent.placement(lease));
+        // What a refused call (a 429) keeps in the buckets: the client
+        // settles it as rejected, keeping its request and input.
+        let refused = placement
+            .as_ref()
+            .filter(|_| feedback.status == 429)
+            .map_or(Granted::default(), |placement| placement.own);
         let (unseen, reserved_ms_ago, marks) = match placement {
             Some(placement) => (
                 placement.unseen,
@@ -400,8 +409,23 @@ impl Service {
                     let refill = spec.refilled_in(pause.as_millis() as u64);
                     -(refill.min(i64::MAX as u64) as i64)
                 });
-            let provider =
-                now_remaining.map(|count| count.saturating_sub(unseen.of(dimension) as i64));
+            // A count of 0 (OpenAI floors it) says nothing of a bucket in
+            // debt, which a request larger than the window leaves; its reset
+            // says when it is full again. Taken as if counted now, which it
+            // was at the latest, it never puts the bucket's refill ahead of
+            // the provider's, however long the answer took.
+            let from_reset = view
+                .resets
+                .iter()
+                .find(|(reported, _)| *reported == dimension)
+                .filter(|_| reported == Some(0))
+                .map(|(_, reset)| {
+                    let refill = spec.refilled_in(reset.as_millis() as u64);
+                    (spec.capacity as i64).saturating_sub(refill.min(i64::MAX as u64) as i64)
+                });
+            let provider = now_remaining
+                .map(|count| count.min(from_reset.unwrap_or(i64::MAX)))
+                .map(|count| count.saturating_sub(unseen.of(dimension) as i64));
             if paused.is_some() {
                 paused_any = true;
             }
@@ -429,6 +453,10 @@ impl Service {
                             let mark = marks.of(&spec.key)?;
                             Some(mark.saturating_sub(spec.units(reordered.of(dimension))))
                         }),
+                        refused: match dimension {
+                            Dimension::Tokens | Dimension::InputTokens => refused.of(dimension),
+                            Dimension::Requests | Dimension::OutputTokens => 0,
+                        },
                     });
                 lowerings.push(Lowering {
                     bucket: spec.clone(),

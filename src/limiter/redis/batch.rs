@@ -235,22 +235,24 @@ impl Call {
                     args.text("l").size(lowerings.len());
                     for (lowering, index) in lowerings.iter().zip(indices) {
                         let bucket = &lowering.bucket;
-                        let (remaining, reserved_ms_ago, counted_ms_ago, drawn) =
+                        let (remaining, reserved_ms_ago, counted_ms_ago, drawn, refused) =
                             match lowering.fleet {
                                 Some(fleet) => (
                                     bucket.signed_units(fleet.remaining),
                                     fleet.reserved_ms_ago.map_or(-1, |ago| ago as i64),
                                     fleet.counted_ms_ago.min(i64::MAX as u64) as i64,
                                     fleet.drawn.map_or(-1, |mark| mark.max(0)),
+                                    bucket.units(fleet.refused),
                                 ),
-                                None => (-1, -1, 0, -1),
+                                None => (-1, -1, 0, -1, 0),
                             };
                         args.size(*index)
                             .int(bucket.signed_units(lowering.level))
                             .int(remaining)
                             .int(reserved_ms_ago)
                             .int(counted_ms_ago)
-                            .int(drawn);
+                            .int(drawn)
+                            .int(refused);
                     }
                 }
             }
