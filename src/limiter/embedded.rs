@@ -329,7 +329,9 @@ mod tests {
     /// provider drained unseen (`tests/redis_store.rs` walks the Lua).
     #[tokio::test]
     async fn provider_counts_that_drain_unseen_leave_a_margin() {
-        for (unseen_per_step, margins) in [(200, 1_800..=2_000), (0, 0..=0)] {
+        // 200 a step: a second of drain and the fluctuation margin of its
+        // shrinks (see `drain.rs`'s walk).
+        for (unseen_per_step, margins) in [(200, 1_800..=2_150), (0, 0..=0)] {
             let clock = Arc::new(ManualClock::default());
             let store = EmbeddedStore::with_clock(clock.clone());
             // 10 tokens a ms, all drawn: 1,000 every 100 ms.
