@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use toml::Spanned;
 
-use crate::config::diagnostics::{Diagnostics, Fraction, check_fraction, check_int};
+use crate::config::diagnostics::{check_fraction, check_int, Diagnostics, Fraction};
 use crate::config::model::{FailurePolicy, RedisConfig, SentinelMaster};
 use crate::config::raw::RawRedis;
 use crate::config::render::mask_redis_url;
@@ -336,6 +336,15 @@ pub(in crate::config) fn redis_url_problem(url: &str) -> Option<String> {
         }
         Some((_, rest)) => {
             let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+            // An `@` after the authority ends: the password holds a `/`, `?`
+            // or `#` the redis crate would take as the end of the host.
+            if rest[authority.len()..].contains('@') {
+                return Some(format!(
+                    "url {:?}: a '/', '?' or '#' in the userinfo must be percent-encoded \
+                     (%2F, %3F, %23)",
+                    mask_redis_url(url)
+                ));
+            }
             let host = authority.rsplit('@').next().unwrap_or("");
             host.is_empty().then(|| {
                 format!(
