@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use toml::Spanned;
 
-use crate::config::diagnostics::{check_fraction, check_int, Diagnostics, Fraction};
+use crate::config::diagnostics::{Diagnostics, Fraction, check_fraction, check_int};
 use crate::config::model::{FailurePolicy, RedisConfig, SentinelMaster};
 use crate::config::raw::RawRedis;
 use crate::config::render::mask_redis_url;
