@@ -164,7 +164,7 @@ fn mask_password_parameter(out: &mut String, from: usize) {
             .map_or(out.len(), |i| param_start + i);
         let param = &out[param_start..param_end];
         if let Some((key, value)) = param.split_once('=') {
-            let key = percent_decode(key);
+            let key: Vec<u8> = percent_encoding::percent_decode_str(key).collect();
             if !value.is_empty()
                 && (key.eq_ignore_ascii_case(b"pass") || key.eq_ignore_ascii_case(b"password"))
             {
@@ -178,29 +178,4 @@ fn mask_password_parameter(out: &mut String, from: usize) {
         }
         param_start = param_end + 1;
     }
-}
-
-/// `text` with its `%XX` escapes decoded (others kept as they are).
-fn percent_decode(text: &str) -> Vec<u8> {
-    let bytes = text.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .filter(|pair| pair.iter().all(u8::is_ascii_hexdigit))
-            .and_then(|pair| std::str::from_utf8(pair).ok())
-            .and_then(|pair| u8::from_str_radix(pair, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                decoded.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                decoded.push(byte);
-                i += 1;
-            }
-        }
-    }
-    decoded
 }
