@@ -63,18 +63,56 @@ pub(super) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, before[line_start..].chars().count() + 1)
 }
 
+/// `message` with every quoted string and every other word masked as a
+/// Redis URL could be. toml's messages quote a value (`invalid type:
+/// string "redis://:pw@host"`), so a quoted string is masked whole: a
+/// password may hold a space (or an escaped quote).
+fn mask_urls_in_message(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while !rest.is_empty() {
+        let end = if let Some(quoted) = rest.strip_prefix('"') {
+            let mut escaped = false;
+            let close = quoted.char_indices().find_map(|(i, c)| {
+                let closes = c == '"' && !escaped;
+                escaped = c == '\\' && !escaped;
+                closes.then_some(i)
+            });
+            match close {
+                Some(close) => {
+                    out.push('"');
+                    out.push_str(&mask_redis_url(&quoted[..close]));
+                    out.push('"');
+                    close + 2
+                }
+                // No closing quote: mask the rest as one string.
+                None => {
+                    out.push_str(&mask_redis_url(rest));
+                    rest.len()
+                }
+            }
+        } else if rest.starts_with(char::is_whitespace) {
+            let word = rest
+                .find(|c: char| !c.is_whitespace())
+                .unwrap_or(rest.len());
+            out.push_str(&rest[..word]);
+            word
+        } else {
+            let word = rest
+                .find(|c: char| c.is_whitespace() || c == '"')
+                .unwrap_or(rest.len());
+            out.push_str(&mask_redis_url(&rest[..word]));
+            word
+        };
+        rest = &rest[end..];
+    }
+    out
+}
+
 /// The message of a file toml cannot read into the schema (bad syntax, an
 /// unknown key, a value of the wrong type), located when toml says where.
 pub(super) fn syntax_error(err: &toml::de::Error, text: &str, origin: &str) -> String {
-    // toml's messages may quote a value (`invalid type: string
-    // "redis://:pw@host"`): mask anything that looks like a URL.
-    let message: Vec<String> = err
-        .message()
-        .split_whitespace()
-        .map(mask_redis_url)
-        .collect();
-    let message = message
-        .join(" ")
+    let message = mask_urls_in_message(err.message())
         .replace("expected i64", "expected an integer")
         .replace("expected f64", "expected a number");
     let message = match toml_key_path(err) {

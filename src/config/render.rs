@@ -105,73 +105,77 @@ struct EffectiveServer<'a> {
 /// (`redis://user:pass@host` → `redis://user:****@host`) and in `pass=` /
 /// `password=` query parameters. A URL without a password is returned
 /// unchanged.
+///
+/// The text is not parsed as a URL: a password may hold an unescaped `/`,
+/// `?`, `#` or `@` (base64 does), where a URL parser would end the
+/// userinfo early and show the rest. So the userinfo runs from the
+/// scheme's `://` to the *last* `@`, and everything in it after its first
+/// `:` is masked; a password parameter is masked to the end of the text.
+/// Where the text is ambiguous this masks more than the password, never
+/// less. It also masks strings that are no URL at all (a mistyped scheme,
+/// a quoted URL inside a message).
 pub fn mask_redis_url(url: &str) -> String {
-    let (prefix, rest) = match url.find("://") {
-        Some(i) => url.split_at(i + 3),
-        None => ("", url),
-    };
-    let authority_len = if prefix.is_empty() {
-        0
-    } else {
-        rest.find(['/', '?', '#']).unwrap_or(rest.len())
-    };
-    let (authority, tail) = rest.split_at(authority_len);
-
+    let start = userinfo_start(url);
     let mut out = String::with_capacity(url.len());
-    out.push_str(prefix);
-    mask_authority(authority, &mut out);
-
-    // Query parameters carrying a password (`unix:///run/redis.sock?pass=x`).
-    let Some(q) = tail.find('?') else {
-        out.push_str(tail);
-        return out;
-    };
-    let (before_query, query_and_fragment) = tail.split_at(q + 1);
-    out.push_str(before_query);
-    let (query, fragment) = match query_and_fragment.find('#') {
-        Some(f) => query_and_fragment.split_at(f),
-        None => (query_and_fragment, ""),
-    };
-    mask_query(query, &mut out);
-    out.push_str(fragment);
+    out.push_str(&url[..start]);
+    let rest = &url[start..];
+    match rest.rfind('@') {
+        Some(at) => {
+            let (userinfo, host) = rest.split_at(at);
+            match userinfo.split_once(':') {
+                Some((user, password)) if !password.is_empty() => {
+                    out.push_str(user);
+                    out.push(':');
+                    out.push_str(MASK);
+                }
+                _ => out.push_str(userinfo),
+            }
+            out.push_str(host);
+        }
+        None => out.push_str(rest),
+    }
+    mask_password_parameter(&mut out, start);
     out
 }
 
-/// `user:pass@host` → `user:****@host` onto `out`.
-fn mask_authority(authority: &str, out: &mut String) {
-    let Some(at) = authority.rfind('@') else {
-        out.push_str(authority);
-        return;
-    };
-    let (userinfo, host) = authority.split_at(at);
-    match userinfo.split_once(':') {
-        Some((user, password)) if !password.is_empty() => {
-            out.push_str(user);
-            out.push(':');
-            out.push_str(MASK);
-        }
-        _ => out.push_str(userinfo),
+/// Where the userinfo of `url` would start: after `scheme://` when what
+/// precedes the `://` holds no `:` (which could start a password), else
+/// at the beginning, so that the first `:` anywhere is taken as the one
+/// before a password.
+fn userinfo_start(url: &str) -> usize {
+    match url.find("://") {
+        Some(i) if !url[..i].contains(':') => i + 3,
+        _ => 0,
     }
-    out.push_str(host);
 }
 
-/// `db=1&pass=secret` → `db=1&pass=****` onto `out`.
-fn mask_query(query: &str, out: &mut String) {
-    for (i, param) in query.split('&').enumerate() {
-        if i > 0 {
-            out.push('&');
-        }
-        match param.split_once('=') {
-            Some((key, value))
-                if !value.is_empty()
-                    && (key.eq_ignore_ascii_case("pass")
-                        || key.eq_ignore_ascii_case("password")) =>
+/// Replaces the value of the first `pass=` / `password=` query parameter
+/// after `from` (the key compared without case and percent-decoded, as
+/// the redis crate's URL parser decodes it), and everything after it, by
+/// `****`: an unescaped `&` or `#` may be part of the password.
+fn mask_password_parameter(out: &mut String, from: usize) {
+    let Some(q) = out[from..].find('?') else {
+        return;
+    };
+    let mut param_start = from + q + 1;
+    loop {
+        let param_end = out[param_start..]
+            .find('&')
+            .map_or(out.len(), |i| param_start + i);
+        let param = &out[param_start..param_end];
+        if let Some((key, value)) = param.split_once('=') {
+            let key: Vec<u8> = percent_encoding::percent_decode_str(key).collect();
+            if !value.is_empty()
+                && (key.eq_ignore_ascii_case(b"pass") || key.eq_ignore_ascii_case(b"password"))
             {
-                out.push_str(key);
-                out.push('=');
+                out.truncate(param_start + param.len() - value.len());
                 out.push_str(MASK);
+                return;
             }
-            _ => out.push_str(param),
         }
+        if param_end == out.len() {
+            return;
+        }
+        param_start = param_end + 1;
     }
 }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import resource
 import signal
 import threading
@@ -432,3 +434,60 @@ def test_int_likes_are_accepted():
     assert token_count("tokens", Count(12)) == 12
     with pytest.raises(ValueError, match="must not be negative"):
         token_count("tokens", -1)
+
+
+#: Names above the daemon's bound of 128 UTF-8 bytes, each with what Hello sends:
+#: cut at the last whole character within the bound.
+LONG_NAMES = [
+    ("a" * 200, "a" * 128),
+    ("é" * 100, "é" * 64),  # 200 bytes: 64 characters fit
+    ("a" + "é" * 100, "a" + "é" * 63),  # byte 128 is inside an "é": 127 bytes sent
+    ("日本" * 30, "日本" * 21),  # three bytes each: 42 characters, 126 bytes
+    ("🦀" * 40, "🦀" * 32),  # four bytes each
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "sent"), LONG_NAMES, ids=["ascii", "two-byte", "split", "three-byte", "four-byte"]
+)
+def test_a_long_client_name_is_cut_to_the_bound_in_bytes(make_daemon, name, sent):
+    daemon = make_daemon()
+    with Client(daemon.socket, name=name, timeout=5.0) as client:
+        assert client.ping() < 1  # said Hello: the daemon took the name
+    assert len(sent.encode()) <= ratekeeper._protocol.MAX_NAME_LEN
+    assert f'client="{sent}"' in daemon.log()
+
+
+def test_the_asyncio_client_cuts_a_long_name_in_bytes(make_daemon):
+    daemon = make_daemon()
+
+    async def ping() -> float:
+        async with ratekeeper.AsyncClient(daemon.socket, name="é" * 100, timeout=5.0) as client:
+            return await client.ping()
+
+    assert asyncio.run(asyncio.wait_for(ping(), 30)) < 1
+    assert f'client="{"é" * 64}"' in daemon.log()
+
+
+def test_the_default_name_of_a_long_non_ascii_program_is_cut_in_bytes(make_daemon, monkeypatch):
+    daemon = make_daemon()
+    monkeypatch.setattr("sys.argv", ["/opt/" + "программа" * 10])  # 180 bytes
+    with Client(daemon.socket, timeout=5.0) as client:
+        assert client.ping() < 1
+    cut = ("программа" * 10 + f" pid={os.getpid()}").encode()[:128].decode(errors="ignore")
+    assert f'client="{cut}"' in daemon.log()
+
+
+def test_session_names_are_cut_at_a_character_boundary():
+    from ratekeeper._core import Session, clip_name
+
+    assert clip_name("short") == "short"
+    assert clip_name("é" * 64) == "é" * 64  # exactly the bound
+    assert clip_name("a" + "é" * 64) == "a" + "é" * 63
+    assert clip_name("x" * 10, 4) == "xxxx"
+    for size in range(len("a€🦀é".encode()) + 1):
+        clipped = clip_name("a€🦀é", size)
+        assert len(clipped.encode()) <= size
+        assert "a€🦀é".startswith(clipped)
+    assert clip_name("prog\udcff") == "prog?"  # a file name that is not UTF-8, in sys.argv
+    assert Session("日" * 50).client_name == "日" * 42

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import multiprocessing
 import os
+import select
+import signal
+import stat
 import threading
+import time
 
 import pytest
 
-from ratekeeper import Client
+from ratekeeper import AsyncClient, Client
 
 from _workers import hammer
 
@@ -120,6 +126,111 @@ def test_a_forked_child_reconnects_and_the_parent_keeps_its_socket(make_daemon, 
     assert client._slot.conn is parent_conn
     assert client.ping() < 1
     client.close()
+
+
+def _open_sockets() -> set[tuple[int, int]]:
+    """The sockets this process holds a descriptor of, by (device, inode)."""
+    sockets = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            info = os.stat(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the descriptor of the listing itself, closed by now
+        if stat.S_ISSOCK(info.st_mode):
+            sockets.add((info.st_dev, info.st_ino))
+    return sockets
+
+
+def _socket_of(client: AsyncClient) -> tuple[int, int]:
+    info = os.fstat(client._slot.conn._transport.get_extra_info("socket").fileno())
+    return info.st_dev, info.st_ino
+
+
+def _asyncio_child_report(client: AsyncClient, parent_socket: tuple[int, int]) -> dict:
+    """What a forked child finds of the parent's client, then uses it on a loop of its own."""
+    fresh = client._slot.conn is None  # the fork hook dropped the parent's connection
+    inherited = parent_socket in _open_sockets()
+
+    async def work() -> int:
+        for _ in range(30):
+            lease = await client.acquire("roomy", 7)
+            assert lease.tokens == 7
+            await lease.report(7)
+        await client.ping()
+        return client._slot.conn.pid
+
+    conn_pid = asyncio.run(asyncio.wait_for(work(), 30))
+    return {"pid": os.getpid(), "fresh": fresh, "inherited": inherited, "conn_pid": conn_pid}
+
+
+def _read_until_eof(fd: int, timeout: float) -> bytes:
+    """All a pipe gives until its writer closes it; fails after `timeout` seconds."""
+    deadline, data = time.monotonic() + timeout, b""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise TimeoutError(f"no report from the child within {timeout}s")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists descriptors in /proc")
+def test_a_forked_child_of_an_asyncio_client_drops_the_parents_socket(make_daemon):
+    daemon = make_daemon(SHARED_CONFIG)
+    client = AsyncClient(daemon.socket, timeout=5.0)
+    loop = asyncio.new_event_loop()
+
+    def run(coroutine):
+        return loop.run_until_complete(asyncio.wait_for(coroutine, 30))
+
+    async def use(tokens: int) -> None:
+        lease = await client.acquire("roomy", tokens)
+        assert lease.tokens == tokens
+        await lease.report(1)
+
+    try:
+        run(use(10))  # first use: the parent is connected, on its loop
+        parent_conn = client._slot.conn
+        parent_socket = _socket_of(client)
+        read_end, write_end = os.pipe()
+        child_pid = os.fork()
+        if child_pid == 0:  # pragma: no cover - the child
+            try:
+                os.close(read_end)
+                report = _asyncio_child_report(client, parent_socket)
+            except BaseException as error:
+                report = {"error": repr(error)}
+            finally:
+                os.write(write_end, json.dumps(report).encode())
+                os._exit(0)
+        os.close(write_end)
+        try:
+            # The parent goes on on its own socket meanwhile; answers must not cross.
+            for index in range(100):
+                run(use(1000 + index))
+            report = json.loads(_read_until_eof(read_end, 60))
+        except BaseException:
+            os.kill(child_pid, signal.SIGKILL)
+            raise
+        finally:
+            os.close(read_end)
+            _, status = os.waitpid(child_pid, 0)
+        assert status == 0
+        assert report == {
+            "pid": child_pid,
+            "fresh": True,  # the child starts without the parent's connection,
+            "inherited": False,  # holds no descriptor of its socket,
+            "conn_pid": child_pid,  # and opened one of its own on first use
+        }
+        assert f"pid={child_pid}" in daemon.log()  # the child said hello as itself
+        assert client._slot.conn is parent_conn
+        assert _socket_of(client) == parent_socket
+        assert run(client.ping()) < 1
+        run(client.close())
+    finally:
+        loop.close()
 
 
 def test_a_wake_is_kept_until_waited_for_and_counts_once():

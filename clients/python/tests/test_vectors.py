@@ -8,15 +8,17 @@ below are the spec's tables in tag order, so a wrong tag fails here too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ratekeeper import _protocol as p
-from ratekeeper._errors import FrameTooLarge, MalformedMessage
+from ratekeeper._errors import FrameTooLarge, MalformedMessage, ProtocolError
 from ratekeeper._requests import Settlement
 from ratekeeper._token_acquire import encode_token_acquire
 
@@ -384,3 +386,100 @@ def test_the_decoder_buffer_grows_for_a_large_frame_and_shrinks_after():
     assert [request_id for request_id, _ in answers] == [9, 10, 10]
     assert answers[0][1].limit("limit-2999").waiters == 0
     assert len(decoder.get_buffer()) == p.BUFFER_SIZE  # back to its size once empty
+
+
+def padding_frame(request_id: int, size: int) -> bytes:
+    """A valid `Error` answer of exactly `size` bytes, length prefix included."""
+    bare = len(p.encode_frame(p.ServerFrame(request_id, p.ErrorReply(15, ""))))
+    assert size >= bare
+    frame = p.encode_frame(p.ServerFrame(request_id, p.ErrorReply(15, "x" * (size - bare))))
+    assert len(frame) == size
+    return frame
+
+
+@pytest.mark.parametrize("payload_size", range(9))
+@pytest.mark.parametrize("method", ["next_answer", "next_frame"])
+def test_a_frame_too_short_for_its_header_is_malformed_even_at_the_buffer_end(payload_size, method):
+    # A payload under 9 bytes cannot hold the request id and the tag's low
+    # byte; ending right at the end of the decoder's buffer, it was read past.
+    tiny = p.LENGTH_PREFIX_LEN + payload_size
+    padding = padding_frame(1, p.BUFFER_SIZE - tiny)
+    decoder = p.FrameDecoder()
+    decoder.receive_data(padding)
+    decoder.receive_data(payload_size.to_bytes(4, "little") + b"\x07" * payload_size)
+    decode = getattr(decoder, method)
+    first = decode()
+    assert (first if method == "next_answer" else (first.request_id, first.response))[0] == 1
+    with pytest.raises(MalformedMessage):
+        decode()
+    assert decoder.buffered == 0
+    assert decode() is p.NEED_DATA  # the stream goes on after a malformed frame
+
+
+def random_stream(rng: random.Random) -> bytes:
+    """Frames a daemon might send, valid and not: tiny ones, truncated ones,
+    garbage, with a padding frame first that puts them near the buffer's end."""
+    valid = [bytes.fromhex(case.values[1]["hex"]) for case in SERVER_VALID]
+    parts = []
+    if rng.random() < 0.7:
+        parts.append(padding_frame(2, p.BUFFER_SIZE - rng.randrange(0, 80)))
+    for _ in range(rng.randrange(1, 8)):
+        kind = rng.randrange(5)
+        if kind == 0:  # a tiny frame: a length prefix and fewer bytes than a header
+            size = rng.randrange(0, 13)
+            parts.append(size.to_bytes(4, "little") + rng.randbytes(size))
+        elif kind == 1:  # a valid answer
+            parts.append(rng.choice(valid))
+        elif kind == 2:  # a valid answer with bytes flipped
+            frame = bytearray(rng.choice(valid))
+            for _ in range(rng.randrange(1, 4)):
+                frame[rng.randrange(p.LENGTH_PREFIX_LEN, len(frame))] = rng.randrange(256)
+            parts.append(bytes(frame))
+        elif kind == 3:  # a valid answer's payload under a shorter length prefix
+            frame = rng.choice(valid)
+            size = rng.randrange(0, len(frame) - p.LENGTH_PREFIX_LEN)
+            parts.append(size.to_bytes(4, "little") + frame[p.LENGTH_PREFIX_LEN :][:size])
+        else:  # raw bytes, length prefix included
+            parts.append(rng.randbytes(rng.randrange(0, 24)))
+    return b"".join(parts)
+
+
+def decode_everything(decoder: p.FrameDecoder, method: str) -> bool:
+    """Decodes until `NEED_DATA`; False once the stream broke (`FrameTooLarge`).
+    Every failure must be the client's `ProtocolError`, never another exception."""
+    decode = getattr(decoder, method)
+    for _ in range(10_000):  # more than the frames any stream above holds
+        try:
+            if decode() is p.NEED_DATA:
+                return True
+        except FrameTooLarge:
+            return False
+        except ProtocolError:
+            continue
+    raise AssertionError("the decoder never asked for more data")
+
+
+@pytest.mark.parametrize("method", ["next_answer", "next_frame"])
+def test_random_and_short_bytes_raise_only_the_protocol_error(method):
+    rng = random.Random(27_11)  # seeded: a failure reproduces
+    for _ in range(2000):
+        stream = random_stream(rng)
+        decoder = p.FrameDecoder(p.ServerFrame)
+        whole = rng.random() < 0.5
+        while stream:  # all at once, or in chunks received as the socket does
+            size = len(stream) if whole else min(len(stream), rng.randrange(1, 9000))
+            if rng.random() < 0.5:
+                decoder.receive_data(stream[:size])
+            else:
+                buffer = decoder.get_buffer()
+                size = min(size, len(buffer))
+                buffer[:size] = stream[:size]
+                decoder.buffer_updated(size)
+            stream = stream[size:]
+            if not decode_everything(decoder, method):
+                break
+    for size in range(64):  # short strings as whole frames and as payloads
+        data = rng.randbytes(size)
+        for decode in (p.decode_frame, p.decode_payload):
+            with contextlib.suppress(ProtocolError):
+                decode(data)

@@ -336,6 +336,15 @@ pub(in crate::config) fn redis_url_problem(url: &str) -> Option<String> {
         }
         Some((_, rest)) => {
             let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+            // An `@` after the authority ends: the password holds a `/`, `?`
+            // or `#` the redis crate would take as the end of the host.
+            if rest[authority.len()..].contains('@') {
+                return Some(format!(
+                    "url {:?}: a '/', '?' or '#' in the userinfo must be percent-encoded \
+                     (%2F, %3F, %23)",
+                    mask_redis_url(url)
+                ));
+            }
             let host = authority.rsplit('@').next().unwrap_or("");
             host.is_empty().then(|| {
                 format!(

@@ -74,6 +74,18 @@ fn config_env_overrides_are_validated() {
     assert!(lines[1].starts_with("RATEKEEPER_SOCKET: "));
     assert!(lines[2].starts_with("RATEKEEPER_REDIS_URL: "));
 
+    // A password the redis crate would cut at its `/`: refused, masked.
+    let message = load(None, |name: &str| {
+        (name == ENV_REDIS_URL).then(|| "redis://:ab/c?d#e@h:6379/0".to_string())
+    })
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        message,
+        "RATEKEEPER_REDIS_URL: url \"redis://:****@h:6379/0\": a '/', '?' or '#' in the \
+         userinfo must be percent-encoded (%2F, %3F, %23)"
+    );
+
     let long = format!("/{}", "s".repeat(MAX_SOCKET_PATH_LEN));
     let message = load(None, |name: &str| {
         (name == ENV_SOCKET).then(|| long.clone())

@@ -221,6 +221,26 @@ const MISTAKES: &[(&str, &str, &str)] = &[
         "test.toml:2:7: redis: url \"http://:****@127.0.0.1:6379\" must start with redis://, rediss:// or unix://",
     ),
     (
+        "redis url with an unescaped / in the password, masked",
+        "[redis]\nurl = \"redis://user:pa/ss@host\"\n",
+        "test.toml:2:7: redis: url \"redis://user:****@host\": a '/', '?' or '#' in the userinfo must be percent-encoded (%2F, %3F, %23)",
+    ),
+    (
+        "sentinel url with an unescaped ?, # and / in the password, masked",
+        "[redis]\nsentinels = [\"redis://:ab/c?d#e@s:26379\"]\nmaster_name = \"m\"\n",
+        "test.toml:2:14: redis: url \"redis://:****@s:26379\": a '/', '?' or '#' in the userinfo must be percent-encoded",
+    ),
+    (
+        "redis as a string with a space in the password, masked",
+        "redis = \"redis://:a b@h\"\n",
+        "test.toml:1:9: redis: invalid type: string \"redis://:****@h\", expected a [redis] table",
+    ),
+    (
+        "redis as a string with a quote and a space in the password, masked",
+        "redis = 'redis://:a\"b c@h'\n",
+        "test.toml:1:9: redis: invalid type: string \"redis://:****@h\", expected a [redis] table",
+    ),
+    (
         "redis url without host",
         "[redis]\nurl = \"redis://\"\n",
         "test.toml:2:7: redis: url \"redis://\" names no host",

@@ -24,15 +24,71 @@ fn config_mask_redis_url() {
             "unix:///run/redis.sock?db=1&pass=secret",
             "unix:///run/redis.sock?db=1&pass=****",
         ),
+        // Everything after a password parameter is masked: the password
+        // may hold an unescaped `#` or `&`.
         (
             "unix:///run/redis.sock?password=s#frag",
-            "unix:///run/redis.sock?password=****#frag",
+            "unix:///run/redis.sock?password=****",
         ),
         ("redis://a:b@c@h/0", "redis://a:****@h/0"),
         ("not a url", "not a url"),
         ("", ""),
     ] {
         assert_eq!(mask_redis_url(url), masked, "{url}");
+    }
+}
+
+/// Passwords a URL parser would cut short: an unescaped `/`, `?`, `#`,
+/// `@`, `:` or `://` in the userinfo, a `&` or `#` in a `pass=` value, a
+/// scheme mistyped. What the mask shows, and that no piece of the secret
+/// (every part of it two characters or longer) is left in sight.
+#[test]
+fn config_mask_redis_url_hides_hostile_passwords() {
+    for (url, masked, secret) in [
+        (
+            "redis://:ab/c?d#e@host:6379/0",
+            "redis://:****@host:6379/0",
+            "ab/c?d#e",
+        ),
+        ("redis://user:pa/ss@host", "redis://user:****@host", "pa/ss"),
+        ("rediss://u:x?y@h:6380", "rediss://u:****@h:6380", "x?y"),
+        ("redis://u:p#w@h/0", "redis://u:****@h/0", "p#w"),
+        ("redis://:a@b@c/d@h:6379", "redis://:****@h:6379", "a@b@c/d"),
+        ("redis://:a://b@h", "redis://:****@h", "a://b"),
+        ("redis://:pw:pw@h", "redis://:****@h", "pw:pw"),
+        ("redis://:ab/cd@/0", "redis://:****@/0", "ab/cd"),
+        (
+            "unix:///run/redis.sock?pass=ab#cd",
+            "unix:///run/redis.sock?pass=****",
+            "ab#cd",
+        ),
+        (
+            "unix:///run/redis.sock?pass=ab&cd",
+            "unix:///run/redis.sock?pass=****",
+            "ab&cd",
+        ),
+        (
+            "unix:///run/redis.sock?db=1&PASS=ab@cd:ef",
+            "unix:///run/redis.sock?db=1&PASS=****",
+            "ab@cd:ef",
+        ),
+        (
+            "unix:///run/redis.sock?p%61ss=secret",
+            "unix:///run/redis.sock?p%61ss=****",
+            "secret",
+        ),
+        ("redis:/:secret@host", "redis:****@host", "secret"),
+        ("redis//:secret@host", "redis//:****@host", "secret"),
+        ("\"redis://:se/cret@h\",", "\"redis://:****@h\",", "se/cret"),
+    ] {
+        let shown = mask_redis_url(url);
+        assert_eq!(shown, masked, "{url}");
+        for piece in secret.split(['/', '?', '#', '@', ':', '&']) {
+            assert!(
+                piece.len() < 2 || !shown.contains(piece),
+                "{url} shows {piece:?} of its password: {shown}"
+            );
+        }
     }
 }
 

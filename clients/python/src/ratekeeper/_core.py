@@ -61,7 +61,19 @@ def socket_path(path: Optional[Union[str, os.PathLike]]) -> str:
 def default_client_name() -> str:
     """`"<program> pid=<pid>"`, computed at each connect so a forked child names itself."""
     program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-    return f"{program or 'python'} pid={os.getpid()}"[: p.MAX_NAME_LEN]
+    return clip_name(f"{program or 'python'} pid={os.getpid()}")
+
+
+def clip_name(name: str, limit: int = p.MAX_NAME_LEN) -> str:
+    """`name` cut to at most `limit` bytes of UTF-8, at a character boundary.
+
+    The daemon bounds a client name in bytes (PROTOCOL.md §8) and refuses a
+    longer `Hello`; a cut by characters lets a non-ASCII name pass that bound.
+    A character UTF-8 cannot carry (a lone surrogate, as `sys.argv` holds for
+    a file name that is not UTF-8) becomes "?", so the name always encodes.
+    """
+    # Cutting valid UTF-8 can split only its last character: "ignore" drops that part.
+    return name.encode("utf-8", "replace")[:limit].decode("utf-8", "ignore")
 
 
 def check_on_unavailable(value: str) -> OnUnavailable:
@@ -83,7 +95,7 @@ class Session:
     """The sans-IO state of one connection: ids, `Hello`, received bytes."""
 
     def __init__(self, client_name: str) -> None:
-        self.client_name = client_name[: p.MAX_NAME_LEN]
+        self.client_name = clip_name(client_name)
         self.decoder = p.FrameDecoder(p.ServerFrame)
         self.hello: Optional[p.HelloReply] = None
         #: Most unanswered requests the daemon allows (announced in its `Hello`).

@@ -5,7 +5,9 @@ awaits a waiter; the event loop's reading callback (a `BufferedProtocol`
 receiving into the session's decoder) completes the answers' futures and
 their waiters as answers arrive, in any order, without a reader task. The
 connection belongs to the event loop and the process that opened it; for a
-different loop or a forked child the slot opens another.
+different loop or a forked child the slot opens another. As in `_slot_sync`,
+a fork hook (and a pid check on every call) drops the inherited connection in
+the child and closes the child's copy of its descriptor, never the parent's.
 
 `_io_sync` has the same names and signatures without `async`: the policy in
 `_async.py` (and `_sync.py`, generated from it) is written against them once.
@@ -18,6 +20,8 @@ import collections
 import contextlib
 import logging
 import os
+import socket
+import weakref
 from collections.abc import Awaitable
 from typing import Callable, Optional
 
@@ -117,11 +121,13 @@ class Connection:
         transport: asyncio.Transport,
         protocol: _Protocol,
         leftover: list[p.ServerFrame],
+        sock: socket.socket,
     ) -> None:
         self.pid = os.getpid()
         self.loop = asyncio.get_running_loop()
         self.session = session
         self._transport = transport
+        self._sock = sock  # the transport's own, kept for `forget` in a forked child
         self._protocol = protocol
         self._pending: dict[int, asyncio.Future] = {}
         self._waiters: dict[asyncio.Future, asyncio.Future] = {}  # the callers' own, by answer
@@ -153,16 +159,25 @@ class Connection:
         session = core.Session(client_name)
         hello_id, hello = session.hello_frame()
         loop = asyncio.get_running_loop()
-        transport, protocol = await loop.create_unix_connection(
-            lambda: _Protocol(session, hello_id), path
-        )
+        # What `create_unix_connection(path=...)` does, but holding the socket
+        # object itself: only with it can a forked child drop its descriptor.
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, path)
+            transport, protocol = await loop.create_unix_connection(
+                lambda: _Protocol(session, hello_id), sock=sock
+            )
+        except BaseException:
+            sock.close()
+            raise
         try:
             transport.write(hello)
             leftover = await protocol.hello
         except BaseException:
             transport.abort()
             raise
-        return cls(session, transport, protocol, leftover)
+        return cls(session, transport, protocol, leftover, sock)
 
     @property
     def alive(self) -> bool:
@@ -312,14 +327,34 @@ class Connection:
         if self.pid == os.getpid():
             with contextlib.suppress(Exception):
                 self._transport.abort()
-        # In a forked child the transport is left alone: closing it would run
-        # the parent's loop machinery; the descriptor goes when the child exits.
+        else:
+            self.forget()
+
+    def forget(self) -> None:
+        """In a forked child: drop this process's copy of the parent's socket.
+
+        Only the child's descriptor is closed. The transport is left alone
+        (closing it would run the parent's loop machinery), and a shutdown
+        would cut the parent off. The socket object is detached first, so the
+        transport, if the child ever collects it, closes nothing: not a
+        descriptor number the child has reused since.
+        """
+        self._closed = self._closed or ConnectionLost("inherited from the parent process")
+        with contextlib.suppress(OSError):
+            fd = self._sock.detach()
+            if fd >= 0:
+                os.close(fd)
+
+
+#: Every live slot, for the fork hook.
+_slots: weakref.WeakSet = weakref.WeakSet()
 
 
 class Slot:
     """Holds a client's connection: one task opens the next one, for every caller.
 
     `owner` (the client) is not needed here: a connection ends with its loop.
+    In a forked child the connection is dropped and its descriptor closed.
     """
 
     def __init__(self, path: str, owner: object) -> None:
@@ -328,6 +363,8 @@ class Slot:
         #: Whether the last connect gave up on the sidecar (the policy's note).
         self.down = False
         self._connecting: Optional[asyncio.Task] = None
+        self._pid = os.getpid()
+        _slots.add(self)
 
     @property
     def reconnecting(self) -> bool:
@@ -351,6 +388,8 @@ class Slot:
         self, deadline: core.Deadline, connect: Callable[[core.Deadline], Awaitable[Connection]]
     ) -> Connection:
         """The usable connection, or a new one from `connect` (one task connects for all)."""
+        if self._pid != os.getpid():
+            self._reset_after_fork()
         conn = self.conn
         if conn is not None and conn.usable:
             return conn
@@ -384,6 +423,23 @@ class Slot:
             await conn.close()
         else:
             conn.abort()
+
+    def _reset_after_fork(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None and conn.pid != os.getpid():
+            conn.forget()
+        self._connecting = None  # a task of the parent's loop
+        self._pid = os.getpid()
+        self.down = False
+
+
+def _after_fork_in_child() -> None:
+    for slot in list(_slots):
+        slot._reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _wake(room: asyncio.Future) -> None:

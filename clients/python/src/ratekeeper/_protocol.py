@@ -179,6 +179,8 @@ MIN_FREE = 4 * 1024
 _LENGTH = struct.Struct("<I")
 #: A client frame's head: the length prefix and `ClientFrame.request_id`.
 FRAME_HEAD = struct.Struct("<IQ")
+#: Where a frame's tag starts in its payload: after the u64 request id.
+_TAG_AT = 8
 
 
 class _NeedData:
@@ -344,7 +346,11 @@ class FrameDecoder:
                 if at is None:
                     return NEED_DATA
                 buffer = self._buffer
-        fixed = FIXED_ANSWERS.get((self._stop - at, buffer[at + 8]))
+        size = self._stop - at
+        # The tag's low byte follows the u64 request id. A payload too short
+        # to hold it is malformed: the generic decoder below says so, where
+        # reading it would look past the payload, or past the buffer's end.
+        fixed = FIXED_ANSWERS.get((size, buffer[at + _TAG_AT])) if size > _TAG_AT else None
         if fixed is not None:  # Granted, Settled, ...: integers only, one `unpack` each
             layout, tag, make = fixed
             values = layout.unpack_from(buffer, at)
