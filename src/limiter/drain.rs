@@ -172,7 +172,10 @@ mod tests {
     #[test]
     fn a_steady_unseen_drain_becomes_a_second_of_margin() {
         let margin = margin_after(200, |_| 0);
-        assert!((1_900 + 141..=2_000 + 141).contains(&margin), "margin {margin}");
+        assert!(
+            (1_900 + 141..=2_000 + 141).contains(&margin),
+            "margin {margin}"
+        );
         assert_eq!(margin_after(0, |_| 0), 0);
     }
 

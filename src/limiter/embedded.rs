@@ -194,9 +194,7 @@ impl Store for EmbeddedStore {
             let counted_ms_ago = lowering
                 .fleet
                 .map_or(0, |fleet| fleet.counted_ms_ago.min(i64::MAX as u64) as i64);
-            let refused = lowering
-                .fleet
-                .map_or(0, |fleet| spec.units(fleet.refused));
+            let refused = lowering.fleet.map_or(0, |fleet| spec.units(fleet.refused));
             if let Some(drain) = buckets.drain_mut(spec) {
                 let lowered = BucketState {
                     level: drain.correct(
