@@ -356,9 +356,10 @@ fn lua_batches_and_rust_give_the_same_answers() {
                     }
                 }
                 if !batch.is_empty() {
+                    // The embedded store has no fleet to mark draws for.
                     let lua: Vec<String> = redis.batch_at(batch, now).await
                         .into_iter()
-                        .map(|result| format!("{result:?}"))
+                        .map(|result| format!("{:?}", result.map(|decision| decision.map(without_marks))))
                         .collect();
                     prop_assert_eq!(lua, rust, "{:?} at {}", step, now);
                 }
@@ -692,9 +693,10 @@ async fn a_drain_the_fleet_does_not_see_becomes_a_margin_below_the_provider() {
         }
     };
     // 2 tokens a ms unseen: after 6 s the margin approaches 2,000 (a
-    // second of it, less the few units the significance test holds back).
+    // second of it, less the few units the significance test holds back),
+    // and the fluctuation margin of shrinks of 200 (200/√2, `drain.rs`).
     let (margin, _) = margin_after("foreign", 2, 0).await;
-    assert!((1_800..=2_000).contains(&margin), "margin {margin}");
+    assert!((1_800..=2_000 + 141).contains(&margin), "margin {margin}");
     let (margin, _) = margin_after("alone", 0, 0).await;
     assert_eq!(margin, 0);
     // Seen in CI (issue 11's foreign-traffic run): 429s once the workers
@@ -749,9 +751,10 @@ async fn counts_in_one_script_call_make_no_drain_of_their_own() {
         now += 100;
     }
     let level = level_at(&redis, &tokens, now - 100).await;
-    // The lower count less this slot's draw (the answered call's own).
+    // The lower count less this slot's draw (the answered call's own), and
+    // no more than the fluctuation of counts 500 apart (500/√2).
     let margin = 58_500 - 1_000 - level;
-    assert!((0..=50).contains(&margin), "margin {margin}");
+    assert!((0..=354 + 50).contains(&margin), "margin {margin}");
 }
 
 /// Seen in a run with no foreign traffic: a fleet's first answers, a few ms
@@ -784,9 +787,10 @@ async fn corrections_a_few_ms_apart_lower_the_bucket_by_no_more_than_they_saw() 
     }
     let level = level_at(&redis, &tokens, now - 1).await;
     // Three shrinks of 500 were measured (the first correction only starts
-    // the history, the second only the gap): no more than 1,500 below.
+    // the history, the second only the gap): no more than 1,500 below, and
+    // the fluctuation margin of shrinks of 500 (500/√2).
     assert!(
-        provider - 100 - level <= 1_500,
+        provider - 100 - level <= 1_500 + 354,
         "level {level}, {} below the provider's view",
         provider - 100 - level
     );
@@ -822,7 +826,12 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
         invocation.arg(&acquire("10", "3", "150"));
         invocation.invoke::<Vec<Vec<i64>>>(redis).unwrap()
     };
-    let answers = [vec![1, 0], vec![0, 8_999_999_999_999_995, 1], vec![-1, 1]];
+    // A grant also answers each bucket's draw count after it (its mark).
+    let answers = [
+        vec![1, 0, 9_000_000_000_000_000],
+        vec![0, 8_999_999_999_999_995, 1],
+        vec![-1, 1],
+    ];
     let first = call(&mut redis, "1000000");
     assert_eq!(first[0], [1], "ran now");
     assert_eq!(first[1..], answers);
@@ -863,4 +872,18 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
         .arg(&big_bucket);
     late.arg(big_bucket[0]).arg("100").arg("10").arg("100");
     assert_eq!(late.invoke::<Vec<Vec<i64>>>(&mut redis).unwrap(), [vec![0]]);
+}
+
+/// A decision as the embedded store makes it: no draw marks.
+fn without_marks(decision: Decision) -> Decision {
+    match decision {
+        Decision::Granted {
+            wait_ms, origin, ..
+        } => Decision::Granted {
+            wait_ms,
+            origin,
+            marks: None,
+        },
+        other => other,
+    }
 }
