@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ratekeeper::client::Client;
 use ratekeeper::proto::{ErrorCode, Request, Response};
-use support::redis::RedisServer;
+use support::redis::{RedisCluster, RedisServer};
 use support::{Daemon, acquire, error_code, granted, http_get, level, metric, report};
 
 /// One token per second refills: levels barely move during a test.
@@ -492,5 +492,157 @@ burst_tokens = {BURST}
     assert!(
         metric_at(&metrics, "ratekeeper_settlements_replayed_total") >= 1.0,
         "the report made while no primary answered was not replayed"
+    );
+}
+
+/// How late a stall may make an answer: the issue's bound, an acquire's
+/// `max_wait` plus `redis.timeout_ms` after it was sent, and 20 ms for the
+/// daemon and the client to write and read it.
+const STALL_MAX_WAIT_MS: u64 = 500;
+const ANSWER_SLACK: Duration = Duration::from_millis(20);
+
+/// Issue 27: under 16 threads acquiring and a burst of 1,000 acquires sent
+/// during a 2 s stall, acquires were answered up to 1.51 s (the threads)
+/// and 1.81 s (the burst) after they were sent: operations queued behind
+/// their slot's call in flight, and the time they queued counted against
+/// no deadline. Returns the latest answer of each, and how many of each
+/// were answered at all.
+async fn answer_times_through_a_stall(
+    config: &str,
+    stall_redis: impl FnOnce() -> Option<std::thread::JoinHandle<()>>,
+) -> (Duration, Duration, usize) {
+    let daemon = Daemon::start(config);
+    let client = Arc::new(daemon.client().await);
+    granted(&client.call(acquire("big", 1, 0)).await.unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for _ in 0..16 {
+        let (client, stop) = (client.clone(), stop.clone());
+        threads.push(tokio::spawn(async move {
+            let mut latest = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                let sent = Instant::now();
+                let answer = client
+                    .call(acquire("big", 10, STALL_MAX_WAIT_MS))
+                    .await
+                    .unwrap();
+                latest = latest.max(sent.elapsed());
+                if !matches!(answer, Response::Granted { .. }) {
+                    assert_eq!(error_code(&answer), ErrorCode::StoreUnavailable);
+                }
+            }
+            latest
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Stalling blocks (it probes Redis until it sleeps): off the threads
+    // that time the acquires.
+    let sleeper = tokio::task::block_in_place(stall_redis);
+    // Well inside the stall.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let burst: Vec<_> = (0..1_000)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let sent = Instant::now();
+                let answer = client
+                    .call(acquire("big", 10, STALL_MAX_WAIT_MS))
+                    .await
+                    .unwrap();
+                (sent.elapsed(), answer)
+            })
+        })
+        .collect();
+    let mut burst_latest = Duration::ZERO;
+    let mut answered = 0;
+    for answer in burst {
+        let (took, _) = answer.await.unwrap();
+        burst_latest = burst_latest.max(took);
+        answered += 1;
+    }
+    if let Some(sleeper) = sleeper {
+        sleeper.join().unwrap();
+    }
+    // A while after Redis answers again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut threads_latest = Duration::ZERO;
+    for thread in threads {
+        threads_latest = threads_latest.max(thread.await.unwrap());
+    }
+    (threads_latest, burst_latest, answered)
+}
+
+fn within_deadline(took: Duration) -> bool {
+    took <= Duration::from_millis(STALL_MAX_WAIT_MS + 250) + ANSWER_SLACK
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_answers_every_acquire_within_its_deadline() {
+    let server = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    let (threads, burst, answered) =
+        answer_times_through_a_stall(&config(&server), || Some(stall(&server, 2))).await;
+    println!("latest answer: {threads:?} (16 threads), {burst:?} (the burst)");
+    assert_eq!(answered, 1_000);
+    assert!(
+        within_deadline(threads) && within_deadline(burst),
+        "latest answer: {threads:?} (16 threads), {burst:?} (the burst)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_answers_every_acquire_within_its_deadline() {
+    let server = RedisServer::start();
+    let (threads, burst, answered) = answer_times_through_a_stall(&config(&server), || {
+        pause(&server);
+        None
+    })
+    .await;
+    println!("latest answer: {threads:?} (16 threads), {burst:?} (the burst)");
+    assert_eq!(answered, 1_000);
+    assert!(
+        within_deadline(threads) && within_deadline(burst),
+        "latest answer: {threads:?} (16 threads), {burst:?} (the burst)"
+    );
+}
+
+fn pause(server: &RedisServer) {
+    assert_eq!(
+        server.cli(&["CLIENT", "PAUSE", "2000", "ALL"]).as_deref(),
+        Some("OK")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_cluster_answers_every_acquire_within_its_deadline() {
+    let cluster = RedisCluster::start();
+    let nodes: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|url| format!("\"{url}\""))
+        .collect();
+    let config = format!(
+        r#"
+[redis]
+cluster_nodes = [{}]
+timeout_ms = 250
+
+[[limits]]
+name = "big"
+tokens_per_minute = 60
+burst_tokens = 1000000
+"#,
+        nodes.join(", ")
+    );
+    let (threads, burst, answered) = answer_times_through_a_stall(&config, || {
+        cluster.nodes.iter().for_each(pause);
+        None
+    })
+    .await;
+    println!("latest answer: {threads:?} (16 threads), {burst:?} (the burst)");
+    assert_eq!(answered, 1_000);
+    assert!(
+        within_deadline(threads) && within_deadline(burst),
+        "latest answer: {threads:?} (16 threads), {burst:?} (the burst)"
     );
 }

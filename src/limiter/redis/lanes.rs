@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::batch::{BatchOp, OpResult};
+use crate::limiter::StoreError;
 
 /// Most operations in one script call, so that no call holds Redis long.
 pub(super) const MAX_BATCH: usize = 64;
@@ -21,6 +23,18 @@ pub(super) const SETTLE_FLUSH: Duration = Duration::from_millis(2);
 pub(super) struct Pending {
     pub op: BatchOp,
     pub result: oneshot::Sender<OpResult>,
+    /// Names it to [`Lanes::withdraw`] (unique in the daemon).
+    pub id: u64,
+    /// When its answer is due: it is not sent later, and its call gives up then.
+    pub deadline: Instant,
+}
+
+/// The answer of an operation whose deadline came while it was queued: it
+/// never reached Redis, so nothing changed.
+pub(super) fn queued_too_long(pending: Pending) {
+    let _ = pending.result.send(Err(StoreError::Unavailable(
+        "no answer from Redis in time: the call before it on its slot is still waiting".into(),
+    )));
 }
 
 /// What the caller of [`Lanes::enqueue`] must do next, with the lane's
@@ -76,8 +90,14 @@ impl Lanes {
         match (lane.state, acquire) {
             (State::Busy, _) => Next::Wait,
             (State::Idle | State::Armed, true) => {
+                let batch = take_batch(lane);
+                if batch.is_empty() {
+                    // All of it was due already (a zero timeout): answered.
+                    lane.state = State::Idle;
+                    return Next::Wait;
+                }
                 lane.state = State::Busy;
-                Next::Send(lane.slot.clone(), take_batch(lane))
+                Next::Send(lane.slot.clone(), batch)
             }
             (State::Idle, false) => {
                 lane.state = State::Armed;
@@ -87,6 +107,15 @@ impl Lanes {
         }
     }
 
+    /// Takes operation `id` off `slot`'s queue, if it is still there (not
+    /// yet sent): the caller answers it, and it never goes out.
+    pub(super) fn withdraw(&self, slot: &str, id: u64) -> Option<Pending> {
+        let mut lanes = self.lock();
+        let lane = lanes.get_mut(slot)?;
+        let at = lane.queue.iter().position(|pending| pending.id == id)?;
+        lane.queue.remove(at)
+    }
+
     /// The flush timer fired: the batch to send, if the lane is still armed.
     pub(super) fn fire(&self, slot: &str) -> Option<Vec<Pending>> {
         let mut lanes = self.lock();
@@ -94,20 +123,27 @@ impl Lanes {
         if lane.state != State::Armed {
             return None;
         }
-        lane.state = State::Busy;
-        Some(take_batch(lane))
-    }
-
-    /// A call finished: the next batch to send, or `None` when the lane is
-    /// empty (and idle again).
-    pub(super) fn next_batch(&self, slot: &str) -> Option<Vec<Pending>> {
-        let mut lanes = self.lock();
-        let lane = lanes.get_mut(slot)?;
-        if lane.queue.is_empty() {
+        let batch = take_batch(lane);
+        if batch.is_empty() {
             lane.state = State::Idle;
             return None;
         }
-        Some(take_batch(lane))
+        lane.state = State::Busy;
+        Some(batch)
+    }
+
+    /// A call finished: the next batch to send, or `None` when the lane is
+    /// empty (and idle again). Operations past their deadline are answered
+    /// instead of sent.
+    pub(super) fn next_batch(&self, slot: &str) -> Option<Vec<Pending>> {
+        let mut lanes = self.lock();
+        let lane = lanes.get_mut(slot)?;
+        let batch = take_batch(lane);
+        if batch.is_empty() {
+            lane.state = State::Idle;
+            return None;
+        }
+        Some(batch)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Lane>> {
@@ -118,9 +154,22 @@ impl Lanes {
     }
 }
 
+/// Up to [`MAX_BATCH`] operations from the front of the queue that are not
+/// yet due; those that are get their answer.
 fn take_batch(lane: &mut Lane) -> Vec<Pending> {
-    let take = lane.queue.len().min(MAX_BATCH);
-    lane.queue.drain(..take).collect()
+    let now = Instant::now();
+    let mut batch = Vec::new();
+    while batch.len() < MAX_BATCH {
+        let Some(pending) = lane.queue.pop_front() else {
+            break;
+        };
+        if pending.deadline <= now {
+            queued_too_long(pending);
+        } else {
+            batch.push(pending);
+        }
+    }
+    batch
 }
 
 #[cfg(test)]
@@ -139,6 +188,8 @@ mod tests {
         Pending {
             op,
             result: oneshot::channel().0,
+            id: 0,
+            deadline: Instant::now() + Duration::from_secs(60),
         }
     }
 
@@ -177,6 +228,53 @@ mod tests {
         assert!(lanes.next_batch("{a}").is_none());
         assert!(matches!(lanes.enqueue("{a}", pending(false)), Next::Arm(_)));
         assert_eq!(lanes.fire("{a}").map(|batch| batch.len()), Some(1));
+    }
+
+    /// Issue 27: what queued behind a stalled call waited for it whatever
+    /// its deadline. Now it is answered at its deadline, without going out.
+    #[test]
+    fn an_operation_past_its_deadline_is_answered_and_never_sent() {
+        let lanes = Lanes::default();
+        assert!(matches!(
+            lanes.enqueue("{a}", pending(true)),
+            Next::Send(..)
+        ));
+        let (result, mut answer) = oneshot::channel();
+        let due = Pending {
+            result,
+            deadline: Instant::now(),
+            ..pending(true)
+        };
+        assert!(matches!(lanes.enqueue("{a}", due), Next::Wait));
+        lanes.enqueue("{a}", pending(true));
+        assert_eq!(lanes.next_batch("{a}").map(|batch| batch.len()), Some(1));
+        assert!(matches!(
+            answer.try_recv(),
+            Ok(Err(StoreError::Unavailable(_)))
+        ));
+        assert!(lanes.next_batch("{a}").is_none());
+    }
+
+    #[test]
+    fn a_queued_operation_can_be_withdrawn_but_not_a_sent_one() {
+        let lanes = Lanes::default();
+        let with_id = |id| Pending {
+            id,
+            ..pending(true)
+        };
+        assert!(matches!(lanes.enqueue("{a}", with_id(1)), Next::Send(..)));
+        lanes.enqueue("{a}", with_id(2));
+        lanes.enqueue("{a}", with_id(3));
+        assert!(lanes.withdraw("{a}", 1).is_none(), "in flight");
+        assert_eq!(lanes.withdraw("{a}", 2).map(|pending| pending.id), Some(2));
+        assert!(lanes.withdraw("{b}", 3).is_none(), "another slot");
+        let next: Vec<u64> = lanes
+            .next_batch("{a}")
+            .unwrap()
+            .iter()
+            .map(|p| p.id)
+            .collect();
+        assert_eq!(next, [3]);
     }
 
     #[test]

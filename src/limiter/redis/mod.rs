@@ -20,7 +20,7 @@ mod slots;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -28,6 +28,7 @@ use async_trait::async_trait;
 use futures_util::FutureExt;
 use redis::Script;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::bucket::{BucketSpec, Draw};
 use super::shapes::ShapeConflicts;
@@ -82,6 +83,8 @@ struct Inner {
     levels: Script,
     slots: Script,
     lanes: Lanes,
+    /// The id of the next operation queued on a lane.
+    next_op: AtomicU64,
     reconciler: Reconciler,
     /// Names this daemon to the batch script, which tells its bucket
     /// shapes from other sidecars'.
@@ -114,6 +117,7 @@ impl RedisStore {
                 levels: Script::new(LEVELS_LUA),
                 slots: slots::script(),
                 lanes: Lanes::default(),
+                next_op: AtomicU64::new(0),
                 reconciler: Reconciler::default(),
                 sidecar: format!("{:016x}", rand::random::<u64>()),
                 shapes: Arc::default(),
@@ -143,7 +147,12 @@ impl RedisStore {
     pub async fn batch_at(&self, ops: Vec<BatchOp>, now_ms: i64) -> Vec<OpResult> {
         let count = ops.len();
         let call = Call::new(ops, rand::random());
-        match self.inner.execute(&call, &now_ms.to_string()).await {
+        let deadline = self.inner.pool.deadline();
+        match self
+            .inner
+            .execute(&call, &now_ms.to_string(), deadline)
+            .await
+        {
             Ok(results) => results,
             Err(error) => vec![Err(error); count],
         }
@@ -183,7 +192,7 @@ impl RedisStore {
         let units: Vec<i64> = self
             .inner
             .pool
-            .run(&cmd, &self.inner.levels, false)
+            .run(&cmd, &self.inner.levels, false, self.inner.pool.deadline())
             .await
             .map_err(Failure::into_error)?;
         if units.len() != buckets.len() {
@@ -205,11 +214,23 @@ type InFlight = Pin<Box<dyn Future<Output = BatchOutcome> + Send>>;
 
 impl Inner {
     /// Queues `op` on its slot's lane and waits for its call's answer.
+    /// Its answer comes by its deadline, `redis.timeout_ms` from now,
+    /// however long the call before it takes: one still queued then is
+    /// taken off the queue and answered; one already sent is answered when
+    /// its call gives up, at the deadline of the call's oldest operation.
     async fn submit(self: &Arc<Self>, op: BatchOp) -> OpResult {
-        let (result, answer) = oneshot::channel();
+        let (result, mut answer) = oneshot::channel();
         let key = op.slot_key();
         let slot = slot_of(key.as_deref().unwrap_or(""));
-        match self.lanes.enqueue(slot, Pending { op, result }) {
+        let id = self.next_op.fetch_add(1, Ordering::Relaxed);
+        let deadline = self.pool.deadline();
+        let pending = Pending {
+            op,
+            result,
+            id,
+            deadline,
+        };
+        match self.lanes.enqueue(slot, pending) {
             // Calls run on their own task: a caller that goes away must not
             // take the other operations of its batch with it.
             Next::Send(slot, batch) => {
@@ -226,7 +247,16 @@ impl Inner {
             }
             Next::Wait => {}
         }
-        answer.await.unwrap_or_else(|_| {
+        let answered = match tokio::time::timeout_at(deadline, &mut answer).await {
+            Ok(answered) => answered,
+            Err(_) => {
+                if let Some(pending) = self.lanes.withdraw(slot, id) {
+                    lanes::queued_too_long(pending);
+                }
+                answer.await
+            }
+        };
+        answered.unwrap_or_else(|_| {
             Err(StoreError::Unavailable(
                 "the Redis call of this request failed inside the daemon".into(),
             ))
@@ -274,11 +304,14 @@ impl Inner {
 
     /// One call of `batch`: where each answer goes, and the answers.
     async fn run_batch(self: Arc<Self>, batch: Vec<Pending>) -> BatchOutcome {
+        // The call gives up when its oldest operation's answer is due.
+        let deadline = batch.iter().map(|pending| pending.deadline).min();
+        let deadline = deadline.unwrap_or_else(|| self.pool.deadline());
         let (ops, senders): (Vec<BatchOp>, Vec<_>) =
             batch.into_iter().map(|p| (p.op, p.result)).unzip();
         let call = Call::new(ops, rand::random());
         // A bug must cost this batch an error, never stall the lane.
-        let results = std::panic::AssertUnwindSafe(self.execute(&call, REDIS_CLOCK))
+        let results = std::panic::AssertUnwindSafe(self.execute(&call, REDIS_CLOCK, deadline))
             .catch_unwind()
             .await
             .unwrap_or_else(|_| {
@@ -292,24 +325,27 @@ impl Inner {
         (senders, results)
     }
 
-    /// Runs one call. A call whose connection failed is tried once more on
-    /// a fresh connection (the record makes a second run return the first
-    /// answer); a call whose outcome stays unknown is cancelled, so an
-    /// error always means "nothing changed".
+    /// Runs one call, giving up at `deadline`. A call whose connection
+    /// failed is tried once more on a fresh connection, by the same
+    /// deadline (the record makes a second run return the first answer); a
+    /// call whose outcome stays unknown is cancelled, so an error always
+    /// means "nothing changed".
     async fn execute(
         self: &Arc<Self>,
         call: &Call,
         clock: &str,
+        deadline: Instant,
     ) -> Result<Vec<OpResult>, StoreError> {
         let cmd = call.command(&self.batch, clock, RECORD_TTL_MS, &self.sidecar);
-        let reply: Vec<Vec<i64>> = match self.pool.run(&cmd, &self.batch, false).await {
+        let run = |fresh| self.pool.run(&cmd, &self.batch, fresh, deadline);
+        let reply: Vec<Vec<i64>> = match run(false).await {
             Ok(reply) => reply,
             // Redis refused it, or is too slow: another attempt now would
             // meet the same.
             Err(first @ (Failure::Refused(_) | Failure::TimedOut(_))) => {
                 return Err(self.fail(call, clock, first));
             }
-            Err(first) => match self.pool.run(&cmd, &self.batch, true).await {
+            Err(first) => match run(true).await {
                 Ok(reply) => reply,
                 Err(second) if first.may_have_run() => {
                     drop(second);
@@ -347,7 +383,12 @@ impl Inner {
         let (mut undone, mut prevented) = (0u64, 0u64);
         while let Some(call) = self.reconciler.pop() {
             let cmd = call.cancel_command(&self.cancel, REDIS_CLOCK, TOMBSTONE_TTL_MS);
-            match self.pool.run::<i64>(&cmd, &self.cancel, false).await {
+            let deadline = self.pool.deadline();
+            match self
+                .pool
+                .run::<i64>(&cmd, &self.cancel, false, deadline)
+                .await
+            {
                 Ok(outcome) => {
                     self.reconciler.answered(outcome == 1);
                     match outcome {

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
@@ -314,8 +316,13 @@ impl Pool {
         within(self.timeout, attempt).await
     }
 
+    /// When a call started now must give up: `redis.timeout_ms` from now.
+    pub(super) fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
     /// Runs one script call (`cmd`, an `EVALSHA` of `script`) on the next
-    /// pooled connection within the deadline; `fresh` replaces that
+    /// pooled connection by `deadline`; `fresh` replaces that
     /// connection first (a retry after it broke). A script Redis does not
     /// have (a flush, a restart, a failover) is loaded and the call sent
     /// again. A connection that failed is dropped so the next call
@@ -325,6 +332,7 @@ impl Pool {
         cmd: &Cmd,
         script: &Script,
         fresh: bool,
+        deadline: Instant,
     ) -> Result<T, Failure> {
         let index = self.next.fetch_add(1, Ordering::Relaxed);
         let slot = &self.slots[index % self.slots.len()];
@@ -352,7 +360,7 @@ impl Pool {
             }
             result.map_err(|redis_error| Failure::classify(&redis_error))
         };
-        match tokio::time::timeout(self.timeout, attempt).await {
+        match tokio::time::timeout_at(deadline, attempt).await {
             Ok(outcome) => outcome,
             Err(_) => {
                 let error = StoreError::Unavailable(format!(

@@ -38,14 +38,16 @@ impl Inner {
             SlotOp::Give(holder) => cmd.arg("give").arg(holder),
             SlotOp::Held => cmd.arg("held"),
         };
-        let reply: i64 = match self.pool.run(&cmd, &self.slots, false).await {
+        // One deadline for both attempts, as for a batch.
+        let deadline = self.pool.deadline();
+        let reply: i64 = match self.pool.run(&cmd, &self.slots, false, deadline).await {
             Ok(reply) => reply,
             Err(first @ (Failure::Refused(_) | Failure::TimedOut(_))) => {
                 return Err(self.slot_failure(slots, &op, clock, first));
             }
             Err(_) => self
                 .pool
-                .run(&cmd, &self.slots, true)
+                .run(&cmd, &self.slots, true, deadline)
                 .await
                 .map_err(|second| self.slot_failure(slots, &op, clock, second))?,
         };
