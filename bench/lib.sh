@@ -51,7 +51,8 @@ free_port() {
 
 start_redis() {
     PORT="$(free_port)"
-    redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
+    # shellcheck disable=SC2086  # REDIS_EXTRA: extra arguments, split on purpose
+    redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" ${REDIS_EXTRA:-} \
         --logfile "$WORK/redis.log" &
     PIDS+=($!)
     until redis-cli -p "$PORT" PING >/dev/null 2>&1; do sleep 0.05; done
