@@ -119,7 +119,12 @@ fn declared_lengths_are_refused_before_they_are_allocated() {
             "Feedback with 400,000 headers",
             client(
                 10,
-                &[&string("gpt"), &429u16.to_le_bytes(), &u64le(0), &u64le(400_000)],
+                &[
+                    &string("gpt"),
+                    &429u16.to_le_bytes(),
+                    &u64le(0),
+                    &u64le(400_000),
+                ],
             ),
         ),
     ];
@@ -147,7 +152,10 @@ fn a_daemon_answer_declaring_a_long_list_is_refused_before_it_is_allocated() {
     payload.extend_from_slice(&string("redis"));
     payload.extend_from_slice(&u64le(300_000));
     let (largest, result) = largest_allocation(|| decode_payload::<ServerFrame>(&payload));
-    assert!(matches!(result, Err(FrameError::Malformed(_))), "{result:?}");
+    assert!(
+        matches!(result, Err(FrameError::Malformed(_))),
+        "{result:?}"
+    );
     assert!(largest <= bound(payload.len()), "allocated {largest} bytes");
 }
 
