@@ -82,9 +82,15 @@ Exit codes: 0 answered, 1 failure (daemon unreachable, error answer), 2 usage er
         /// Print JSON (one object; one line per redraw with --watch).
         #[arg(long)]
         json: bool,
-        /// Redraw every SECS seconds (default 2) until interrupted.
-        #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2")]
-        watch: Option<f64>,
+        /// Redraw every SECS seconds (default 2; 0.01 to 86400) until interrupted.
+        #[arg(
+            long,
+            value_name = "SECS",
+            num_args = 0..=1,
+            default_missing_value = "2",
+            value_parser = commands::watch_interval
+        )]
+        watch: Option<Duration>,
     },
     /// Check that the daemon can serve acquires (readiness), for exec probes.
     #[command(
@@ -274,13 +280,6 @@ async fn run(cli: Cli, loaded: Option<Config>) -> anyhow::Result<ExitCode> {
             json,
             watch,
         } => {
-            let watch = match watch {
-                Some(secs) if !(secs.is_finite() && secs > 0.0) => {
-                    say("ratekeeper: --watch takes a number of seconds above zero");
-                    return Ok(ExitCode::from(2));
-                }
-                watch => watch.map(Duration::from_secs_f64),
-            };
             let options = commands::StatusOptions { limit, json, watch };
             commands::status(&socket.socket, options).await
         }

@@ -421,6 +421,21 @@ async fn status_watch_prints_again_and_again() {
     assert_eq!(text(&health.stdout), "ready: the embedded store answers\n");
 }
 
+/// An interval `status --watch` cannot wait is refused with a message and
+/// exit code 2, before any connection: never a panic.
+#[test]
+fn status_watch_refuses_an_interval_it_cannot_wait() {
+    for secs in ["1e300", "inf", "NaN", "-1", "0", "0.0001", "86401", "soon"] {
+        let out = ratekeeper(&["status", &format!("--watch={secs}")], None);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--watch {secs}: {stderr}");
+        assert!(
+            stderr.contains("--watch") && !stderr.contains("panicked"),
+            "--watch {secs}: {stderr}"
+        );
+    }
+}
+
 /// A limit with separate input and output buckets that barely refill (one
 /// token a second), so levels can be asserted within a token or two.
 const SIDES: &str = "[[limits]]\nname = \"sides\"\n\

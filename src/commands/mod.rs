@@ -8,7 +8,7 @@ mod status;
 
 pub use acquire::{AcquireArgs, acquire};
 pub use count_tokens::count_tokens;
-pub use status::{StatusOptions, health, status};
+pub use status::{StatusOptions, health, status, watch_interval};
 
 use std::path::Path;
 use std::process::ExitCode;

@@ -21,6 +21,28 @@ use super::{answer_failure, connect};
 /// Clears the terminal and puts the cursor home: one frame of `--watch`.
 const CLEAR: &str = "\x1b[H\x1b[2J";
 
+/// The shortest `--watch` interval: faster redraws only load the daemon.
+const MIN_WATCH: Duration = Duration::from_millis(10);
+/// The longest `--watch` interval: a day.
+const MAX_WATCH: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The `--watch SECS` interval: a number of seconds from 0.01 to 86400,
+/// or why not (clap shows the message and exits with code 2).
+pub fn watch_interval(secs: &str) -> Result<Duration, String> {
+    let out_of_range = || {
+        format!(
+            "{secs:?} is not a number of seconds from {} to {}",
+            MIN_WATCH.as_secs_f64(),
+            MAX_WATCH.as_secs()
+        )
+    };
+    let secs: f64 = secs.trim().parse().map_err(|_| out_of_range())?;
+    match Duration::try_from_secs_f64(secs) {
+        Ok(interval) if (MIN_WATCH..=MAX_WATCH).contains(&interval) => Ok(interval),
+        _ => Err(out_of_range()),
+    }
+}
+
 /// How `status` prints.
 pub struct StatusOptions {
     pub limit: Option<String>,
@@ -209,5 +231,28 @@ pub async fn health(socket: &Path) -> anyhow::Result<ExitCode> {
             bail!("the daemon predates the Health request ({message}); use `ratekeeper ping`")
         }
         other => answer_failure(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_takes_seconds_from_a_hundredth_to_a_day() {
+        for (secs, interval) in [
+            ("0.01", Some(MIN_WATCH)),
+            ("0.05", Some(Duration::from_millis(50))),
+            ("2", Some(Duration::from_secs(2))),
+            ("86400", Some(MAX_WATCH)),
+            ("0.009", None),
+            ("86400.5", None),
+            ("1e300", None),
+            ("inf", None),
+            ("-0", None),
+            ("", None),
+        ] {
+            assert_eq!(watch_interval(secs).ok(), interval, "{secs:?}");
+        }
     }
 }

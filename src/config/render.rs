@@ -113,7 +113,10 @@ struct EffectiveServer<'a> {
 /// `:` is masked; a password parameter is masked to the end of the text.
 /// Where the text is ambiguous this masks more than the password, never
 /// less. It also masks strings that are no URL at all (a mistyped scheme,
-/// a quoted URL inside a message).
+/// a quoted URL inside a message), and a URL whose password has no `@host`
+/// after it (`redis://:secret`): past the scheme, a `:` followed by no
+/// valid port, or by anything after an empty host, starts a secret that
+/// is masked to the end of the text.
 pub fn mask_redis_url(url: &str) -> String {
     let start = userinfo_start(url);
     let mut out = String::with_capacity(url.len());
@@ -132,10 +135,39 @@ pub fn mask_redis_url(url: &str) -> String {
             }
             out.push_str(host);
         }
+        None if start > 0 => match unparsed_secret(rest) {
+            Some(colon) => {
+                out.push_str(&rest[..=colon]);
+                out.push_str(MASK);
+                return out;
+            }
+            None => out.push_str(rest),
+        },
         None => out.push_str(rest),
     }
     mask_password_parameter(&mut out, start);
     out
+}
+
+/// In `rest`, the text after `scheme://` with no `@` in it, the `:` that
+/// may start a password with its `@host` left out: the first `:` of the
+/// authority (outside an IPv6 address's brackets) when what follows it is
+/// no port, or when no host precedes it.
+fn unparsed_secret(rest: &str) -> Option<usize> {
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    // `[::1]:6379`: the colons between brackets are the address's.
+    let outside = authority
+        .starts_with('[')
+        .then(|| authority.find(']'))
+        .flatten()
+        .map_or(0, |close| close + 1);
+    let colon = outside + authority[outside..].find(':')?;
+    let port = &authority[colon + 1..];
+    let is_port = !port.is_empty()
+        && port.len() <= 5
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && port.parse::<u32>().is_ok_and(|n| n <= 65535);
+    (colon == 0 || !(is_port || port.is_empty())).then_some(colon)
 }
 
 /// Where the userinfo of `url` would start: after `scheme://` when what

@@ -10,19 +10,33 @@ use super::{LENGTH_PREFIX_LEN, MAX_FRAME_LEN};
 /// Bytes made room for before each read from a stream.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// Most bytes one decode may claim. Without a limit a 12-byte payload
-/// declaring a string of 2^40 bytes makes bincode try to allocate it and abort
-/// the process. bincode counts list elements at their in-memory size, up to
-/// about 5.3 times their smallest wire size (an empty `ChatMessage`: 18 bytes
-/// on the wire, 96 in memory), so eight times the frame bound lets every valid
-/// frame decode while still bounding what a hostile one can claim.
-const DECODE_LIMIT: usize = 8 * MAX_FRAME_LEN as usize;
+/// Bytes one decode may claim for each byte of its payload. bincode claims
+/// a string's declared length, and a list's elements at their in-memory
+/// size, before it allocates them; for a valid payload that is at most about
+/// 5.3 times its wire size (an empty `ChatMessage`: 18 bytes on the wire, 96
+/// in memory). Eight times lets every valid payload decode, and a length a
+/// payload merely declares, beyond what its bytes could hold, is refused
+/// before anything is allocated for it.
+const CLAIM_PER_PAYLOAD_BYTE: usize = 8;
 
-/// The bincode configuration of every payload.
-type WireConfig = Configuration<LittleEndian, Fixint, Limit<DECODE_LIMIT>>;
+/// The claim bound of a payload is a power of two, bincode's limit being a
+/// constant of its configuration: from 2^10 bytes for the smallest payloads
+/// to 2^25 for the largest (eight times [`MAX_FRAME_LEN`]).
+const MIN_CLAIM_BITS: u32 = 10;
+const MAX_CLAIM_BITS: u32 = 25;
+const _: () = assert!(1 << MAX_CLAIM_BITS == CLAIM_PER_PAYLOAD_BYTE * MAX_FRAME_LEN as usize);
 
-const fn wire_config() -> WireConfig {
-    bincode::config::legacy().with_limit::<DECODE_LIMIT>()
+/// The bincode configuration of a payload, claiming at most `LIMIT` bytes.
+type WireConfig<const LIMIT: usize> = Configuration<LittleEndian, Fixint, Limit<LIMIT>>;
+
+/// log2 of the claim bound of a payload of `len` bytes: the smallest power
+/// of two of at least [`CLAIM_PER_PAYLOAD_BYTE`] times its length, so
+/// under sixteen times it (and at least 2^[`MIN_CLAIM_BITS`]).
+fn claim_bits(len: usize) -> u32 {
+    (CLAIM_PER_PAYLOAD_BYTE * len)
+        .next_power_of_two()
+        .trailing_zeros()
+        .max(MIN_CLAIM_BITS)
 }
 
 /// Why bytes could not be turned into a message.
@@ -141,8 +155,34 @@ impl FrameReader {
 }
 
 /// Decodes one payload that must hold exactly one `T` and nothing after it.
+///
+/// Allocates at most sixteen times the payload's length (1 KiB for the
+/// smallest), however long the strings and lists it declares: a declared
+/// length its bytes cannot hold is malformed before it is allocated.
 pub fn decode_payload<T: Decode<()>>(payload: &[u8]) -> Result<T, FrameError> {
-    let (message, consumed) = bincode::decode_from_slice(payload, wire_config())
+    if payload.len() > MAX_FRAME_LEN as usize {
+        return Err(FrameError::TooLarge {
+            declared: u32::try_from(payload.len()).unwrap_or(u32::MAX),
+            max: MAX_FRAME_LEN,
+        });
+    }
+    /// One arm per claim bound from 2^[`MIN_CLAIM_BITS`] up; the last,
+    /// 2^[`MAX_CLAIM_BITS`], takes the rest.
+    macro_rules! claiming_at_most {
+        ($($bits:literal)*) => {
+            match claim_bits(payload.len()) {
+                $($bits => decode_claiming::<T, { 1 << $bits }>(payload),)*
+                _ => decode_claiming::<T, { 1 << MAX_CLAIM_BITS }>(payload),
+            }
+        };
+    }
+    claiming_at_most!(10 11 12 13 14 15 16 17 18 19 20 21 22 23 24)
+}
+
+/// [`decode_payload`] with bincode claiming at most `LIMIT` bytes.
+fn decode_claiming<T: Decode<()>, const LIMIT: usize>(payload: &[u8]) -> Result<T, FrameError> {
+    let config: WireConfig<LIMIT> = bincode::config::legacy().with_limit::<LIMIT>();
+    let (message, consumed) = bincode::decode_from_slice(payload, config)
         .map_err(|error| FrameError::Malformed(error.to_string()))?;
     if consumed != payload.len() {
         return Err(FrameError::Malformed(format!(
@@ -210,7 +250,7 @@ pub fn hello_version_hint(payload: &[u8]) -> Option<u16> {
 pub fn encode_frame<T: Encode>(message: &T, out: &mut Vec<u8>) -> Result<(), FrameError> {
     let start = out.len();
     out.extend_from_slice(&[0; LENGTH_PREFIX_LEN]);
-    bincode::encode_into_std_write(message, out, wire_config())
+    bincode::encode_into_std_write(message, out, bincode::config::legacy())
         .map_err(|error| FrameError::Malformed(error.to_string()))?;
     let payload_len = out.len() - start - LENGTH_PREFIX_LEN;
     match u32::try_from(payload_len) {

@@ -207,6 +207,86 @@ fn the_largest_lists_a_frame_can_hold_still_decode() {
     assert_eq!(decode_payload::<ClientFrame>(payload).unwrap(), frame);
 }
 
+/// Lists of the elements whose in-memory size is the largest multiple of
+/// their wire size, filling payloads of every claim bound: each decodes.
+#[test]
+fn the_smallest_elements_decode_at_every_claim_bound() {
+    use crate::proto::{Acquire, ChatMessage, ChatRequest, Conversation, Cost, Turn};
+    let empty_message = ChatMessage {
+        role: String::new(),
+        name: None,
+        content: Vec::new(),
+        tool_calls_json: None,
+    };
+    let empty_turn = Turn {
+        role: String::new(),
+        name: None,
+        blocks: Vec::new(),
+        tool_calls_json: None,
+    };
+    let mut count = 1;
+    while count * 18 < MAX_FRAME_LEN as usize - 100 {
+        for cost in [
+            Cost::Messages(ChatRequest {
+                messages: vec![empty_message.clone(); count],
+                tools_json: None,
+                max_output_tokens: None,
+            }),
+            Cost::Conversation(Conversation {
+                api: String::new(),
+                system: vec![String::new(); count],
+                messages: vec![empty_turn.clone(); count / 2],
+                tools_json: None,
+                max_output_tokens: None,
+            }),
+        ] {
+            let frame = ClientFrame {
+                request_id: 1,
+                request: Request::Acquire(Acquire {
+                    limit: "gpt".into(),
+                    tenant: None,
+                    priority: None,
+                    cost,
+                    max_wait_ms: None,
+                }),
+            };
+            let mut bytes = Vec::new();
+            encode_frame(&frame, &mut bytes).unwrap();
+            let (payload, _) = split_frame(&bytes).unwrap().unwrap();
+            assert_eq!(
+                decode_payload::<ClientFrame>(payload).as_ref(),
+                Ok(&frame),
+                "{count} elements"
+            );
+        }
+        count = count * 3 + 1;
+    }
+}
+
+#[test]
+fn a_payloads_claim_bound_is_a_power_of_two_under_sixteen_times_its_length() {
+    for (len, bits) in [
+        (0, 10),
+        (12, 10),
+        (128, 10),
+        (129, 11),
+        (4096, 15),
+        (4097, 16),
+        (MAX_FRAME_LEN as usize, MAX_CLAIM_BITS),
+    ] {
+        assert_eq!(claim_bits(len), bits, "{len} bytes");
+    }
+}
+
+#[test]
+fn a_payload_above_the_frame_bound_is_too_large_to_decode() {
+    let payload = vec![0; MAX_FRAME_LEN as usize + 1];
+    assert!(matches!(
+        decode_payload::<ClientFrame>(&payload),
+        Err(FrameError::TooLarge { .. })
+    ));
+}
+
 #[test]
 fn the_reader_hands_out_whole_frames_however_the_bytes_arrive() {
     let mut stream = ping_frame();
