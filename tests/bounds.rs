@@ -9,7 +9,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use ratekeeper::proto::{CONNECTION_REQUEST_ID, ErrorCode, MAX_FRAME_LEN, Response};
-use support::{Daemon, error_code, hello, receive, send};
+use support::{Daemon, acquire, error_code, hello, receive, send};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
@@ -209,16 +209,67 @@ async fn a_frame_that_stops_or_trickles_is_closed() {
     );
 }
 
-/// Issue: there was no cap on connections. Now the connection beyond
-/// `max_connections` gets `Overloaded` on request id 0 and is closed, and
-/// one closing makes room for the next.
+/// Issue 27: idle connections filled the cap and locked well-behaved
+/// workers out. Now the connection beyond `max_connections` is served, and
+/// the one idle the longest is closed to make room; the others stay.
 #[tokio::test]
-async fn connections_beyond_the_cap_are_refused() {
+async fn at_the_cap_the_connection_idle_longest_makes_room() {
     let daemon = Daemon::start(&format!("[server]\nmax_connections = 8\n{LIMIT}"));
     let mut open = Vec::new();
     for _ in 0..8 {
         open.push(daemon.raw_after_hello().await);
     }
+    // The last one to have a request answered is the least idle.
+    send(&mut open[0], 2, ratekeeper::proto::Request::Ping).await;
+    let pong = receive(&mut open[0]).await.expect("pong");
+    assert_eq!(pong.response, Response::Pong);
+
+    let mut newcomer = daemon.raw_after_hello().await;
+    assert!(
+        receive(&mut open[1]).await.is_none(),
+        "the connection idle the longest stays open"
+    );
+    for (index, stream) in open.iter_mut().enumerate().filter(|(index, _)| *index != 1) {
+        send(stream, 3, ratekeeper::proto::Request::Ping).await;
+        let answer = receive(stream).await;
+        assert!(
+            answer.is_some_and(|answer| answer.response == Response::Pong),
+            "connection {index} was closed"
+        );
+    }
+    send(&mut newcomer, 2, ratekeeper::proto::Request::Ping).await;
+    assert_eq!(
+        receive(&mut newcomer).await.map(|a| a.response),
+        Some(Response::Pong)
+    );
+}
+
+/// A new connection is refused `Overloaded` on request id 0 only when every
+/// open connection has a request in flight; one finishing makes room.
+#[tokio::test]
+async fn connections_beyond_the_cap_are_refused_when_every_one_is_busy() {
+    let daemon = Daemon::start(
+        "[server]\nmax_connections = 4\n\
+         [[limits]]\nname = \"slow\"\ntokens_per_minute = 60\nburst_tokens = 60\n",
+    );
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        open.push(daemon.raw_after_hello().await);
+    }
+    // The bucket's burst, taken; then each connection waits minutes in line.
+    send(&mut open[0], 2, acquire("slow", 60, 0)).await;
+    receive(&mut open[0]).await.expect("the burst granted");
+    for stream in &mut open {
+        send(stream, 3, acquire("slow", 60, 3_600_000)).await;
+    }
+    // The acquires are in flight once the daemon answers a ping sent after
+    // them on the same connection (frames are read in order).
+    for stream in &mut open {
+        send(stream, 4, ratekeeper::proto::Request::Ping).await;
+        let pong = receive(stream).await.expect("pong");
+        assert_eq!(pong.response, Response::Pong);
+    }
+
     let mut beyond = connect(&daemon).await;
     let (code, message) = refused_with(&mut beyond).await;
     assert_eq!(code, ErrorCode::Overloaded);

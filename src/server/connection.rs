@@ -23,6 +23,7 @@ use tokio_util::task::TaskTracker;
 
 use super::Bounds;
 use super::buffer::{BufferBudget, ConnectionBuffer};
+use super::registry::Activity;
 use super::requests::{Requests, answer_call, error};
 use crate::proto::{CONNECTION_REQUEST_ID, ErrorCode, Response};
 use crate::service::{ConnectionId, Service};
@@ -53,11 +54,15 @@ pub(crate) struct ConnectionContext {
     pub close: CancellationToken,
     pub budget: Arc<BufferBudget>,
     pub bounds: Bounds,
+    /// Its requests in flight, for the server; fires when the server closes
+    /// it to admit another (it was idle the longest at the cap).
+    pub activity: Arc<Activity>,
 }
 
 /// What woke the connection.
 enum Event {
     Close,
+    Evicted,
     CancelAll,
     Answered(u64, Response),
     Writable(io::Result<()>),
@@ -76,6 +81,7 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
         close,
         budget,
         bounds,
+        activity,
     } = context;
     let start = |request_id, call, cancel| {
         answer_call(
@@ -93,11 +99,13 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
     let mut timers = Timers::new(bounds);
     let closing = close.cancelled();
     let cancelling = cancel.cancelled();
+    let evicted = activity.evicted();
     let deadline = tokio::time::sleep_until(timers.next());
-    tokio::pin!(closing, cancelling, deadline);
+    tokio::pin!(closing, cancelling, evicted, deadline);
     let mut cancelled_all = false;
 
     let reason = loop {
+        activity.in_flight(running.len());
         let armed = timers.next_armed();
         if let Some(at) = armed {
             if deadline.deadline() != at {
@@ -117,10 +125,16 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
             ready = stream.readable(), if reading => Event::Readable(ready),
             () = &mut deadline, if armed.is_some() => Event::Deadline,
             () = &mut closing => Event::Close,
+            () = &mut evicted => Event::Evicted,
             () = &mut cancelling, if !cancelled_all => Event::CancelAll,
         };
         match event {
             Event::Close => break "the daemon is shutting down".to_string(),
+            Event::Evicted => {
+                break "closed to admit a new connection: it was idle the longest \
+                       of server.max_connections"
+                    .to_string();
+            }
             Event::CancelAll => {
                 cancelled_all = true;
                 state.cancel_all();
@@ -163,6 +177,9 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
                 buffer.shrink();
                 match taken {
                     Ok(taken) => {
+                        if taken > 0 {
+                            activity.frames_read();
+                        }
                         timers.frames_read(taken > 0, buffer.buffered() > 0);
                         if state.client_name.is_some() {
                             timers.hello_received();

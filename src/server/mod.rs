@@ -1,10 +1,11 @@
-//! The Unix-socket server: accepts connections up to a cap, checks peer
-//! credentials, serves each connection in its own task (which drives that
+//! The Unix-socket server: accepts connections up to a cap (closing the
+//! idlest to admit a new one, `registry`), checks peer credentials, serves each connection in its own task (which drives that
 //! connection's requests itself) and drains on shutdown.
 
 mod buffer;
 mod connection;
 pub mod listener;
+mod registry;
 mod requests;
 
 use std::future::Future;
@@ -21,6 +22,7 @@ use crate::service::Service;
 use buffer::BufferBudget;
 use connection::ConnectionContext;
 pub use listener::{BindError, bind};
+use registry::Registry;
 
 /// How long refunds may take once the drain deadline cancelled what waited.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
@@ -41,7 +43,9 @@ pub struct ServerSettings {
 /// The resource bounds of the socket (`[server]` in the configuration).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
-    /// Connections open at once; the next is refused `Overloaded`.
+    /// Connections open at once. At the cap a new connection closes the
+    /// one idle the longest; it is refused `Overloaded` only when every
+    /// open connection has a request in flight.
     pub max_connections: usize,
     /// Bytes all connections together may buffer for frames still arriving,
     /// beyond each connection's read chunk.
@@ -68,7 +72,9 @@ pub async fn run(
     let close_all = CancellationToken::new();
     let connections = TaskTracker::new();
     let budget = Arc::new(BufferBudget::new(settings.bounds.max_buffered_bytes));
+    let registry = Arc::new(Registry::new());
     let mut at_cap = false;
+    let mut refusing = false;
     let mut next_connection = 1u64;
     tokio::pin!(shutdown);
     loop {
@@ -89,20 +95,43 @@ pub async fn run(
         if !peer_allowed(&stream, &settings, id) {
             continue;
         }
-        let open = connections.len();
+        let open = registry.len();
         if open >= settings.bounds.max_connections {
-            if !at_cap {
-                tracing::warn!(
-                    open,
-                    "refusing connections: server.max_connections are open"
-                );
+            match registry.evict_idlest() {
+                Some(evicted) => {
+                    if !at_cap {
+                        tracing::warn!(
+                            open,
+                            "server.max_connections are open: closing the connection idle \
+                             the longest to admit each new one"
+                        );
+                    }
+                    tracing::debug!(
+                        connection = evicted.connection,
+                        idle_ms = evicted.idle.as_millis() as u64,
+                        admitted = id,
+                        "connection closed to make room"
+                    );
+                }
+                None => {
+                    if !refusing {
+                        tracing::warn!(
+                            open,
+                            "refusing connections: server.max_connections are open, \
+                             each with a request in flight"
+                        );
+                    }
+                    refusing = true;
+                    refuse_connection(&stream, id, open);
+                    continue;
+                }
             }
             at_cap = true;
-            refuse_connection(&stream, id, open);
-            continue;
+            refusing = false;
         } else if at_cap {
-            tracing::info!(open, "accepting connections again");
+            tracing::info!(open, "below server.max_connections again");
             at_cap = false;
+            refusing = false;
         }
         let context = ConnectionContext {
             id,
@@ -112,10 +141,13 @@ pub async fn run(
             close: close_all.child_token(),
             budget: budget.clone(),
             bounds: settings.bounds,
+            activity: registry.register(id),
         };
         let open = service.metrics().connection_opened();
+        let registry = registry.clone();
         connections.spawn(async move {
             connection::serve(stream, context).await;
+            registry.unregister(id);
             drop(open);
         });
     }
@@ -158,7 +190,10 @@ fn refuse_connection(stream: &UnixStream, connection: u64, open: usize) {
         request_id: CONNECTION_REQUEST_ID,
         response: requests::error(
             ErrorCode::Overloaded,
-            format!("the daemon already serves {open} connections (server.max_connections)"),
+            format!(
+                "the daemon already serves {open} connections (server.max_connections), \
+                 each with a request in flight"
+            ),
         ),
     };
     let mut bytes = Vec::new();

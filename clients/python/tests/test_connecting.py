@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import socket
 import threading
 import time
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 import pytest
 
 from ratekeeper import AsyncClient, Client, SidecarUnavailable, SidecarUnavailableWarning
+from ratekeeper import _protocol as p
 
 from _daemon import Daemon
 
@@ -147,3 +149,69 @@ def test_timeouts_are_checked():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert Client(connect_timeout=0).connect_timeout == 0.0
+
+
+#: Issue 27's flood: idle connections, half of them after `Hello`, as a
+#: worker that opens a client per task and never closes it leaves behind.
+FLOOD = 6_000
+
+
+def _open_files_for(count: int) -> None:
+    """Lets this process hold `count` more descriptors (up to the hard limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = soft + count + 256
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    if wanted > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert soft >= count + 256, f"the open files limit ({soft}) cannot hold the flood"
+
+
+def test_idle_connections_beyond_the_cap_never_lock_a_busy_worker_out():
+    """Issue 27: 6,000 idle connections filled `server.max_connections` and a
+    well-behaved worker got `Overloaded` (110 of 4,438 acquires failed). Now
+    the connection idle the longest makes room for each new one: a worker
+    acquiring all along completes every acquire while the flood is open."""
+    _open_files_for(FLOOD)
+    hello = p.encode_request(1, p.Hello(protocol_version=p.PROTOCOL_VERSION, client_name="leak"))
+    daemon = Daemon(CONFIG + "\n[server]\nmax_connections = 1024\n").start()
+    flood: list = []
+    try:
+        worker = Client(daemon.socket, name="busy-worker", timeout=10)
+        flooded = threading.Event()
+        outcomes: list = []
+
+        def acquire_until_flooded() -> None:
+            while not flooded.is_set() or len(outcomes) < 200:
+                try:
+                    worker.acquire("roomy", 10).report(10)
+                    outcomes.append("granted")
+                except Exception as failure:  # every failure is the test's finding
+                    outcomes.append(repr(failure))
+
+        acquiring = threading.Thread(target=acquire_until_flooded)
+        acquiring.start()
+        try:
+            for number in range(FLOOD):
+                leaked = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                flood.append(leaked)
+                leaked.connect(daemon.socket)
+                if number % 2:
+                    leaked.sendall(hello)
+        finally:
+            flooded.set()
+            acquiring.join(timeout=120)
+        assert not acquiring.is_alive(), "the worker's acquires did not finish"
+        failures = [outcome for outcome in outcomes if outcome != "granted"]
+        assert failures == [], f"{len(failures)} of {len(outcomes)} failed: {failures[:3]}"
+        # The flood is held at the cap: its oldest connections were closed.
+        for leaked in flood[:100]:
+            leaked.settimeout(10)
+            while leaked.recv(1 << 16):  # a Hello's answer, then the close
+                pass
+        worker.close()
+    finally:
+        for leaked in flood:
+            leaked.close()
+        daemon.close()

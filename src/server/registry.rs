@@ -1,0 +1,233 @@
+//! The open connections and how long each has been idle, so that the cap on
+//! connections is a bound on memory and never a lock-out: at the cap, the
+//! connection that has had no request in flight for the longest is closed
+//! to admit the new one (issue 27: 6,000 idle connections, the kind a worker
+//! that opens a client per task and never closes it leaves behind, filled
+//! the cap and cost well-behaved workers `Overloaded`). A connection is idle
+//! from the last frame it sent or the last answer it was given, whichever is
+//! later, while it has no request in flight. A new connection is refused
+//! only when every open one has a request in flight.
+//!
+//! An evicted client loses nothing it is owed: it had no request in flight,
+//! its leases outlive the connection by the `[leases]` rules, and the
+//! clients reconnect on their next call.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::service::ConnectionId;
+
+/// `Activity::idle_since_ms` of a connection with requests in flight.
+const BUSY: u64 = u64::MAX;
+
+/// What the server knows of one open connection.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    /// Milliseconds from the registry's epoch since which the connection
+    /// has had no request in flight, or `BUSY`.
+    idle_since_ms: AtomicU64,
+    /// Fires when the server closes the connection to make room.
+    evict: CancellationToken,
+    epoch: Instant,
+}
+
+impl Activity {
+    /// Notes how many requests the connection has in flight now (called on
+    /// every event of the connection: reads the clock only when it turns idle).
+    pub(crate) fn in_flight(&self, requests: usize) {
+        self.in_flight_with(requests, || millis_since(self.epoch));
+    }
+
+    fn in_flight_with(&self, requests: usize, now_ms: impl FnOnce() -> u64) {
+        let was = self.idle_since_ms.load(Ordering::Relaxed);
+        if requests > 0 {
+            if was != BUSY {
+                self.idle_since_ms.store(BUSY, Ordering::Relaxed);
+            }
+        } else if was == BUSY {
+            self.idle_since_ms.store(now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// Notes that the client sent a frame: an idle connection is idle from now.
+    pub(crate) fn frames_read(&self) {
+        self.frames_read_at(millis_since(self.epoch));
+    }
+
+    fn frames_read_at(&self, now_ms: u64) {
+        if self.idle_since_ms.load(Ordering::Relaxed) != BUSY {
+            self.idle_since_ms.store(now_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// Completes when the server evicts the connection.
+    pub(crate) async fn evicted(&self) {
+        self.evict.cancelled().await;
+    }
+}
+
+/// The connections the server holds open, by id.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    open: Mutex<HashMap<ConnectionId, Arc<Activity>>>,
+    epoch: Instant,
+}
+
+/// The connection closed to make room, and how long it had been idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Evicted {
+    pub connection: ConnectionId,
+    pub idle: Duration,
+}
+
+impl Registry {
+    pub(crate) fn new() -> Self {
+        Self {
+            open: Mutex::new(HashMap::new()),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Connections open and not evicted.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Registers a new connection, idle from now.
+    pub(crate) fn register(&self, connection: ConnectionId) -> Arc<Activity> {
+        self.register_at(connection, millis_since(self.epoch))
+    }
+
+    fn register_at(&self, connection: ConnectionId, now_ms: u64) -> Arc<Activity> {
+        let activity = Arc::new(Activity {
+            idle_since_ms: AtomicU64::new(now_ms),
+            evict: CancellationToken::new(),
+            epoch: self.epoch,
+        });
+        self.lock().insert(connection, activity.clone());
+        activity
+    }
+
+    /// Forgets a connection that has closed.
+    pub(crate) fn unregister(&self, connection: ConnectionId) {
+        self.lock().remove(&connection);
+    }
+
+    /// Closes the connection idle the longest, if any is idle: it no longer
+    /// counts as open once this returns.
+    pub(crate) fn evict_idlest(&self) -> Option<Evicted> {
+        self.evict_idlest_at(millis_since(self.epoch))
+    }
+
+    fn evict_idlest_at(&self, now_ms: u64) -> Option<Evicted> {
+        let mut open = self.lock();
+        let (&connection, activity) = open
+            .iter()
+            .filter(|(_, activity)| activity.idle_since_ms.load(Ordering::Relaxed) != BUSY)
+            .min_by_key(|(id, activity)| (activity.idle_since_ms.load(Ordering::Relaxed), **id))?;
+        let idle_since = activity.idle_since_ms.load(Ordering::Relaxed);
+        activity.evict.cancel();
+        open.remove(&connection);
+        let idle = now_ms.saturating_sub(idle_since);
+        Some(Evicted {
+            connection,
+            idle: Duration::from_millis(idle),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ConnectionId, Arc<Activity>>> {
+        // The map is left consistent by every holder: a panic elsewhere
+        // must not take the accept loop down with it.
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn millis_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(BUSY - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_idle_longest_is_evicted_and_a_busy_one_never() {
+        let registry = Registry::new();
+        let busy = registry.register_at(1, 0);
+        let older = registry.register_at(2, 10);
+        let newer = registry.register_at(3, 20);
+        busy.in_flight_with(1, || 20);
+
+        let evicted = registry.evict_idlest_at(25).expect("an idle connection");
+        assert_eq!(
+            evicted,
+            Evicted {
+                connection: 2,
+                idle: Duration::from_millis(15)
+            }
+        );
+        assert!(older.evict.is_cancelled());
+        assert!(!newer.evict.is_cancelled() && !busy.evict.is_cancelled());
+        assert_eq!(registry.len(), 2);
+
+        assert_eq!(registry.evict_idlest_at(25).map(|e| e.connection), Some(3));
+        assert_eq!(
+            registry.evict_idlest_at(25),
+            None,
+            "only a busy one is left"
+        );
+    }
+
+    #[test]
+    fn a_connection_is_idle_from_its_last_answer_not_its_first() {
+        let registry = Registry::new();
+        let worker = registry.register_at(1, 0);
+        let _leaked = registry.register_at(2, 10);
+        worker.in_flight_with(1, || 20);
+        worker.in_flight_with(0, || 30);
+        // Still idle: the moment it became idle does not move.
+        worker.in_flight_with(0, || 40);
+        assert_eq!(registry.evict_idlest_at(40).map(|e| e.connection), Some(2));
+        assert_eq!(
+            registry.evict_idlest_at(40),
+            Some(Evicted {
+                connection: 1,
+                idle: Duration::from_millis(10)
+            })
+        );
+    }
+
+    #[test]
+    fn a_frame_from_an_idle_client_makes_it_the_least_idle() {
+        let registry = Registry::new();
+        let pinging = registry.register_at(1, 0);
+        let _leaked = registry.register_at(2, 10);
+        pinging.frames_read_at(20);
+        assert_eq!(registry.evict_idlest_at(30).map(|e| e.connection), Some(2));
+        let busy = registry.register_at(3, 30);
+        busy.in_flight_with(1, || 30);
+        busy.frames_read_at(40);
+        assert_eq!(registry.evict_idlest_at(50).map(|e| e.connection), Some(1));
+        assert_eq!(
+            registry.evict_idlest_at(50),
+            None,
+            "a frame does not end a wait"
+        );
+    }
+
+    #[test]
+    fn an_unregistered_connection_is_not_evicted() {
+        let registry = Registry::new();
+        registry.register_at(1, 0);
+        registry.unregister(1);
+        assert_eq!(registry.len(), 0);
+        assert_eq!(registry.evict_idlest_at(10), None);
+    }
+}
