@@ -15,8 +15,13 @@ use crate::proto::Header;
 /// How long a 429 without any retry header pauses the limit.
 pub const DEFAULT_PAUSE: Duration = Duration::from_secs(1);
 
-/// The longest pause a provider's header may impose.
-pub const MAX_PAUSE: Duration = Duration::from_secs(600);
+/// The longest pause a provider's header may impose: a minute. The limits
+/// ratekeeper keeps are per-minute figures, which refill completely within
+/// a minute; a longer `retry-after` speaks of a limit it does not keep (a
+/// daily quota), and from a hostile or buggy client one `Feedback` frame
+/// would pause the limit for the whole fleet that long (issue 27: ten
+/// minutes, repeatably).
+pub const MAX_PAUSE: Duration = Duration::from_secs(60);
 
 /// What a provider counts, as its headers name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -168,6 +173,19 @@ mod tests {
                 value: value.to_string(),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_retry_after_beyond_a_minute_pauses_a_minute() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        for (name, value) in [
+            ("retry-after", "600"),
+            ("retry-after-ms", "600000"),
+            ("retry-after", "Tue, 14 Nov 2023 22:23:20 GMT"),
+        ] {
+            let view = read(429, &headers(&[(name, value)]), now);
+            assert_eq!(view.pause, Some(Duration::from_secs(60)), "{name}: {value}");
+        }
     }
 
     #[test]
@@ -330,7 +348,7 @@ mod tests {
             200,
             &headers(&[
                 ("x-ratelimit-reset-requests", "20ms"),
-                ("x-ratelimit-reset-tokens", "6m0.5s"),
+                ("x-ratelimit-reset-tokens", "0m59.5s"),
                 ("anthropic-ratelimit-tokens-reset", "2026-12-03T10:00:01Z"),
             ]),
             SystemTime::now(),
@@ -340,7 +358,7 @@ mod tests {
             view.resets,
             vec![
                 (Requests, Duration::from_millis(20)),
-                (Tokens, Duration::from_millis(360_500))
+                (Tokens, Duration::from_millis(59_500))
             ]
         );
         for (value, expected) in [
