@@ -2,7 +2,7 @@
 //! compares with tiktoken's count (o200k_base) on real text: files of this
 //! repository (technical English and Markdown, Rust, Lua, JSON, TOML), the
 //! license texts every Debian system carries (plain English prose), and
-//! short messages in other scripts. The README's table comes from this output.
+//! short messages in other scripts. The table in docs/token-counting.md comes from this output.
 //!
 //! ```text
 //! cargo run --release --example openai_estimates

@@ -4,7 +4,7 @@
 //! listener serving `/metrics`, `/healthz` and `/readyz`, readiness
 //! ([`health`]), and the one-line summary logged at shutdown.
 //!
-//! Every metric is named `ratekeeper_…`; the README lists them all.
+//! Every metric is named `ratekeeper_…`; docs/metrics.md lists them all.
 
 pub mod exporter;
 pub mod health;

@@ -4,14 +4,14 @@
 //! one: the counter of its prompts ([`Tokenizer`]), how input and output
 //! tokens make the charge ([`CostRule`]), and whether a usage report gives
 //! back the difference ([`SettleRule`]). The presets mirror what each
-//! provider documents (README, "Token counting and cost").
+//! provider documents (docs/token-counting.md).
 
 use serde::{Deserialize, Serialize};
 
 use super::{CharEstimator, Counter, Encoding, OpenaiChars, TokenError, encoding_for_model};
 
 /// Whose rate-limit accounting a limit mirrors: a preset of tokenizer, cost
-/// rule and settlement rule (README, "Token counting and cost").
+/// rule and settlement rule (docs/token-counting.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Provider {

@@ -1,14 +1,18 @@
-"""Every command in the README's shell blocks runs as written, or says why not.
+"""Every command in the README's and the manual's shell blocks runs as
+written, or says why not; every relative link in them leads to a file.
 
-The README is the first thing a user copies from. Each line of its ```sh and
-```console blocks is either run here, in order, from the repository root, or
-it matches an entry of `NOT_RUN` with the reason: `ratekeeper` is the binary
-the README's own `cargo install` line installed (into a scratch directory
-first on PATH), `pip` is a fresh virtualenv's, the daemon's socket is in a
+The README and the manual (`docs/*.md`, the client's own README) are the
+first thing a user copies from. Each line of their ```sh and ```console
+blocks is either run here, page after page (the README first, then `docs/`
+in name order, then `clients/python/README.md`), in order, from the
+repository root (the client's README from its own directory), or it matches
+an entry of `NOT_RUN` with the reason: `ratekeeper` is the binary the
+README's own `cargo install` line installed (into a scratch directory first
+on PATH), `pip` is a fresh virtualenv's, the daemon's socket is in a
 temporary directory, and the README's `serve` line runs in the background
-until the last command. A new command in the README
-fails `test_every_command_is_run_or_excused` until it is one or the other, and
-an excuse no command needs any more fails it too. A ```console block's output
+until the last command. A new command on any page fails
+`test_every_command_is_run_or_excused` until it is one or the other, and an
+excuse no command needs any more fails it too. A ```console block's output
 must be exactly what the command prints.
 """
 
@@ -28,6 +32,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
+CLIENT_README = ROOT / "clients" / "python" / "README.md"
+
+
+def pages() -> list:
+    """The pages whose commands run, in the order they run: the README, the
+    manual's pages, the client's README."""
+    return [README, *sorted((ROOT / "docs").glob("*.md")), CLIENT_README]
+
+
+def workdir(page: Path) -> Path:
+    """Where a page's commands run: the client's README speaks from its own
+    directory, every other page from the repository root."""
+    return page.parent if page == CLIENT_README else ROOT
+
+
+#: Pages whose relative links must lead to a file (with the pages above).
+LINKED_PAGES = [ROOT / "bench" / "README.md", ROOT / "bench" / "provider" / "MEASUREMENTS.md"]
 
 #: Commands that cannot run here, by a pattern of their start, with why.
 NOT_RUN = {
@@ -36,6 +57,16 @@ NOT_RUN = {
     "tests/deploy_examples.rs checks the unit and its config (systemd-analyze verify)",
     r"echo '[^']*' \| sudo ": "part of the systemd installation (see sudo)",
     r"kubectl ": "needs a Kubernetes cluster; tests/deploy_examples.rs checks the manifests",
+    r"RATEKEEPER_SOCKET=/tmp/rk-[ab]\.sock ratekeeper ": "the quick start's two sidecars need a "
+    "Redis at 127.0.0.1:6379; clients/python/tests/test_redis.py runs two sidecars on one Redis",
+    r"python3 -m venv \.\./\.\./target/python-venv$": "the development virtualenv these tests "
+    "run in: making it again would change it under them",
+    r"\.\./\.\./target/python-venv/bin/pip install ": "installs into the development "
+    "virtualenv these tests run in",
+    r"cargo build$": "the debug daemon the client's tests start; built before they run",
+    r"\.\./\.\./target/python-venv/bin/pytest": "the test suite this test is part of",
+    r"python scripts/unasync\.py$": "rewrites the generated files in place; its `--check` line "
+    "runs instead",
 }
 
 #: What a command's output must match, where the README says what it prints
@@ -51,6 +82,8 @@ class Command:
     text: str
     #: A ```console block's output, else None.
     output: Optional[str]
+    #: The page it is on.
+    page: Path = README
 
 
 @dataclass
@@ -59,11 +92,11 @@ class Block:
     commands: list
 
 
-def blocks() -> list:
-    """The README's shell blocks, each with its commands (continuation lines
+def blocks(page: Path = README) -> list:
+    """A page's shell blocks, each with its commands (continuation lines
     joined, comments dropped)."""
     found = []
-    lines = README.read_text().splitlines()
+    lines = page.read_text().splitlines()
     index = 0
     while index < len(lines):
         fence = re.fullmatch(r"```(sh|console)", lines[index])
@@ -76,8 +109,16 @@ def blocks() -> list:
             index += 1
         index += 1
         parse = _console if fence.group(1) == "console" else _shell
-        found.append(Block(start, parse(start, body)))
+        commands = parse(start, body)
+        for command in commands:
+            command.page = page
+        found.append(Block(start, commands))
     return found
+
+
+def all_commands() -> list:
+    """Every page's commands, in the order they run."""
+    return [command for page in pages() for block in blocks(page) for command in block.commands]
 
 
 def _shell(start: int, body: list) -> list:
@@ -135,12 +176,17 @@ def excuse(command: Command) -> Optional[str]:
 
 
 def test_every_command_is_run_or_excused() -> None:
-    commands = [command for block in blocks() for command in block.commands]
-    assert len(commands) >= 10, "the README's shell blocks were not found"
+    readme = [command for block in blocks() for command in block.commands]
+    assert len(readme) >= 5, "the README's shell blocks were not found"
+    assert len(pages()) >= 10, "the manual's pages in docs/ were not found"
+    commands = all_commands()
+    assert len(commands) >= 20, "the pages' shell blocks were not found"
     assert any(excuse(command) is None for command in commands)
+    for page in (README, ROOT / "docs" / "deployment.md", CLIENT_README):
+        assert any(command.page == page for command in commands), f"no commands in {page}"
     for pattern in NOT_RUN:
         assert any(re.match(pattern, command.text) for command in commands), (
-            f"NOT_RUN excuses {pattern!r}, which no README command needs any more"
+            f"NOT_RUN excuses {pattern!r}, which no command of the pages needs any more"
         )
 
 
@@ -179,20 +225,22 @@ def shell_env(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def test_readme_commands_run_as_written(shell_env: dict) -> None:
-    """The README's commands in its order, as a reader runs them: the `serve`
-    line of "Run it" keeps running (in the background) for the blocks after it."""
+    """The pages' commands in their order, as a reader runs them: the `serve`
+    line of the README's "Run it" keeps running (in the background) for the
+    blocks after it, on every later page too."""
     daemon = None
     try:
-        for command in (c for block in blocks() for c in block.commands):
+        for command in all_commands():
             if excuse(command) is not None:
                 continue
-            where = f"README.md:{command.line}: {command.text}"
+            where = f"{command.page.relative_to(ROOT)}:{command.line}: {command.text}"
             if command.text.startswith("ratekeeper serve"):
+                assert daemon is None, f"{where}: a second `serve` line"
                 daemon = _start(command.text, shell_env, where)
                 continue
             done = subprocess.run(
                 ["bash", "-c", f"set -o pipefail; {command.text}"],
-                cwd=ROOT,
+                cwd=workdir(command.page),
                 env=shell_env,
                 capture_output=True,
                 text=True,
@@ -216,7 +264,7 @@ def test_readme_commands_run_as_written(shell_env: dict) -> None:
 
 
 def _start(text: str, env: dict, where: str) -> subprocess.Popen:
-    """Starts the README's `serve` line and waits until `ratekeeper ping` answers."""
+    """Starts a page's `serve` line and waits until `ratekeeper ping` answers."""
     log = open(Path(env["RATEKEEPER_README_SCRATCH"]) / "serve.log", "w")  # noqa: SIM115 (closed by the caller)
     daemon = subprocess.Popen(
         ["bash", "-c", f"exec {text}"],
@@ -240,3 +288,75 @@ def _start(text: str, env: dict, where: str) -> subprocess.Popen:
 
 def _log(env: dict) -> str:
     return (Path(env["RATEKEEPER_README_SCRATCH"]) / "serve.log").read_text()
+
+
+#: A Markdown link's target: `[text](target)` or `[text](target "title")`.
+LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def links(page: Path) -> list:
+    """(line, target) of every inline link on a page, outside code blocks
+    and code spans."""
+    found, fenced = [], False
+    for number, line in enumerate(page.read_text().splitlines(), start=1):
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        prose = re.sub(r"(`+)(?:(?!\1).)+\1", "", line)
+        found.extend((number, match.group(1)) for match in LINK.finditer(prose))
+    return found
+
+
+def anchors(page: Path) -> set:
+    """The anchors a page's headings get, as GitHub makes them: lower case,
+    punctuation dropped, spaces to hyphens, a repeated one numbered."""
+    seen: dict = {}
+    fenced = False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6} (.*)", line)
+        if heading is None:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+    return {
+        slug if n == 0 else f"{slug}-{n}" for slug, count in seen.items() for n in range(count + 1)
+    }
+
+
+def test_every_relative_link_leads_to_a_file() -> None:
+    """A link of the README, the manual, the client's README or the
+    benchmarks' list names a file or directory that exists, and an anchor
+    into a Markdown file names one of its headings."""
+    checked = 0
+    broken = []
+    for page in [*pages(), *LINKED_PAGES]:
+        for number, target in links(page):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):
+                continue  # https:, mailto: ...
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(ROOT)}:{number}: {target}"
+            checked += 1
+            if not file.exists():
+                broken.append(f"{where}: no such file")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+                broken.append(f"{where}: no heading #{anchor}")
+            elif ROOT not in file.parents and file != ROOT:
+                broken.append(f"{where}: outside the repository")
+    assert checked >= 100, "the pages' links were not found"
+    assert not broken, "\n".join(broken)
+
+
+def test_the_link_reader_skips_code_and_knows_headings(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# A `code` title: here\n## Again\n## Again\n"
+        '[a](b.md#c) `[x](not-a-link)` [[leases]](#a-code-title-here "t")\n'
+        "```sh\n[y](not-either)\n```\n"
+    )
+    assert links(page) == [(4, "b.md#c"), (4, "#a-code-title-here")]
+    assert anchors(page) == {"a-code-title-here", "again", "again-1"}
