@@ -260,6 +260,7 @@ impl App {
         Ok(server::bind(
             &config.server.socket,
             config.server.socket_mode,
+            config.server.allow_world_writable_dir,
         )?)
     }
 

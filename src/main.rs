@@ -165,8 +165,9 @@ Exit codes: 0 counted, 1 bad JSON, a prompt above the bounds, or a model openai 
 
 #[derive(clap::Args)]
 struct SocketArgs {
-    /// Path of the daemon's Unix socket.
-    #[arg(long, short, env = config::ENV_SOCKET, default_value = config::DEFAULT_SOCKET_PATH)]
+    /// Path of the daemon's Unix socket [default: $XDG_RUNTIME_DIR/ratekeeper.sock,
+    /// else /run/ratekeeper/ratekeeper.sock]
+    #[arg(long, short, env = config::ENV_SOCKET, default_value_os_t = config::default_socket_path(), hide_default_value = true)]
     socket: PathBuf,
 }
 

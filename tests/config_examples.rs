@@ -52,7 +52,10 @@ fn assert_common_limits(config: &Config) {
 #[test]
 fn example_config_validates() {
     let config = load("examples/ratekeeper.toml");
-    assert_eq!(config.server.socket, PathBuf::from("/tmp/ratekeeper.sock"));
+    assert_eq!(
+        config.server.socket,
+        ratekeeper::config::default_socket_path()
+    );
     assert_eq!(config.server.socket_mode, 0o660);
     assert!(config.redis.is_none());
     assert_common_limits(&config);

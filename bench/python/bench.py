@@ -42,7 +42,8 @@ compare across modes: the sidecar's coalescing shows as script calls below
 one per acquire. Run it with bench/python/run.sh, which starts Redis and the
 sidecar and passes their pids.
 
-    python bench/python/bench.py --socket /tmp/rk.sock --redis redis://127.0.0.1:6379/0 \\
+    python bench/python/bench.py --socket "$XDG_RUNTIME_DIR/rk.sock" \\
+        --redis redis://127.0.0.1:6379/0 \\
         --daemon-pid 1234 --redis-pid 1233 --shapes 1x1 1x8 4x8
 """
 

@@ -11,9 +11,10 @@ all of them alike; prints the median and the range of the rounds.
 frames (one `sendall`, one `recv_into`, one `unpack_from` each): the system
 calls and the wake-ups that no Python client can avoid.
 
-    python bench/python/cpu.py --socket /tmp/rk.sock --clients after=clients/python/src \\
+    python bench/python/cpu.py --socket "$XDG_RUNTIME_DIR/rk.sock" \\
+        --clients after=clients/python/src \\
         before=/tmp/before/clients/python/src --rounds 8 -n 10000 --settle report
-    python bench/python/cpu.py --socket /tmp/rk.sock --profile 5000   # cProfile, sync
+    python bench/python/cpu.py --socket "$XDG_RUNTIME_DIR/rk.sock" --profile 5000   # cProfile, sync
 
 Run it with bench/python/run-cpu.sh, which starts Redis and the sidecar.
 """

@@ -28,7 +28,7 @@ prints a Markdown table for each:
 
 Standard library only; Redis is spoken to over a plain socket.
 
-    python3 bench/saturation/saturation.py --port 6379 --socket /tmp/rk.sock \\
+    python3 bench/saturation/saturation.py --port 6379 --socket "$XDG_RUNTIME_DIR/rk.sock" \\
         --ratekeeper target/release/ratekeeper --loadgen target/release/ratekeeper-loadgen
 """
 

@@ -25,8 +25,9 @@ acquires_per_second and latency percentiles in microseconds. Used by bench/ and 
 Exit codes: 0 the run completed, 1 the daemon was unreachable, 2 usage error."
 )]
 struct LoadOptions {
-    /// Path of the daemon's Unix socket.
-    #[arg(long, short, env = config::ENV_SOCKET, default_value = config::DEFAULT_SOCKET_PATH)]
+    /// Path of the daemon's Unix socket [default: $XDG_RUNTIME_DIR/ratekeeper.sock,
+    /// else /run/ratekeeper/ratekeeper.sock]
+    #[arg(long, short, env = config::ENV_SOCKET, default_value_os_t = config::default_socket_path(), hide_default_value = true)]
     socket: PathBuf,
     /// The limit to draw from.
     limit: String,

@@ -32,10 +32,11 @@ use std::path::{Path, PathBuf};
 pub use env::{ENV_METRICS_LISTEN, ENV_REDIS_URL, ENV_SOCKET};
 pub use model::{
     BucketKind, Config, DEFAULT_BURST_HEADROOM_MS, DEFAULT_KEY_PREFIX, DEFAULT_MAX_OUTPUT_TOKENS,
-    DEFAULT_SOCKET_PATH, DisconnectRule, EnforcementWindow, FailurePolicy, GroupConfig,
-    LeaseConfig, LimitConfig, LimitMode, MAX_BURST, MAX_RATE_PER_MINUTE, MAX_SOCKET_MODE,
-    MAX_SOCKET_PATH_LEN, MAX_WAIT_MS, MetricsConfig, PriorityClass, RedisConfig, SentinelMaster,
-    ServerConfig, TokenBuckets, TokenRate,
+    DisconnectRule, EnforcementWindow, FailurePolicy, GroupConfig, LeaseConfig, LimitConfig,
+    LimitMode, MAX_BURST, MAX_RATE_PER_MINUTE, MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, MAX_WAIT_MS,
+    MetricsConfig, PriorityClass, RedisConfig, SESSION_SOCKET_NAME, SYSTEM_SOCKET_PATH,
+    SentinelMaster, ServerConfig, TokenBuckets, TokenRate, default_socket_path,
+    default_socket_path_in,
 };
 pub use render::mask_redis_url;
 

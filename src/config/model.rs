@@ -10,9 +10,32 @@ use serde::{Deserialize, Serialize};
 pub use crate::limiter::FailurePolicy;
 use crate::tokens::Encoding;
 
-/// Socket the daemon listens on when neither the file nor the environment
-/// names one.
-pub const DEFAULT_SOCKET_PATH: &str = "/tmp/ratekeeper.sock";
+/// Socket of a daemon run as a system service (systemd's
+/// `RuntimeDirectory=ratekeeper`, the Kubernetes manifests) when neither the
+/// file nor the environment names one, and no `$XDG_RUNTIME_DIR` is set.
+pub const SYSTEM_SOCKET_PATH: &str = "/run/ratekeeper/ratekeeper.sock";
+/// The socket's name in a login session's `$XDG_RUNTIME_DIR`.
+pub const SESSION_SOCKET_NAME: &str = "ratekeeper.sock";
+
+/// The socket the daemon listens on, and its clients connect to, when
+/// neither the file nor the environment names one: in the user's own
+/// runtime directory (`$XDG_RUNTIME_DIR`, private to its user) when the
+/// session has one, else [`SYSTEM_SOCKET_PATH`]. Never in a directory every
+/// user can write, such as `/tmp`: another local user could bind the path
+/// first and receive every worker's prompts (issue 27). The Python client
+/// computes the same path.
+pub fn default_socket_path() -> PathBuf {
+    default_socket_path_in(std::env::var_os("XDG_RUNTIME_DIR").as_deref())
+}
+
+/// [`default_socket_path`] for a given `$XDG_RUNTIME_DIR` (ignored unless
+/// it is an absolute path, as the XDG specification says).
+pub fn default_socket_path_in(runtime_dir: Option<&std::ffi::OsStr>) -> PathBuf {
+    match runtime_dir.map(std::path::Path::new) {
+        Some(dir) if dir.is_absolute() => dir.join(SESSION_SOCKET_NAME),
+        _ => PathBuf::from(SYSTEM_SOCKET_PATH),
+    }
+}
 /// First part of every Redis key when `redis.key_prefix` is not set.
 pub const DEFAULT_KEY_PREFIX: &str = "ratekeeper";
 /// Output tokens a messages cost reserves when it names no maximum and the
@@ -129,6 +152,9 @@ pub struct ServerConfig {
     pub socket: PathBuf,
     /// File mode of the socket, e.g. `0o660`.
     pub socket_mode: u32,
+    /// Whether the socket may be in a directory every user can write
+    /// (`/tmp`): off, since another user could bind the path first.
+    pub allow_world_writable_dir: bool,
     /// When non-empty, only peers with one of these uids may connect.
     pub allowed_uids: Vec<u32>,
     /// When non-empty, only peers with one of these gids may connect.
@@ -151,8 +177,9 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            socket: PathBuf::from(DEFAULT_SOCKET_PATH),
+            socket: default_socket_path(),
             socket_mode: 0o660,
+            allow_world_writable_dir: false,
             allowed_uids: Vec::new(),
             allowed_gids: Vec::new(),
             drain_timeout_ms: 10_000,

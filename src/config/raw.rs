@@ -44,6 +44,7 @@ pub(super) struct RawMetrics {
 pub(super) struct RawServer {
     pub socket: Option<Spanned<String>>,
     pub socket_mode: Option<Spanned<String>>,
+    pub allow_world_writable_dir: Option<bool>,
     pub allowed_uids: Option<Vec<Spanned<i64>>>,
     pub allowed_gids: Option<Vec<Spanned<i64>>>,
     pub drain_timeout_ms: Option<Spanned<i64>>,

@@ -21,6 +21,7 @@ impl Config {
             server: EffectiveServer {
                 socket: self.server.socket.to_string_lossy().into_owned(),
                 socket_mode: format!("{:04o}", self.server.socket_mode),
+                allow_world_writable_dir: self.server.allow_world_writable_dir,
                 allowed_uids: &self.server.allowed_uids,
                 allowed_gids: &self.server.allowed_gids,
                 drain_timeout_ms: self.server.drain_timeout_ms,
@@ -91,6 +92,7 @@ struct EffectiveFile<'a> {
 struct EffectiveServer<'a> {
     socket: String,
     socket_mode: String,
+    allow_world_writable_dir: bool,
     allowed_uids: &'a [u32],
     allowed_gids: &'a [u32],
     drain_timeout_ms: u64,

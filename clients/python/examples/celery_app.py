@@ -1,7 +1,7 @@
 r"""A Celery worker whose prefork children share one rate limit through the sidecar.
 
 From the repository root, with the sidecar running (see the README's "Run it")
-on RATEKEEPER_SOCKET or /tmp/ratekeeper.sock, OPENAI_API_KEY set
+on RATEKEEPER_SOCKET or the default socket, OPENAI_API_KEY set
 (OPENAI_BASE_URL points the SDK at another server), and Redis as the broker
 and result store at CELERY_BROKER_URL (default redis://127.0.0.1:6379/0):
 

@@ -1,7 +1,7 @@
 r"""A FastAPI service whose uvicorn workers share one rate limit through the sidecar.
 
 From the repository root, with the sidecar running (see the README's "Run it")
-on RATEKEEPER_SOCKET or /tmp/ratekeeper.sock, and OPENAI_API_KEY set
+on RATEKEEPER_SOCKET or the default socket, and OPENAI_API_KEY set
 (OPENAI_BASE_URL points the SDK at another server):
 
     pip install './clients/python[openai]' fastapi uvicorn

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import resource
 import socket
+import subprocess
 import threading
 import time
 import warnings
@@ -18,7 +21,7 @@ import pytest
 from ratekeeper import AsyncClient, Client, SidecarUnavailable, SidecarUnavailableWarning
 from ratekeeper import _protocol as p
 
-from _daemon import Daemon
+from _daemon import Daemon, daemon_binary, wait_for
 
 CONFIG = """
 [[limits]]
@@ -214,4 +217,88 @@ def test_idle_connections_beyond_the_cap_never_lock_a_busy_worker_out():
     finally:
         for leaked in flood:
             leaked.close()
+        daemon.close()
+
+
+@pytest.mark.parametrize(
+    "runtime_dir", [None, "", "relative/dir", "/run/user/1000"], ids=lambda d: repr(d)
+)
+def test_the_default_socket_is_the_daemons_and_never_in_tmp(monkeypatch, tmp_path, runtime_dir):
+    """Issue 27: both sides defaulted to /tmp/ratekeeper.sock, which any local
+    user can bind first. Now the session's runtime directory, else
+    /run/ratekeeper, computed alike by the client and the daemon."""
+    monkeypatch.delenv("RATEKEEPER_SOCKET", raising=False)
+    env = {key: value for key, value in os.environ.items() if key != "RATEKEEPER_SOCKET"}
+    if runtime_dir is None:
+        monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+        env.pop("XDG_RUNTIME_DIR", None)
+    else:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", runtime_dir)
+        env["XDG_RUNTIME_DIR"] = runtime_dir
+    no_socket = tmp_path / "ratekeeper.toml"
+    no_socket.write_text("")
+    effective = subprocess.run(
+        [str(daemon_binary()), "check-config", str(no_socket)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    daemons = re.search(r'^socket = "([^"]*)"', effective, re.MULTILINE)
+    assert daemons is not None, effective
+    expected = (
+        "/run/user/1000/ratekeeper.sock"
+        if runtime_dir == "/run/user/1000"
+        else "/run/ratekeeper/ratekeeper.sock"
+    )
+    assert (Client().socket_path, daemons.group(1)) == (expected, expected)
+
+
+def test_a_daemon_not_running_as_the_expected_uid_is_refused_before_hello():
+    """Issue 27: no client checked who the daemon is. With `expected_uid` (or
+    RATEKEEPER_EXPECTED_UID) the kernel's word on the listening process
+    (SO_PEERCRED) decides, before the client sends anything."""
+    daemon = Daemon(CONFIG).start()
+    try:
+        impostor_uid = os.getuid() + 1
+        wary = Client(daemon.socket, name="wary-client", expected_uid=impostor_uid)
+        with pytest.raises(SidecarUnavailable, match=f"not the expected uid {impostor_uid}"):
+            wary.acquire("roomy", 10)
+        trusting = Client(daemon.socket, name="trusting-client", expected_uid=os.getuid())
+        trusting.acquire("roomy", 10).report(10)
+        trusting.close()
+        wait_for(lambda: "trusting-client" in daemon.log(), 10, "the daemon to log the client")
+        # Its Hello, which names the client, was never sent.
+        assert "wary-client" not in daemon.log()
+    finally:
+        daemon.close()
+
+
+def test_the_expected_uid_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RATEKEEPER_EXPECTED_UID", "1234")
+    assert Client("/nowhere.sock").expected_uid == 1234
+    monkeypatch.setenv("RATEKEEPER_EXPECTED_UID", "ratekeeper")
+    with pytest.raises(ValueError, match="RATEKEEPER_EXPECTED_UID must be a uid"):
+        Client("/nowhere.sock")
+    monkeypatch.delenv("RATEKEEPER_EXPECTED_UID")
+    assert Client("/nowhere.sock").expected_uid is None
+
+
+def test_an_async_client_checks_the_expected_uid_too():
+    daemon = Daemon(CONFIG).start()
+
+    async def acquire_as(uid: int) -> None:
+        client = AsyncClient(daemon.socket, expected_uid=uid, connect_timeout=1)
+        try:
+            lease = await client.acquire("roomy", 10)
+            await lease.report(10)
+        finally:
+            await client.close()
+
+    try:
+        with pytest.raises(SidecarUnavailable, match="not the expected uid"):
+            asyncio.run(acquire_as(os.getuid() + 1))
+        asyncio.run(acquire_as(os.getuid()))
+    finally:
         daemon.close()

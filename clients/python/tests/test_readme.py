@@ -57,8 +57,9 @@ NOT_RUN = {
     "tests/deploy_examples.rs checks the unit and its config (systemd-analyze verify)",
     r"echo '[^']*' \| sudo ": "part of the systemd installation (see sudo)",
     r"kubectl ": "needs a Kubernetes cluster; tests/deploy_examples.rs checks the manifests",
-    r"RATEKEEPER_SOCKET=/tmp/rk-[ab]\.sock ratekeeper ": "the quick start's two sidecars need a "
+    r"RATEKEEPER_SOCKET=\$RK/[ab]\.sock ratekeeper ": "the quick start's two sidecars need a "
     "Redis at 127.0.0.1:6379; clients/python/tests/test_redis.py runs two sidecars on one Redis",
+    r"export RK=": "the quick start's directory for its two sockets (see the lines after it)",
     r"python3 -m venv \.\./\.\./target/python-venv$": "the development virtualenv these tests "
     "run in: making it again would change it under them",
     r"\.\./\.\./target/python-venv/bin/pip install ": "installs into the development "

@@ -38,6 +38,9 @@ pub(super) fn resolve_server(server: RawServer, out: &mut ServerConfig, d: &mut 
             ),
         }
     }
+    if let Some(allow) = server.allow_world_writable_dir {
+        out.allow_world_writable_dir = allow;
+    }
     for (field, ids, target) in [
         ("allowed_uids", server.allowed_uids, &mut out.allowed_uids),
         ("allowed_gids", server.allowed_gids, &mut out.allowed_gids),

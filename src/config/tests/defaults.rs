@@ -2,11 +2,31 @@
 
 use super::*;
 
+/// Issue 27: the default socket was `/tmp/ratekeeper.sock`, a path any
+/// local user can bind first. Now the session's private runtime directory,
+/// or the system's.
+#[test]
+fn the_default_socket_is_in_a_directory_only_its_user_writes() {
+    use std::ffi::OsStr;
+    assert_eq!(
+        default_socket_path_in(Some(OsStr::new("/run/user/1000"))),
+        PathBuf::from("/run/user/1000/ratekeeper.sock")
+    );
+    for unusable in [None, Some(OsStr::new("")), Some(OsStr::new("relative/dir"))] {
+        assert_eq!(
+            default_socket_path_in(unusable),
+            PathBuf::from("/run/ratekeeper/ratekeeper.sock"),
+            "{unusable:?}"
+        );
+    }
+}
+
 #[test]
 fn config_defaults_without_a_file() {
     let config = load(None, no_env).unwrap();
     assert_eq!(config, Config::default());
-    assert_eq!(config.server.socket, PathBuf::from("/tmp/ratekeeper.sock"));
+    assert_eq!(config.server.socket, default_socket_path());
+    assert!(!config.server.allow_world_writable_dir);
     assert_eq!(config.server.socket_mode, 0o660);
     assert_eq!(config.server.drain_timeout_ms, 10_000);
     assert!(config.redis.is_none());

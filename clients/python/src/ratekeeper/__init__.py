@@ -2,7 +2,7 @@
 
     from ratekeeper import Client
 
-    limiter = Client()  # RATEKEEPER_SOCKET, else /tmp/ratekeeper.sock
+    limiter = Client()  # RATEKEEPER_SOCKET, else the daemon's default socket
     with limiter.reserve("gpt-4o", tokens=1200, max_tokens=800) as lease:
         response = call_the_provider()
         lease.report(response.usage.total_tokens)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import socket
+import struct
 import sys
 import time
 import urllib.error
@@ -34,10 +36,14 @@ from ._requests import MessageLike as MessageLike  # for the clients' signatures
 
 log = logging.getLogger("ratekeeper")
 
-#: The daemon's socket when neither the argument nor RATEKEEPER_SOCKET names one.
-DEFAULT_SOCKET = "/tmp/ratekeeper.sock"
+#: The daemon's socket when neither the argument nor RATEKEEPER_SOCKET names
+#: one and the session has no XDG_RUNTIME_DIR (a system service's, as the
+#: systemd unit and the Kubernetes manifests have it). See `default_socket`.
+DEFAULT_SOCKET = "/run/ratekeeper/ratekeeper.sock"
 #: Environment variable naming the socket, as for the daemon and its CLI.
 ENV_SOCKET = "RATEKEEPER_SOCKET"
+#: Environment variable naming the uid the daemon must run as (`expected_uid`).
+ENV_EXPECTED_UID = "RATEKEEPER_EXPECTED_UID"
 #: Default for `timeout`: how long a call may spend on I/O beyond its own wait.
 DEFAULT_TIMEOUT = 5.0
 #: Default for `connect_timeout`: how long a restarting sidecar is retried.
@@ -51,11 +57,55 @@ OnUnavailable = Literal["raise", "allow"]
 ON_UNAVAILABLE: tuple[OnUnavailable, ...] = ("raise", "allow")
 
 
+def default_socket() -> str:
+    """The daemon's default socket, as the daemon computes it: in the session's
+    own runtime directory (XDG_RUNTIME_DIR, private to its user) when it is an
+    absolute path, else `DEFAULT_SOCKET`. Never in /tmp, where any local user
+    could bind the path first and receive every prompt."""
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(runtime_dir):
+        return os.path.join(runtime_dir, "ratekeeper.sock")
+    return DEFAULT_SOCKET
+
+
 def socket_path(path: Optional[Union[str, os.PathLike]]) -> str:
     """The socket to use: the argument, else RATEKEEPER_SOCKET, else the default."""
     if path is not None:
         return os.fspath(path)
-    return os.environ.get(ENV_SOCKET) or DEFAULT_SOCKET
+    return os.environ.get(ENV_SOCKET) or default_socket()
+
+
+def expected_uid(uid: Optional[int]) -> Optional[int]:
+    """The uid the daemon must run as: the argument, else RATEKEEPER_EXPECTED_UID, else None."""
+    if uid is None:
+        named = os.environ.get(ENV_EXPECTED_UID, "").strip()
+        if not named:
+            return None
+        try:
+            uid = int(named)
+        except ValueError:
+            raise ValueError(
+                f"{ENV_EXPECTED_UID} must be a uid (a number), not {named!r}"
+            ) from None
+    if isinstance(uid, bool) or not isinstance(uid, int) or uid < 0:
+        raise ValueError(f"expected_uid must be a uid (an int >= 0), not {uid!r}")
+    return uid
+
+
+def check_peer(sock: socket.socket, path: str, uid: Optional[int]) -> None:
+    """Raises PermissionError, before anything is sent, when the process
+    listening on `path` does not run as `uid` (None: no check). The kernel
+    says who the peer is (SO_PEERCRED), so a socket another user bound first
+    gets no prompt."""
+    if uid is None:
+        return
+    credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, peer_uid, _gid = struct.unpack("3i", credentials)
+    if peer_uid != uid:
+        raise PermissionError(
+            f"the process listening on {path} runs as uid {peer_uid}, not the expected "
+            f"uid {uid} (expected_uid, {ENV_EXPECTED_UID}): nothing was sent to it"
+        )
 
 
 def default_client_name() -> str:

@@ -144,18 +144,26 @@ class Connection:
             self._received()
 
     @classmethod
-    async def open(cls, path: str, client_name: str, deadline: core.Deadline) -> Connection:
-        """Connects to `path` and exchanges `Hello`, within `deadline` (at least 50 ms)."""
+    async def open(
+        cls,
+        path: str,
+        client_name: str,
+        deadline: core.Deadline,
+        expected_uid: Optional[int] = None,
+    ) -> Connection:
+        """Connects to `path` and exchanges `Hello`, within `deadline` (at least
+        50 ms), once the peer is known to run as `expected_uid` (when given)."""
         remaining = deadline.remaining()
         try:
             return await asyncio.wait_for(
-                cls._open(path, client_name), None if remaining is None else max(remaining, 0.05)
+                cls._open(path, client_name, expected_uid),
+                None if remaining is None else max(remaining, 0.05),
             )
         except asyncio.TimeoutError:  # not an OSError before Python 3.11
             raise TimeoutError("no answer to Hello within the deadline") from None
 
     @classmethod
-    async def _open(cls, path: str, client_name: str) -> Connection:
+    async def _open(cls, path: str, client_name: str, expected_uid: Optional[int]) -> Connection:
         session = core.Session(client_name)
         hello_id, hello = session.hello_frame()
         loop = asyncio.get_running_loop()
@@ -165,6 +173,7 @@ class Connection:
         try:
             sock.setblocking(False)
             await loop.sock_connect(sock, path)
+            core.check_peer(sock, path, expected_uid)
             transport, protocol = await loop.create_unix_connection(
                 lambda: _Protocol(session, hello_id), sock=sock
             )

@@ -181,14 +181,22 @@ class Connection:
         self._deliver_all((frame.request_id, frame.response) for frame in leftover)
 
     @classmethod
-    def open(cls, path: str, client_name: str, deadline: core.Deadline) -> Connection:
-        """Connects to `path` and exchanges `Hello`, within `deadline` (at least 50 ms)."""
+    def open(
+        cls,
+        path: str,
+        client_name: str,
+        deadline: core.Deadline,
+        expected_uid: Optional[int] = None,
+    ) -> Connection:
+        """Connects to `path` and exchanges `Hello`, within `deadline` (at least
+        50 ms), once the peer is known to run as `expected_uid` (when given)."""
         session = core.Session(client_name)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             remaining = deadline.remaining()
             sock.settimeout(None if remaining is None else max(remaining, 0.05))
             sock.connect(path)
+            core.check_peer(sock, path, expected_uid)
             hello_id, hello = session.hello_frame()
             sock.sendall(hello)
             leftover = None

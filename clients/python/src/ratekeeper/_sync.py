@@ -51,7 +51,12 @@ class Client:
     fork-safe; the asyncio client by the tasks of an event loop (another loop,
     or a forked child, opens a connection of its own).
 
-    `socket` defaults to RATEKEEPER_SOCKET, else /tmp/ratekeeper.sock.
+    `socket` defaults to RATEKEEPER_SOCKET, else the daemon's own default
+    (`$XDG_RUNTIME_DIR/ratekeeper.sock`, else `/run/ratekeeper/ratekeeper.sock`).
+    `expected_uid` (default: RATEKEEPER_EXPECTED_UID, else no check) is the
+    uid the daemon must run as: a socket served by another user's process
+    (one that bound the path first) is refused before anything is sent, with
+    `SidecarUnavailable`.
     `timeout` (seconds) bounds what a call spends beyond its own `max_wait`:
     connecting, reconnecting after the sidecar restarted, and waiting for an
     answer that is not held back. `connect_timeout` (seconds, default 5)
@@ -76,8 +81,10 @@ class Client:
         timeout: float = core.DEFAULT_TIMEOUT,
         connect_timeout: float = core.DEFAULT_CONNECT_TIMEOUT,
         on_unavailable: core.OnUnavailable = "raise",
+        expected_uid: Optional[int] = None,
     ) -> None:
         self.socket_path = core.socket_path(socket)
+        self.expected_uid = core.expected_uid(expected_uid)
         self.name = name
         self.timeout = core.check_seconds("timeout", timeout)
         self.connect_timeout = core.check_seconds("connect_timeout", connect_timeout)
@@ -104,7 +111,7 @@ class Client:
         last: Optional[BaseException] = None
         for delay in core.reconnect_delays():
             try:
-                conn = Connection.open(self.socket_path, name, deadline)
+                conn = Connection.open(self.socket_path, name, deadline, self.expected_uid)
             except (OSError, ConnectionLost) as error:
                 last = error
                 if core.sidecar_restarting(error):
