@@ -864,3 +864,64 @@ async fn sidecars_with_different_shapes_warn_show_it_and_draw_the_smaller() {
         small.log()
     );
 }
+
+/// The Redis ACL docs/security.md gives the daemon's user: every command it
+/// sends, and every command its scripts call, on its own keys only. A
+/// daemon restricted to it acquires, reports, takes feedback, reloads its
+/// scripts after a flush and shows its status; Redis logs no denial.
+#[tokio::test]
+async fn the_documented_acl_is_all_the_daemon_needs() {
+    let security = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/security.md"),
+    )
+    .expect("docs/security.md");
+    let rule = security
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("ACL SETUSER ratekeeper "))
+        .expect("docs/security.md gives an `ACL SETUSER ratekeeper …` line");
+    let server = RedisServer::start();
+    let mut setuser = vec!["ACL", "SETUSER", "ratekeeper"];
+    setuser.extend(rule.split_whitespace());
+    // The documented password placeholder, replaced by the test's own.
+    let setuser: Vec<&str> = setuser
+        .into_iter()
+        .map(|word| {
+            if word.starts_with('>') {
+                ">acl-test-secret"
+            } else {
+                word
+            }
+        })
+        .collect();
+    assert_eq!(server.cli(&setuser).as_deref(), Some("OK"));
+    let url = format!(
+        "url = \"redis://ratekeeper:acl-test-secret@127.0.0.1:{}/0\"",
+        server.port
+    );
+    let daemon = Daemon::start(&config(&url, ""));
+    let client = daemon.client().await;
+    for round in 0..3 {
+        if round == 1 {
+            assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).unwrap(), "OK");
+        }
+        let lease = lease_of(client.call(acquire("mini", 10, 0)).await.unwrap());
+        let settled = client.call(report(lease, 4)).await.unwrap();
+        assert_eq!(settled, Response::Settled { tokens_returned: 6 });
+    }
+    let noted = client
+        .call(feedback(
+            "gpt",
+            200,
+            10,
+            &[("x-ratelimit-remaining-tokens", "500")],
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(noted, Response::Noted { .. }), "{noted:?}");
+    assert!(!levels(&client, "mini").await.is_empty());
+    assert_eq!(
+        server.cli(&["ACL", "LOG"]).unwrap_or_default().trim(),
+        "",
+        "Redis denied the daemon's user something"
+    );
+}
