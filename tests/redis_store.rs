@@ -581,6 +581,118 @@ async fn a_sentinel_store_follows_a_failover() {
     assert_eq!(key_on_new_primary, "1");
 }
 
+/// A Sentinel spoken to over TLS, on its TLS port only.
+struct TlsSentinel {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for TlsSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Issue 27, security item 1: with every Sentinel behind `rediss://` and
+/// `tls_ca_file` set, the connection to the primary the Sentinels named was
+/// still plain TCP, so `master_password` crossed the network in clear. The
+/// Sentinel here names the primary's TLS port, where a plain connection
+/// gets nowhere: acquires succeed only over TLS, with the password.
+#[tokio::test]
+async fn a_primary_found_through_tls_sentinels_is_reached_over_tls() {
+    use ratekeeper::limiter::redis::{PrimaryAuth, RedisNodes, RedisSettings};
+    let certificates = tempfile::tempdir().unwrap();
+    make_certificates(certificates.path());
+    let file = |name: &str| certificates.path().join(name).display().to_string();
+    let tls_port = support::redis::free_port();
+    let primary = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        &file("server.pem"),
+        "--tls-key-file",
+        &file("server.key"),
+        "--tls-ca-cert-file",
+        &file("ca.pem"),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    assert_eq!(
+        primary
+            .cli(&["CONFIG", "SET", "requirepass", "primary-secret"])
+            .as_deref(),
+        Some("OK")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let sentinel_port = support::redis::free_port();
+    let config = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "port 0\ntls-port {sentinel_port}\nbind 127.0.0.1\ndir {dir}\n\
+             tls-cert-file {cert}\ntls-key-file {key}\ntls-ca-cert-file {ca}\n\
+             tls-auth-clients no\ntls-replication yes\n\
+             sentinel monitor {master} 127.0.0.1 {tls_port} 1\n\
+             sentinel auth-pass {master} primary-secret\n",
+            dir = dir.path().display(),
+            cert = file("server.pem"),
+            key = file("server.key"),
+            ca = file("ca.pem"),
+            master = support::redis::SENTINEL_MASTER,
+        ),
+    )
+    .unwrap();
+    let _sentinel = TlsSentinel {
+        child: std::process::Command::new("redis-server")
+            .arg(&config)
+            .arg("--sentinel")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel"),
+        _dir: dir,
+    };
+    let settings = RedisSettings {
+        nodes: RedisNodes::Sentinel {
+            sentinels: vec![format!("rediss://127.0.0.1:{sentinel_port}")],
+            master: support::redis::SENTINEL_MASTER.into(),
+            auth: PrimaryAuth {
+                password: Some("primary-secret".into()),
+                ..PrimaryAuth::default()
+            },
+        },
+        display: "tls sentinels".into(),
+        tls_ca_file: Some(certificates.path().join("ca.pem")),
+        pool_size: 1,
+        timeout: std::time::Duration::from_millis(500),
+        connect_timeout: std::time::Duration::from_millis(500),
+    };
+    let store = RedisStore::new(&settings).unwrap();
+    let tokens = bucket("rk:{l:tls}:t:tokens", 1000, 60);
+    // The Sentinel takes a moment to start listening.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let last = loop {
+        let attempt = store.acquire(&[draw(&tokens, 10)], 0).await;
+        if attempt.is_ok() || std::time::Instant::now() > deadline {
+            break attempt;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(
+        matches!(last, Ok(Decision::Granted { .. })),
+        "through the TLS Sentinel: {last:?}"
+    );
+    let on_primary = primary.cli(&[
+        "-a",
+        "primary-secret",
+        "--no-auth-warning",
+        "EXISTS",
+        &tokens.key,
+    ]);
+    assert_eq!(on_primary.as_deref(), Some("1"));
+}
+
 /// `lua/slots.lua` and the embedded store's slots agree, take for take,
 /// through gives, retried takes and holders presumed lost after the
 /// timeout.

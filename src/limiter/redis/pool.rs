@@ -201,6 +201,60 @@ impl Slot {
     }
 }
 
+/// The client that asks the Sentinels for the primary and connects to it.
+/// Sentinels reached over TLS (`rediss://`) mean a primary reached over TLS
+/// too, verified against the same CA: its password must not cross the
+/// network in clear (issue 27). The Sentinels' own credentials come from
+/// their URLs (the first that has any), the primary's from `auth`.
+fn sentinel_client(
+    sentinels: &[String],
+    master: &str,
+    auth: &PrimaryAuth,
+    certificates: Option<redis::TlsCertificates>,
+) -> redis::RedisResult<redis::sentinel::SentinelClient> {
+    use redis::IntoConnectionInfo;
+    let nodes = sentinels
+        .iter()
+        .map(|url| url.as_str().into_connection_info())
+        .collect::<redis::RedisResult<Vec<_>>>()?;
+    let over_tls = nodes
+        .iter()
+        .any(|node| matches!(node.addr(), redis::ConnectionAddr::TcpTls { .. }));
+    let mut builder = redis::sentinel::SentinelClientBuilder::new(
+        nodes.iter().map(|node| node.addr().clone()),
+        master,
+        redis::sentinel::SentinelServerType::Master,
+    )?
+    .set_client_to_redis_db(auth.db);
+    if let Some(sentinel) = nodes
+        .iter()
+        .map(|node| node.redis_settings())
+        .find(|settings| settings.password().is_some())
+    {
+        if let Some(username) = sentinel.username() {
+            builder = builder.set_client_to_sentinel_username(username);
+        }
+        if let Some(password) = sentinel.password() {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+    }
+    if let Some(username) = &auth.username {
+        builder = builder.set_client_to_redis_username(username);
+    }
+    if let Some(password) = &auth.password {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    if over_tls {
+        builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+        if let Some(certificates) = certificates {
+            builder = builder
+                .set_client_to_sentinel_certificates(certificates.clone())
+                .set_client_to_redis_certificates(certificates);
+        }
+    }
+    builder.build()
+}
+
 impl Pool {
     /// Builds the clients; connections open on first use, so the daemon
     /// starts (and applies its failure policy) even while Redis is down.
@@ -249,29 +303,12 @@ impl Pool {
                 sentinels,
                 master,
                 auth,
-            } => {
-                let mut primary = redis::RedisConnectionInfo::default().set_db(auth.db);
-                if let Some(username) = &auth.username {
-                    primary = primary.set_username(username);
-                }
-                if let Some(password) = &auth.password {
-                    primary = primary.set_password(password);
-                }
-                let node = redis::sentinel::SentinelNodeConnectionInfo::default()
-                    .set_redis_connection_info(primary);
-                Connector::Sentinel {
-                    client: Mutex::new(
-                        redis::sentinel::SentinelClient::build(
-                            sentinels.clone(),
-                            master.clone(),
-                            Some(node),
-                            redis::sentinel::SentinelServerType::Master,
-                        )
-                        .map_err(invalid)?,
-                    ),
-                    config: single_config(settings),
-                }
-            }
+            } => Connector::Sentinel {
+                client: Mutex::new(
+                    sentinel_client(sentinels, master, auth, certificates).map_err(invalid)?,
+                ),
+                config: single_config(settings),
+            },
         };
         Ok(Pool {
             connector,
