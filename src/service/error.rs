@@ -50,6 +50,16 @@ pub enum ServiceError {
         waiting: usize,
         max: usize,
     },
+    /// The prompts waiting to be counted hold too much memory for one more.
+    #[error(
+        "the prompts waiting to be counted hold {held_mib} MiB (at most {max_mib} MiB): \
+         no room for one more of {bytes} bytes; retry later"
+    )]
+    CountingMemoryBusy {
+        held_mib: usize,
+        bytes: usize,
+        max_mib: usize,
+    },
     /// A fault of the daemon's own (a counting task that died, …).
     #[error("{0}")]
     Internal(String),
@@ -83,7 +93,9 @@ impl ServiceError {
                     ErrorCode::Internal
                 }
             },
-            ServiceError::CountingBusy { .. } => ErrorCode::Overloaded,
+            ServiceError::CountingBusy { .. } | ServiceError::CountingMemoryBusy { .. } => {
+                ErrorCode::Overloaded
+            }
             ServiceError::FeedbackTooLarge { .. } => ErrorCode::InvalidRequest,
             ServiceError::Store { source, .. } => match source {
                 StoreError::CostExceedsCapacity { .. } => ErrorCode::CostExceedsCapacity,
