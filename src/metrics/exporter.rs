@@ -32,8 +32,14 @@ use crate::service::Service;
 
 /// Connections the listener serves at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 32;
-/// How long a client may take to send its request headers.
+/// How long a client may take to send its request headers (and how long an
+/// idle keep-alive connection is kept).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection may hold a slot, however it behaves: a peer that
+/// never reads its answer would otherwise block the write, and its slot,
+/// for ever (issue 27: 32 such peers held every slot and the kubelet's
+/// probes failed). A scraper reconnects at its next scrape.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
 
 /// `limit`, `bucket` and `tenant` (empty but for tenant buckets).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -326,6 +332,7 @@ pub async fn serve(listener: TcpListener, exporter: Arc<Exporter>, stop: Cancell
                 .serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 _ = connection => {}
+                _ = tokio::time::sleep(CONNECTION_LIFETIME) => {}
                 _ = stop.cancelled() => {}
             }
         });
