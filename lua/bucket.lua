@@ -37,16 +37,24 @@ local function read_stored(key)
     state[5], state[6]
 end
 
+-- How far back the clock may step and still be waited for, ms. A clock
+-- that steps back further (a failover to a node whose clock lags) is
+-- followed from where it is, or refill would freeze until it caught up.
+local CLOCK_STEP_BACK = 1000
+
 -- A stored level brought to `now` with the bucket's capacity and rate: the
--- level and the time it holds for. A clock that stepped back refills
--- nothing. Capped even then: a capacity lowered by a config reload holds at
--- once, as in src/limiter/bucket.rs.
+-- level and the time it holds for. A clock that stepped back a little
+-- refills nothing; one that stepped back further refills from now on.
+-- Capped even then: a capacity lowered by a config reload holds at once,
+-- as in src/limiter/bucket.rs.
 local function refill(level, updated, capacity, rate, now)
   if level == nil then
     return capacity, now
   end
   if now > updated then
     level = level + (now - updated) * rate
+    updated = now
+  elseif updated - now > CLOCK_STEP_BACK then
     updated = now
   end
   return math.min(capacity, level), updated

@@ -1004,3 +1004,30 @@ fn without_marks(decision: Decision) -> Decision {
         other => other,
     }
 }
+
+/// Issue 27, item 10: after a failover to a node whose clock lags the old
+/// primary's, `TIME` steps back, and refill froze until the clock caught up
+/// with the time stored in each bucket. Now a step back of more than a
+/// second is followed from where the clock is: the next operation stores
+/// the new time, and refill goes on from there.
+#[tokio::test]
+async fn the_scripts_follow_a_clock_that_steps_far_back() {
+    use ratekeeper::limiter::redis::BatchOp;
+    let server = RedisServer::start();
+    let redis = store(&server);
+    // One token a ms.
+    let tokens = bucket("rk:{l:clock}:c:tokens", 1000, 60_000);
+    let acquire = |cost| BatchOp::Acquire {
+        draws: vec![draw(&tokens, cost)],
+        max_wait_ms: 0,
+    };
+    let t0 = 1_800_000_000_000;
+    let granted = |results: Vec<ratekeeper::limiter::redis::OpResult>| {
+        matches!(results.as_slice(), [Ok(Some(Decision::Granted { .. }))])
+    };
+    assert!(granted(redis.batch_at(vec![acquire(800)], t0).await));
+    let back = t0 - 60_000;
+    assert!(granted(redis.batch_at(vec![acquire(100)], back).await));
+    assert_eq!(level_at(&redis, &tokens, back).await, 100);
+    assert_eq!(level_at(&redis, &tokens, back + 300).await, 400);
+}

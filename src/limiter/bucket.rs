@@ -268,6 +268,10 @@ impl BucketSpec {
     }
 }
 
+/// How far back a clock may step and still be waited for, ms (as
+/// `CLOCK_STEP_BACK` in `lua/bucket.lua`).
+pub const CLOCK_STEP_BACK_MS: i64 = 1000;
+
 impl BucketState {
     /// A bucket seen for the first time (or whose key expired) is full.
     pub fn full(spec: &BucketSpec, now_ms: i64) -> Self {
@@ -278,13 +282,21 @@ impl BucketState {
     }
 
     /// The state at `now_ms` after continuous refill, capped at capacity.
-    /// A clock that went backwards refills nothing and keeps the later time.
+    /// A clock that went backwards refills nothing and keeps the later time,
+    /// unless it went back more than [`CLOCK_STEP_BACK_MS`]: then refill
+    /// goes on from `now_ms` (a failover to a Redis whose clock lags would
+    /// otherwise freeze the bucket until the clock caught up; issue 27).
     pub fn refilled(self, spec: &BucketSpec, now_ms: i64) -> Self {
         let elapsed = (now_ms - self.updated_ms).max(0);
         let refill = elapsed.saturating_mul(spec.units_per_ms());
+        let stepped_back = self.updated_ms.saturating_sub(now_ms) > CLOCK_STEP_BACK_MS;
         BucketState {
             level: self.level.saturating_add(refill).min(spec.capacity_units()),
-            updated_ms: self.updated_ms.max(now_ms),
+            updated_ms: if stepped_back {
+                now_ms
+            } else {
+                self.updated_ms.max(now_ms)
+            },
         }
     }
 

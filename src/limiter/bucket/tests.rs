@@ -154,6 +154,30 @@ fn refill_is_continuous_and_capped() {
     assert_eq!(later.refilled(&bucket, 100), later);
 }
 
+/// Issue 27, item 10: after a failover to a node whose clock lags, refill
+/// froze until the clock caught up with the stored time. A step back of
+/// more than `CLOCK_STEP_BACK_MS` is followed from where the clock is.
+#[test]
+fn a_clock_that_steps_far_back_refills_from_where_it_is() {
+    let bucket = spec(1000);
+    let before = BucketState {
+        level: -500 * UNITS_PER_TOKEN,
+        updated_ms: 60_000,
+    };
+    let back = 60_000 - CLOCK_STEP_BACK_MS - 1;
+    let stepped = before.refilled(&bucket, back);
+    assert_eq!(
+        stepped.level, before.level,
+        "the step itself refills nothing"
+    );
+    assert_eq!(stepped.updated_ms, back);
+    let after = stepped.refilled(&bucket, back + 300);
+    assert_eq!(after.tokens(&bucket), -200);
+    // A step within the bound keeps waiting for the stored time.
+    let small = before.refilled(&bucket, 60_000 - CLOCK_STEP_BACK_MS);
+    assert_eq!(small, before);
+}
+
 #[test]
 fn adjustments_refund_and_debit_but_never_overfill() {
     let bucket = spec(1000);
