@@ -180,10 +180,15 @@ impl Planner {
         }
         let limit = self.find_limit(limit)?;
         let class = self.find_class(limit, priority)?;
-        let max_wait_ms = max_wait_ms.unwrap_or(class.max_wait_ms);
-        if max_wait_ms > MAX_WAIT_MS {
-            return Err(PlanError::MaxWaitTooLong(max_wait_ms));
+        if let Some(asked) = max_wait_ms.filter(|&asked| asked > MAX_WAIT_MS) {
+            return Err(PlanError::MaxWaitTooLong(asked));
         }
+        // The class's wait is also the longest its acquires may ask for: a
+        // worker cannot reserve further ahead than the operator allows
+        // (issue 27: 60 pipelined hour-deep waits denied everyone for an
+        // hour, whatever the class said).
+        let max_wait_ms =
+            max_wait_ms.map_or(class.max_wait_ms, |asked| asked.min(class.max_wait_ms));
         Ok(CheckedAcquire {
             limit,
             class,

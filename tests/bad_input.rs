@@ -9,6 +9,11 @@ use ratekeeper::proto::{
 use support::{Daemon, acquire, error_code, frame_of, hello, receive, send, send_bytes};
 
 const CONFIG: &str = r#"
+# Acquires here may wait up to an hour, the protocol's longest wait.
+[[priorities]]
+name = "patient"
+max_wait_ms = 3600000
+
 [[limits]]
 name = "gpt"
 tokens_per_minute = 60

@@ -250,6 +250,7 @@ async fn at_the_cap_the_connection_idle_longest_makes_room() {
 async fn connections_beyond_the_cap_are_refused_when_every_one_is_busy() {
     let daemon = Daemon::start(
         "[server]\nmax_connections = 4\n\
+         [[priorities]]\nname = \"patient\"\nmax_wait_ms = 3600000\n\
          [[limits]]\nname = \"slow\"\ntokens_per_minute = 60\nburst_tokens = 60\n",
     );
     let mut open = Vec::new();

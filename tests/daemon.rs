@@ -16,6 +16,11 @@ const TOLERANCE_MS: i64 = 15;
 /// `slow`: 1 token per second, so levels read by `status` barely move.
 /// `fast` keeps no burst headroom: its 3000 tokens are all usable.
 const CONFIG: &str = r#"
+# Acquires here may wait up to an hour, the protocol's longest wait.
+[[priorities]]
+name = "patient"
+max_wait_ms = 3600000
+
 [[limits]]
 name = "fast"
 tokens_per_minute = 600000
@@ -261,7 +266,9 @@ async fn cancel_returns_the_reservation() {
         client.call_with_id(id, acquire("slow", 500, 600_000)),
         async {
             // Cancel once the reservation is visibly taken.
+            let deadline = Instant::now() + Duration::from_secs(10);
             while level(&client, "slow", "tokens").await > before - 400 {
+                assert!(Instant::now() < deadline, "the reservation never showed");
                 tokio::task::yield_now().await;
             }
             client
@@ -291,7 +298,9 @@ async fn a_disconnect_returns_waiting_reservations() {
     let pending = tokio::spawn(async move {
         let _ = leaving.call(acquire("slow", 500, 600_000)).await;
     });
+    let deadline = Instant::now() + Duration::from_secs(10);
     while level(&observer, "slow", "tokens").await > before - 400 {
+        assert!(Instant::now() < deadline, "the reservation never showed");
         tokio::task::yield_now().await;
     }
     pending.abort(); // drops the client and with it the connection

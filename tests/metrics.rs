@@ -425,6 +425,7 @@ async fn every_metric_is_documented_and_the_dashboard_uses_only_those() {
 async fn a_shadow_limit_grants_at_once_and_counts_what_it_would_have_done() {
     let daemon = Daemon::start(
         "[metrics]\nlisten = \"127.0.0.1:0\"\n\n\
+         [[priorities]]\nname = \"patient\"\nmax_wait_ms = 60000\n\n\
          [[limits]]\nname = \"watch\"\nmode = \"shadow\"\ntokens_per_minute = 60\n\
          burst_tokens = 100\nburst_headroom_ms = 0\n",
     );

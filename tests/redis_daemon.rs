@@ -19,6 +19,11 @@ fn config(redis: &str, extra_redis: &str) -> String {
 timeout_ms = 300
 {extra_redis}
 
+# Acquires here may wait up to an hour, the protocol's longest wait.
+[[priorities]]
+name = "patient"
+max_wait_ms = 3600000
+
 [[groups]]
 name = "org"
 tokens_per_minute = 6000

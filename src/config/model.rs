@@ -358,7 +358,8 @@ pub struct PriorityClass {
     pub name: String,
     /// Fraction of every bucket this class must leave for the classes above it.
     pub reserved_fraction: f64,
-    /// Wait used when an acquire gives no `max_wait_ms`.
+    /// Wait used when an acquire gives no `max_wait_ms`, and the longest
+    /// one an acquire of the class may ask for.
     pub max_wait_ms: u64,
     /// Limits the class applies to; `None` means all.
     pub limits: Option<Vec<String>>,

@@ -57,6 +57,11 @@ limits = ["basic"]
 #: exactly, and one whose waits are exact (no burst headroom: its 1000 tokens
 #: are all usable); a fresh daemon per test keeps them independent.
 EXACT_CONFIG = """
+# Acquires may wait up to an hour (a class's wait caps what an acquire asks).
+[[priorities]]
+name = "patient"
+max_wait_ms = 3600000
+
 [[limits]]
 name = "exact"
 tokens_per_minute = 1
