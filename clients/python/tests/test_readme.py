@@ -225,6 +225,9 @@ def shell_env(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return env
 
 
+# Its `cargo install` is a release build from scratch on a clean clone:
+# minutes on two cores, more on a busy machine, beyond the suite's 600 s.
+@pytest.mark.timeout(1800)
 def test_readme_commands_run_as_written(shell_env: dict) -> None:
     """The pages' commands in their order, as a reader runs them: the `serve`
     line of the README's "Run it" keeps running (in the background) for the
