@@ -109,31 +109,29 @@ Exit codes: 0 ready, 1 not ready or unreachable, 2 usage error."
         socket: SocketArgs,
     },
     /// Acquire tokens from a limit, for shell scripts and debugging.
-    #[command(
-        after_help = "Give the cost as --tokens (the total: prompt plus maximum output), \
-as --input and/or --output (each side on its own), or as --messages-file (a chat request in \
-JSON, counted by the daemon with the limit's tokenizer). Prints the decision. Without \
---report, --report-input/--report-output or --release the reservation is kept when the \
-command exits, as for any worker that disconnects after its grant: use it before a provider \
-call made by the script itself.\n\n\
-Exit codes: 0 granted, 3 denied (rate limited), 1 error, 2 usage error."
-    )]
+    #[command(after_help = acquire_help())]
     Acquire {
         #[command(flatten)]
         socket: SocketArgs,
         #[command(flatten)]
         args: commands::AcquireArgs,
     },
-    /// Count the prompt tokens of a chat request read on stdin, as the daemon would.
+    /// Count the prompt tokens of a request read on stdin (OpenAI's or Anthropic's), as the daemon would.
     #[command(after_help = count_tokens_help())]
     CountTokens {
         /// Model whose tokenizer counts (e.g. gpt-4o-mini, gpt-4, claude-sonnet-4-5);
         /// default: the request's "model".
         #[arg(long)]
         model: Option<String>,
-        /// Provider preset: the tokenizer and the cost rule.
+        /// Provider preset: the tokenizer and the cost rule (anthropic also reads a
+        /// `messages` request as Anthropic's).
         #[arg(long, value_enum, default_value_t = ProviderArg::Generic)]
         provider: ProviderArg,
+        /// Whose shape a `messages` request is (default: anthropic under
+        /// --provider anthropic, else told from the request, as the Python
+        /// client's api=None does).
+        #[arg(long, value_enum)]
+        api: Option<commands::ApiArg>,
         /// Output tokens to reserve, instead of the request's max_tokens.
         #[arg(long, value_name = "N")]
         max_tokens: Option<u64>,
@@ -149,16 +147,31 @@ Exit codes: 0 granted, 3 denied (rate limited), 1 error, 2 usage error."
     },
 }
 
+fn acquire_help() -> String {
+    format!(
+        "Give the cost as --tokens (the total: prompt plus maximum output), as --input and/or \
+--output (each side on its own), or as --messages-file (a request in JSON, counted by the \
+daemon with the limit's tokenizer). Prints the decision. Without --report, \
+--report-input/--report-output or --release the reservation is kept when the command exits, \
+as for any worker that disconnects after its grant: use it before a provider call made by the \
+script itself.\n\n\
+--messages-file: {}\n\n\
+Exit codes: 0 granted, 3 denied (rate limited), 1 error, 2 usage error.",
+        commands::REQUEST_SHAPES
+    )
+}
+
 fn count_tokens_help() -> String {
     format!(
-        "Reads an OpenAI request on stdin: Chat Completions ({{\"model\": M, \"messages\": \
-[...], \"tools\": [...], \"max_tokens\": N}}, or just the messages array) or Responses \
-({{\"model\": M, \"instructions\": S, \"input\": a string or a list of items, \"tools\": \
-[...], \"max_output_tokens\": N}}). --model, when given, overrides the request's model. Prints the prompt tokens (messages + tools), the \
-output tokens reserved (--max-tokens, else the request's max_tokens, else the default of {}) \
-and what an acquire reserves under the provider's preset: openai charges max(prompt, output), \
-anthropic and generic prompt + output. No daemon is needed.\n\n\
-Exit codes: 0 counted, 1 bad JSON, a prompt above the bounds, or a model openai cannot count.",
+        "Reads a request on stdin. {} --model, when given, overrides the request's \"model\". \
+Prints the prompt tokens (messages + tools, and the images and Anthropic tool-use prompt \
+priced beyond text), the output tokens reserved (--max-tokens, else the request's \
+max_tokens or max_output_tokens, else the default of {}) and what an acquire reserves under \
+the provider's preset: openai charges max(prompt, output), anthropic and generic prompt + \
+output. No daemon is needed.\n\n\
+Exit codes: 0 counted, 1 bad JSON, a request that cannot be counted, a prompt above the \
+bounds, or a model openai cannot count.",
+        commands::REQUEST_SHAPES,
         config::DEFAULT_MAX_OUTPUT_TOKENS
     )
 }
@@ -288,8 +301,14 @@ async fn run(cli: Cli, loaded: Option<Config>) -> anyhow::Result<ExitCode> {
         Command::CountTokens {
             model,
             provider,
+            api,
             max_tokens,
-        } => commands::count_tokens(model.as_deref(), provider.into(), max_tokens),
+        } => commands::count_tokens(
+            model.as_deref(),
+            provider.into(),
+            api.map(Into::into),
+            max_tokens,
+        ),
         Command::Ping { socket } => commands::ping(&socket.socket).await,
         Command::Acquire { socket, args } => commands::acquire(&socket.socket, args).await,
         Command::Completions { shell } => {

@@ -8,8 +8,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use support::Daemon;
 use support::redis::RedisServer;
+use support::{Daemon, count_tokens};
 
 fn ratekeeper(args: &[&str], socket: Option<&std::path::Path>) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
@@ -140,26 +140,6 @@ fn client_commands_fail_clearly_without_a_daemon() {
     assert!(stderr.contains("cannot connect"), "{stderr}");
     // The cause once, not again as the error's source.
     assert_eq!(stderr.matches("os error 2").count(), 1, "{stderr}");
-}
-
-/// `ratekeeper count-tokens` with `stdin` as its input.
-fn count_tokens(args: &[&str], stdin: &str) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
-        .arg("count-tokens")
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run ratekeeper");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
 }
 
 #[test]

@@ -11,7 +11,21 @@ use clap::ArgGroup;
 use ratekeeper::proto::{Acquire, Cost, Request, Response};
 use ratekeeper::tokens::request_json;
 
-use super::{EXIT_DENIED, answer_failure, connect};
+use super::{ApiArg, EXIT_DENIED, answer_failure, connect};
+
+/// The request shapes `--messages-file` and count-tokens read, for `--help`.
+pub const REQUEST_SHAPES: &str = "The JSON is read as the Python client reads the same request, \
+so both send the daemon the same text and images to count: OpenAI Chat Completions \
+({\"model\", \"messages\", \"tools\", \"max_tokens\"}, or just the messages array; \
+image_url parts priced by OpenAI's image rule), OpenAI Responses ({\"input\": a string or \
+message, function_call and function_call_output items with input_text, output_text, refusal \
+and input_image parts, \"instructions\", \"tools\", \"max_output_tokens\"}) and Anthropic \
+Messages ({\"system\": a string or text blocks, \"messages\" of text, image, document, \
+tool_use, tool_result, thinking blocks, \"tools\", \"max_tokens\"}; images by Anthropic's \
+rule, 346 tokens of tool-use prompt with tools). A messages request is Anthropic's with --api \
+anthropic, or when it has a top-level \"system\" or an Anthropic block (image, tool_use, \
+tool_result, document, thinking). What cannot be counted from the request (a PDF document, \
+an input_file part, an unknown block or item type) is refused by name.";
 
 /// The arguments of `acquire`: the limit, the cost, the wait and the settlement.
 #[derive(clap::Args)]
@@ -36,10 +50,15 @@ pub struct AcquireArgs {
     /// instead of the file's max_tokens.
     #[arg(long, value_name = "N")]
     output: Option<u64>,
-    /// A chat request in JSON for the daemon to count, as count-tokens reads
-    /// it (Chat Completions `messages`, Responses `input`); `-` reads stdin.
+    /// A request in JSON for the daemon to count, as count-tokens reads it
+    /// (OpenAI Chat Completions or Responses, Anthropic Messages); `-` reads
+    /// stdin.
     #[arg(long, value_name = "FILE")]
     messages_file: Option<PathBuf>,
+    /// Whose shape the --messages-file request is (default: told from the
+    /// request, as the Python client's api=None does).
+    #[arg(long, value_enum, requires = "messages_file")]
+    api: Option<ApiArg>,
     /// Longest acceptable wait in milliseconds (default: the priority class's).
     #[arg(long, value_name = "MS")]
     max_wait: Option<u64>,
@@ -81,13 +100,13 @@ impl AcquireArgs {
             });
         };
         let text = read_file_or_stdin(file)?;
-        let mut chat = request_json::request_from_json(&text)
-            .with_context(|| format!("cannot read the chat request in {}", file.display()))?
-            .chat;
+        let mut cost = request_json::request_from_json(&text, self.api.map(Into::into))
+            .with_context(|| format!("cannot read the request in {}", file.display()))?
+            .cost;
         if self.output.is_some() {
-            chat.max_output_tokens = self.output;
+            cost.set_max_output_tokens(self.output);
         }
-        Ok(Cost::Messages(chat))
+        Ok(cost.into_cost())
     }
 
     /// The settlement to send after the grant, if any.

@@ -6,7 +6,7 @@ mod acquire;
 mod count_tokens;
 mod status;
 
-pub use acquire::{AcquireArgs, acquire};
+pub use acquire::{AcquireArgs, REQUEST_SHAPES, acquire};
 pub use count_tokens::count_tokens;
 pub use status::{StatusOptions, health, status, watch_interval};
 
@@ -17,6 +17,26 @@ use anyhow::bail;
 
 use ratekeeper::client::Client;
 use ratekeeper::proto::{ErrorCode, Request, Response};
+use ratekeeper::tokens::content::Api;
+
+/// `--api` of count-tokens and acquire: whose shape a `messages` request is
+/// (the Python client's `api=`).
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum ApiArg {
+    /// Anthropic's Messages API: a Conversation of content blocks.
+    Anthropic,
+    /// OpenAI's Chat Completions API (images priced, Anthropic blocks not read).
+    Openai,
+}
+
+impl From<ApiArg> for Api {
+    fn from(api: ApiArg) -> Self {
+        match api {
+            ApiArg::Anthropic => Api::Anthropic,
+            ApiArg::Openai => Api::Openai,
+        }
+    }
+}
 
 /// Exit code of `acquire` when the request was denied (rate limited).
 pub const EXIT_DENIED: u8 = 3;

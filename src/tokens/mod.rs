@@ -9,7 +9,8 @@
 //! ([`Bounds`]), a learned default for max output tokens
 //! ([`OutputTokenLearner`]), the provider presets ([`preset`]): which
 //! counter, cost rule and settlement rule mirror a provider's accounting,
-//! and reading a request's JSON in OpenAI's shapes ([`request_json`]).
+//! and reading a request's JSON in OpenAI's and Anthropic's shapes as the
+//! Python client does ([`request_json`]).
 //! It knows nothing of limits or buckets: the dispatcher turns a
 //! [`PromptCount`] into a cost with the limit's [`CostRule`].
 //!
@@ -39,10 +40,12 @@
 mod chars;
 pub mod content;
 mod encoding;
+mod image_size;
 mod learned;
 pub mod openai;
 mod openai_chars;
 pub mod preset;
+mod pyjson;
 pub mod request_json;
 
 pub use chars::CharEstimator;

@@ -397,3 +397,23 @@ pub async fn level(client: &Client, limit: &str, bucket: &str) -> i64 {
         .unwrap_or_else(|| panic!("no bucket {bucket} in {limit}"))
         .1
 }
+
+/// `ratekeeper count-tokens ARGS` with `stdin` as its input.
+pub fn count_tokens(args: &[&str], stdin: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .arg("count-tokens")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ratekeeper");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
