@@ -128,7 +128,7 @@ pub fn build_stores(config: &Config, metrics: &Metrics) -> Result<Stores, AppErr
         topology = redis.topology(),
         pool_size = redis.pool_size,
         timeout_ms = redis.timeout_ms,
-        on_failure = ?redis.on_failure,
+        on_failure = redis.on_failure.name(),
         "buckets are shared through Redis"
     );
     // Denials this sidecar can prove from Redis's last answer are repeated

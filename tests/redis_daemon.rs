@@ -429,6 +429,11 @@ async fn an_unreachable_redis_at_start_is_reported_and_retried() {
         "{warning}"
     );
     assert!(!log.contains("hunter2"), "the password leaked:\n{log}");
+    // Every line names a policy as the config file spells it (issue 28).
+    assert!(
+        log.contains("on_failure=\"fail_closed\"") && !log.contains("FailClosed"),
+        "{log}"
+    );
     let listening = log.find("listening").expect("the daemon listens");
     assert!(log.find("Redis is not reachable").unwrap() < listening);
 

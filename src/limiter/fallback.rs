@@ -109,7 +109,7 @@ impl FallbackStore {
                 .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
             tracing::warn!(
                 store = self.shared.kind(),
-                policy = ?self.policy,
+                policy = self.policy.name(),
                 %cause,
                 "shared store unavailable; applying the failure policy until it recovers"
             );
