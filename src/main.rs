@@ -64,7 +64,11 @@ Exit codes: 0 valid, 1 invalid or unreadable."
     )]
     CheckConfig {
         /// The TOML config file to check.
-        file: PathBuf,
+        #[arg(value_name = "FILE", required_unless_present = "config")]
+        file: Option<PathBuf>,
+        /// The config file as serve takes it (FILE, when given, wins).
+        #[arg(long, short, env = "RATEKEEPER_CONFIG", hide_env_values = true)]
+        config: Option<PathBuf>,
     },
     /// Show the store's state and every limit's buckets: level, capacity,
     /// rate, percent full, tenants, waiters.
@@ -279,7 +283,11 @@ async fn run(cli: Cli, loaded: Option<Config>) -> anyhow::Result<ExitCode> {
             };
             serve(loaded, config.as_deref(), &logging).await
         }
-        Command::CheckConfig { file } => {
+        Command::CheckConfig { file, config } => {
+            // clap requires one of the two.
+            let Some(file) = file.or(config) else {
+                return Ok(ExitCode::from(2));
+            };
             let config = load_config(Some(&file))?;
             print!("{}", config.to_effective_toml());
             for warning in config.warnings() {

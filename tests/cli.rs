@@ -27,6 +27,36 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// Issue 28: `check-config` ignored `--config` and `RATEKEEPER_CONFIG`,
+/// which `serve` reads: it checks the file `serve` would load.
+#[test]
+fn check_config_finds_its_file_as_serve_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("from-elsewhere.toml");
+    std::fs::write(
+        &file,
+        "[[limits]]\nname = \"elsewhere\"\ntokens_per_minute = 7\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let by_flag = ratekeeper(&["check-config", "--config", path], None);
+    assert_eq!(by_flag.status.code(), Some(0), "{}", text(&by_flag.stderr));
+    assert!(text(&by_flag.stdout).contains("elsewhere"));
+    let by_env = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .arg("check-config")
+        .env("RATEKEEPER_CONFIG", path)
+        .output()
+        .unwrap();
+    assert_eq!(by_env.status.code(), Some(0), "{}", text(&by_env.stderr));
+    assert!(text(&by_env.stdout).contains("elsewhere"));
+    let neither = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .arg("check-config")
+        .env_remove("RATEKEEPER_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(neither.status.code(), Some(2), "{}", text(&neither.stderr));
+}
+
 #[test]
 fn check_config_prints_the_effective_config_or_every_mistake() {
     let dir = tempfile::tempdir().unwrap();
