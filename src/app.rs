@@ -42,7 +42,10 @@ pub enum AppError {
     Reload(#[from] ReloadError),
     #[error("building the tokenizers failed: {0}")]
     TokenizerTask(String),
-    #[error("cannot listen for metrics on {address}: {source}")]
+    #[error(
+        "cannot listen for metrics on {address}: {source} (metrics.listen, or \
+         RATEKEEPER_METRICS_LISTEN: each sidecar on a host needs a port of its own)"
+    )]
     MetricsBind {
         address: SocketAddr,
         source: std::io::Error,

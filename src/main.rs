@@ -234,7 +234,7 @@ fn main() -> ExitCode {
         Command::Serve { config, .. } => match load_config(config.as_deref()) {
             Ok(loaded) => (loaded.server.threads, Some(loaded)),
             Err(failure) => {
-                say(&format!("ratekeeper: {failure:#}"));
+                say(&format!("ratekeeper: {}", described(&failure)));
                 return ExitCode::FAILURE;
             }
         },
@@ -252,7 +252,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli, loaded)) {
         Ok(code) => code,
         Err(failure) => {
-            say(&format!("ratekeeper: {failure:#}"));
+            say(&format!("ratekeeper: {}", described(&failure)));
             ExitCode::FAILURE
         }
     }
@@ -329,6 +329,24 @@ async fn run(cli: Cli, loaded: Option<Config>) -> anyhow::Result<ExitCode> {
 }
 
 /// A line on stderr; a closed stderr must not turn an exit code into a panic.
+/// `failure` and its causes, each said once: many errors already quote
+/// their cause in their own message (`cannot bind X: Address in use`), and
+/// anyhow's `{:#}` would print the OS error a second time (issue 28).
+fn described(failure: &anyhow::Error) -> String {
+    let mut said = String::new();
+    for cause in failure.chain() {
+        let cause = cause.to_string();
+        if said.contains(&cause) {
+            continue;
+        }
+        if !said.is_empty() {
+            said.push_str(": ");
+        }
+        said.push_str(&cause);
+    }
+    said
+}
+
 fn say(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{line}");

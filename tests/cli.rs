@@ -27,6 +27,36 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// Issue 28: OS errors were printed twice (the message quoted its cause,
+/// and the cause followed), and a second sidecar clashing on the metrics
+/// port was not told which setting to change.
+#[test]
+fn a_failure_to_start_says_its_cause_once_and_the_setting_to_change() {
+    let missing = ratekeeper(&["serve", "--config", "/nonexistent/ratekeeper.toml"], None);
+    assert_eq!(missing.status.code(), Some(1));
+    let said = text(&missing.stderr);
+    assert_eq!(said.matches("os error 2").count(), 1, "{said}");
+
+    let port = support::redis::free_port();
+    let first = Daemon::start(&format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
+    let dir = tempfile::tempdir().unwrap();
+    let second = dir.path().join("second.toml");
+    std::fs::write(
+        &second,
+        format!(
+            "[server]\nsocket = \"{}\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n",
+            dir.path().join("second.sock").display()
+        ),
+    )
+    .unwrap();
+    let clash = ratekeeper(&["serve", "--config", second.to_str().unwrap()], None);
+    assert_eq!(clash.status.code(), Some(1));
+    let said = text(&clash.stderr);
+    assert_eq!(said.matches("os error 98").count(), 1, "{said}");
+    assert!(said.contains("metrics.listen"), "{said}");
+    drop(first);
+}
+
 /// Issue 28: `check-config` ignored `--config` and `RATEKEEPER_CONFIG`,
 /// which `serve` reads: it checks the file `serve` would load.
 #[test]
