@@ -861,11 +861,15 @@ fn k8s_sidecar_command_and_probes_work_with_this_binary() {
     // the Secret's URL pointing at a real Redis.
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("temporary directory");
+    // The socket volume as the kubelet makes an emptyDir: mode 0777.
+    let volume = dir.path().join("ratekeeper-socket");
+    std::fs::create_dir(&volume).unwrap();
+    std::fs::set_permissions(&volume, std::fs::Permissions::from_mode(0o777)).unwrap();
     let serve = localize(
         &sidecar_argv(&deployment),
         &[("/etc/ratekeeper/ratekeeper.toml", config_path.as_path())],
     );
-    let mut served = Served::start(serve, dir.path(), &redis.url());
+    let mut served = Served::start(serve, &volume, &redis.url());
 
     let output = run(localize(
         &probe_argv(&deployment, EXEC_PROBE),
