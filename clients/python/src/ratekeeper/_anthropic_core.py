@@ -12,11 +12,20 @@ Settlement follows what Anthropic counts towards its limits: input tokens per
 minute are `input_tokens + cache_creation_input_tokens` — cache reads
 (`cache_read_input_tokens`) do not count towards ITPM for current models, so
 they are not reported — and output tokens per minute are `output_tokens`.
+
+Which parts of the client are limited (`MESSAGES`, `BETA_MESSAGES`: `create`
+and `parse`, also under `with_raw_response` and `with_streaming_response`,
+and `stream`) and which spend tokens unlimited and warn once
+(`warn_unlimited`, the OpenAI wrapper's `RuntimeWarning`) are here too.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ._openai_calls import Cost
@@ -39,9 +48,14 @@ def cost(kwargs: dict) -> Cost:
     )
 
 
+def _get(value: Any, name: str) -> Any:
+    """`value[name]` of a dict (a JSON body), `value.name` of an SDK object; None if absent."""
+    return value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
+
+
 def _field(usage: Any, name: str) -> Optional[int]:
-    value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
-    return value if isinstance(value, int) else None
+    value = _get(usage, name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def usage_counts(usage: Any) -> Optional[tuple[int, int]]:
@@ -66,11 +80,12 @@ class StreamUsage:
         self.complete = False
 
     def add(self, event: Any) -> None:
-        kind = getattr(event, "type", None)
+        """Notes an event's usage: the SDK's event object, or its JSON (a dict)."""
+        kind = _get(event, "type")
         if kind == "message_start":
-            usage = getattr(getattr(event, "message", None), "usage", None)
+            usage = _get(_get(event, "message"), "usage")
         elif kind == "message_delta":
-            usage = getattr(event, "usage", None)
+            usage = _get(event, "usage")
         else:
             self.complete = self.complete or kind == "message_stop"
             return
@@ -97,3 +112,80 @@ def snapshot_counts(stream: Any, reserved_output: int) -> Optional[tuple[int, in
     if counts is None or getattr(snapshot, "stop_reason", None) is not None:
         return counts
     return counts[0], max(counts[1], reserved_output)
+
+
+def reply_counts(reply: Any) -> Optional[tuple[int, int]]:
+    """(input, output) of a whole answer: the SDK's message, or its JSON body (a dict)."""
+    return usage_counts(_get(reply, "usage"))
+
+
+def body_counts(body: Any, reserved_output: int) -> Optional[tuple[int, int]]:
+    """(input, output) of an answer's body as the caller read it
+    (`with_streaming_response`): a message's JSON, or a stream's server-sent
+    events, whose usage is added up as `StreamUsage` does (an unfinished
+    stream keeps its reserved output). None: no usage in it."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if not isinstance(body, str):
+        return reply_counts(body)
+    try:
+        return reply_counts(json.loads(body))
+    except ValueError:
+        pass
+    usage = StreamUsage()
+    for line in body.splitlines():
+        if not line.startswith("data:"):
+            continue
+        try:
+            usage.add(json.loads(line[5:]))
+        except ValueError:
+            continue  # a line cut short
+    return usage.counts(reserved_output)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A `messages` resource the wrapper limits: where it is in the SDK client,
+    its methods that are limited like `create` (also under `with_raw_response`
+    and `with_streaming_response`; `stream` is limited besides), and its
+    other methods that spend tokens unlimited (they warn)."""
+
+    path: str
+    methods: frozenset = frozenset({"create", "parse"})
+    unlimited: frozenset = frozenset({"batches"})
+
+
+#: `messages`: `batches` (half-price, asynchronous, under limits of their own) is not limited.
+MESSAGES = Endpoint("messages")
+#: `beta.messages`: neither are `batches`, nor `tool_runner` and `thread`,
+#: which make their calls themselves, through the SDK client.
+BETA_MESSAGES = Endpoint("beta.messages", unlimited=frozenset({"batches", "tool_runner", "thread"}))
+
+#: Parts of the Anthropic client that spend tokens but pass through the
+#: wrapper unlimited: reaching one warns (once per wrapped client and name).
+#: The client-wide `with_raw_response` / `with_streaming_response` reach
+#: `messages` unlimited (the wrapped `messages` have their own); legacy
+#: `completions` is in SDKs that still have it.
+UNLIMITED_SPENDERS = frozenset({"completions", "with_raw_response", "with_streaming_response"})
+#: The same for `beta` (its `messages` are limited): the managed agents'
+#: `sessions`, `deployments` and `dreams` run models, and its own raw and
+#: streaming views reach `beta.messages` unlimited.
+UNLIMITED_BETA_PARTS = frozenset(
+    {"sessions", "deployments", "dreams", "with_raw_response", "with_streaming_response"}
+)
+
+
+def warn_unlimited(seen: set, path: str, stacklevel: int = 3) -> None:
+    """Warns, once per `seen` set, that `path` of a wrapped client is not limited
+    (a `RuntimeWarning`, as the OpenAI wrapper's); `stacklevel` as
+    `warnings.warn`'s: 3 names the code that reached `path` through the
+    `__getattr__` that called this."""
+    if path in seen:
+        return
+    seen.add(path)
+    warnings.warn(
+        f"ratekeeper: {path} of a wrapped Anthropic client is not rate-limited; "
+        "acquire and report around these calls yourself (see ratekeeper.Client.acquire)",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )

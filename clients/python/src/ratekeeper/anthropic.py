@@ -28,10 +28,24 @@ turned off for these calls. The
 forwarded too (every `feedback_interval` seconds). `ratekeeper.RateLimited`
 from the sidecar itself reaches the caller.
 
+The same calls are limited wherever the SDK offers them: `messages.parse`;
+`messages.with_raw_response.create` (the SDK's raw answer, settled from its
+parsed usage, its headers always forwarded; a stream's `parse()` gives
+events that settle at their end); `messages.with_streaming_response.create`
+(settled when its `with` block is left, from what was read through
+`parse()`, `json()`, `read()` or `text()`, else as reserved); and
+`beta.messages` (`create`, `parse`, `stream`, and the same views).
+
 Works with `anthropic.Anthropic` (with `ratekeeper.Client`) and
-`anthropic.AsyncAnthropic` (with `ratekeeper.AsyncClient`); `wrap` returns the
-client's own type to type checkers, and everything other than the two calls
-passes through to the wrapped client.
+`anthropic.AsyncAnthropic` (with `ratekeeper.AsyncClient`), and with their
+`with_options()` / `copy()` copies; `wrap` returns the client's own type to
+type checkers. Everything else passes through to the wrapped client, and
+the parts that spend tokens unlimited — `messages.batches` and
+`beta.messages.batches`, `beta.messages.tool_runner` and `thread`,
+`beta.sessions`, `beta.deployments` and `beta.dreams`, the client-wide and
+`beta`-wide `with_raw_response` / `with_streaming_response` (and legacy
+`completions` where the SDK has it) — warn once, with the OpenAI wrapper's
+`RuntimeWarning`. `messages.count_tokens` spends nothing and does not warn.
 """
 
 from __future__ import annotations
@@ -39,8 +53,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, TypeVar, Union, cast
 
-from ._anthropic_async import AsyncMessages
-from ._anthropic_sync import Messages
+from . import _anthropic_core as core
+from ._anthropic_async import AsyncMessages, AsyncMessagesGate
+from ._anthropic_sync import Messages, MessagesGate
 from ._async import AsyncClient
 from ._openai_core import CallOptions, is_async_sdk, without_retries
 from ._sync import Client
@@ -75,6 +90,9 @@ def wrap(
 
     `options` are the fields of `LimitOptions`: `tenant`, `priority`,
     `max_wait`, `max_retries`, `max_retry_wait`, `feedback_interval`.
+    Token-spending parts the wrapper does not limit (`messages.batches`,
+    `beta.sessions`, ...) pass through with a `RuntimeWarning` the first time
+    each is reached.
     """
     settings = LimitOptions(limit=limit, **options)
     create = client.messages.create  # type: ignore[attr-defined]
@@ -83,14 +101,53 @@ def wrap(
 
 
 class _Wrapped:
-    """The wrapped client: `messages.create` and `messages.stream` are limited."""
+    """The wrapped client: `messages` and `beta.messages` are limited, the rest
+    passes through (what spends tokens there warns once)."""
 
-    def __init__(self, client: Any, limiter: Any, settings: LimitOptions, is_async: bool) -> None:
+    def __init__(
+        self,
+        client: Any,
+        limiter: Any,
+        settings: LimitOptions,
+        is_async: bool,
+        warned: Optional[set] = None,
+    ) -> None:
         self._client = client
         self._raw = without_retries(client)
+        self._is_async = is_async
         self.limiter = limiter
         self.settings = settings
-        self.messages = (AsyncMessages if is_async else Messages)(self)
+        #: The unlimited parts already warned about (shared with copies).
+        self.warned: set = set() if warned is None else warned
+        #: The rule every limited call goes through (shared by both `messages`).
+        self.gate: Any = (AsyncMessagesGate if is_async else MessagesGate)(limiter, settings)
+        messages = AsyncMessages if is_async else Messages
+        self.messages = messages(self)
+        self.beta = _Beta(self, messages(self, core.BETA_MESSAGES))
+
+    def with_options(self, **options: Any) -> Any:
+        """The SDK's `with_options` (also `copy`), limited like this client."""
+        copied = self._client.with_options(**options)
+        return _Wrapped(copied, self.limiter, self.settings, self._is_async, self.warned)
+
+    copy = with_options
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
+        found = getattr(self._client, name)
+        if name in core.UNLIMITED_SPENDERS:
+            core.warn_unlimited(self.warned, name)
+        return found
+
+
+class _Beta:
+    """`beta` of a wrapped client: its `messages` are limited."""
+
+    def __init__(self, wrapped: _Wrapped, messages: Any) -> None:
+        self._wrapped = wrapped
+        self.messages = messages
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._wrapped._client.beta, name)
+        if name in core.UNLIMITED_BETA_PARTS:
+            core.warn_unlimited(self._wrapped.warned, f"beta.{name}")
+        return found
