@@ -1,6 +1,7 @@
 //! The Unix-socket server: accepts connections up to a cap (closing the
-//! idlest to admit a new one, `registry`), checks peer credentials, serves each connection in its own task (which drives that
-//! connection's requests itself) and drains on shutdown.
+//! idlest to admit a new one, `registry`), checks peer credentials, serves
+//! each connection in its own task (which drives that connection's requests
+//! itself) and drains on shutdown.
 
 mod buffer;
 mod connection;
