@@ -3,8 +3,8 @@
 //! large ones, one slot — so a client's huge prompts never hold up another
 //! client's small one; each lane's queue is bounded, with its own error when
 //! full; what the waiting prompts hold in memory is bounded too, all lanes
-//! together (issue 27: 16,384 empty messages make a 115 KB frame but a
-//! 3 MiB prompt once decoded, so a bound by count alone let 260 of them
+//! together (issue 27: 16,384 empty messages make a small frame but a
+//! 2-3 MiB prompt once decoded, so a bound by count alone let 260 of them
 //! hold 0.8 GB); and a count is abandoned, segment by segment, as soon as
 //! its request is cancelled or its client leaves.
 
@@ -27,8 +27,8 @@ const MAX_WAITING_SMALL: usize = 256;
 const MAX_WAITING_LARGE: usize = 4;
 
 /// Memory the prompts waiting for a slot may hold, all lanes together, as
-/// `held_bytes` measures it; beyond, `Overloaded`. Four of the largest
-/// frames, decoded, fit.
+/// `held_bytes` measures it; beyond, `Overloaded`. Two of the largest
+/// prompts a frame can decode to (32 MiB, `src/proto/frame.rs`) fit.
 pub(super) const MAX_WAITING_BYTES: usize = 64 * 1024 * 1024;
 
 /// The two lanes and what their queues hold.
