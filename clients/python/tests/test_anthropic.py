@@ -11,6 +11,14 @@ import pytest
 from ratekeeper import AsyncClient, Client, CostExceedsCapacity, RateLimited
 from ratekeeper.anthropic import wrap
 
+from _anthropic_wrapped import (
+    INPUT_CHARGED,
+    MESSAGES,
+    MODEL,
+    OUTPUT,
+    fake_provider,
+    levels,
+)
 from _fake_anthropic import FakeAnthropic
 
 CONFIG = """
@@ -53,31 +61,17 @@ burst_input_tokens = 1000
 burst_output_tokens = 1000
 """
 CAPACITY = 1_000_000
-MODEL = "claude-sonnet-4-6"
 SYSTEM = "You are terse."
-MESSAGES = [{"role": "user", "content": "Summarise the plot of Hamlet in one sentence."}]
-#: What the fake answers: 100 input tokens, 50 written to the cache, 5000 read
-#: from it, 20 output tokens. ITPM counts 150 of the input; OTPM 20.
-USAGE = {"input_tokens": 100, "cache_creation_input_tokens": 50, "cache_read_input_tokens": 5000}
-INPUT_CHARGED = 150
-OUTPUT = 20
 
 
 @pytest.fixture
 def provider():
-    fake = FakeAnthropic(output_tokens=OUTPUT, **USAGE)
-    yield fake
-    fake.close()
+    yield from fake_provider()
 
 
 @pytest.fixture
 def daemon(make_daemon):
     return make_daemon(CONFIG)
-
-
-def levels(limiter: Client, limit: str = "claude") -> tuple[int, int]:
-    status = limiter.status(limit).limit(limit)
-    return status.bucket("input_tokens").level, status.bucket("output_tokens").level
 
 
 def counted_input(limiter: Client, limit: str = "claude") -> int:

@@ -14,6 +14,14 @@ import pytest
 from ratekeeper import AsyncClient, Client
 from ratekeeper.anthropic import wrap
 
+from _anthropic_wrapped import (
+    INPUT_CHARGED,
+    MESSAGES,
+    MODEL,
+    OUTPUT,
+    fake_provider,
+    levels,
+)
 from _fake_anthropic import FakeAnthropic
 
 #: "claude" barely refills, so levels can be asserted exactly; "fleet" has
@@ -36,32 +44,19 @@ burst_input_tokens = 100000
 burst_output_tokens = 100000
 """
 CAPACITY = 1_000_000
-MODEL = "claude-sonnet-4-6"
-MESSAGES = [{"role": "user", "content": "Summarise the plot of Hamlet in one sentence."}]
 REQUEST = {"model": MODEL, "max_tokens": 300, "messages": MESSAGES}
-#: What the fake answers: ITPM counts input and cache writes (150), OTPM 20.
-USAGE = {"input_tokens": 100, "cache_creation_input_tokens": 50, "cache_read_input_tokens": 5000}
-INPUT_CHARGED = 150
-OUTPUT = 20
 #: Every `async` test's bound.
 TIMEOUT = 30
 
 
 @pytest.fixture
 def provider():
-    fake = FakeAnthropic(output_tokens=OUTPUT, **USAGE)
-    yield fake
-    fake.close()
+    yield from fake_provider()
 
 
 @pytest.fixture
 def daemon(make_daemon):
     return make_daemon(CONFIG)
-
-
-def levels(limiter: Client, limit: str = "claude") -> tuple[int, int]:
-    status = limiter.status(limit).limit(limit)
-    return status.bucket("input_tokens").level, status.bucket("output_tokens").level
 
 
 def spent(calls: int) -> tuple[int, int]:

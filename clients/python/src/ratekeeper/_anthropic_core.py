@@ -21,13 +21,14 @@ and `stream`) and which spend tokens unlimited and warn once
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from . import _openai_core
 from ._openai_calls import Cost
 
 log = logging.getLogger("ratekeeper.anthropic")
@@ -175,17 +176,6 @@ UNLIMITED_BETA_PARTS = frozenset(
 )
 
 
-def warn_unlimited(seen: set, path: str, stacklevel: int = 3) -> None:
-    """Warns, once per `seen` set, that `path` of a wrapped client is not limited
-    (a `RuntimeWarning`, as the OpenAI wrapper's); `stacklevel` as
-    `warnings.warn`'s: 3 names the code that reached `path` through the
-    `__getattr__` that called this."""
-    if path in seen:
-        return
-    seen.add(path)
-    warnings.warn(
-        f"ratekeeper: {path} of a wrapped Anthropic client is not rate-limited; "
-        "acquire and report around these calls yourself (see ratekeeper.Client.acquire)",
-        RuntimeWarning,
-        stacklevel=stacklevel,
-    )
+#: The OpenAI wrapper's one-time warning, naming Anthropic (a partial adds
+#: no frame, so `stacklevel` counts as it does there).
+warn_unlimited = functools.partial(_openai_core.warn_unlimited, provider="Anthropic")

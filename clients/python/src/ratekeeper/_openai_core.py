@@ -175,16 +175,19 @@ UNLIMITED_SPENDERS = frozenset(
 UNLIMITED_CHAT_PARTS = frozenset({"with_raw_response", "with_streaming_response"})
 
 
-def warn_unlimited(seen: set, path: str) -> None:
-    """Warns, once per `seen` set, that `path` of a wrapped client is not limited."""
+def warn_unlimited(seen: set, path: str, provider: str = "OpenAI", stacklevel: int = 3) -> None:
+    """Warns, once per `seen` set, that `path` of a wrapped `provider` client is
+    not limited (a `RuntimeWarning`); `stacklevel` as `warnings.warn`'s: 3
+    names the code that reached `path` through the `__getattr__` that called
+    this. The Anthropic wrapper's warning too."""
     if path in seen:
         return
     seen.add(path)
     warnings.warn(
-        f"ratekeeper: {path} of a wrapped OpenAI client is not rate-limited; "
+        f"ratekeeper: {path} of a wrapped {provider} client is not rate-limited; "
         "acquire and report around these calls yourself (see ratekeeper.Client.acquire)",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )
 
 
