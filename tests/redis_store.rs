@@ -480,11 +480,10 @@ fn make_certificates(dir: &std::path::Path) {
     ]);
 }
 
-#[tokio::test]
-async fn rediss_urls_speak_tls_verified_against_the_configured_ca() {
-    let certificates = tempfile::tempdir().unwrap();
-    make_certificates(certificates.path());
-    let file = |name: &str| certificates.path().join(name).display().to_string();
+/// A `redis-server` that also listens over TLS, with the certificates
+/// `make_certificates` left in `certificates`: the server and its TLS port.
+fn tls_redis(certificates: &std::path::Path) -> (RedisServer, u16) {
+    let file = |name: &str| certificates.join(name).display().to_string();
     let tls_port = support::redis::free_port();
     let server = RedisServer::start_with(&[
         "--tls-port",
@@ -498,6 +497,14 @@ async fn rediss_urls_speak_tls_verified_against_the_configured_ca() {
         "--tls-auth-clients",
         "no",
     ]);
+    (server, tls_port)
+}
+
+#[tokio::test]
+async fn rediss_urls_speak_tls_verified_against_the_configured_ca() {
+    let certificates = tempfile::tempdir().unwrap();
+    make_certificates(certificates.path());
+    let (server, tls_port) = tls_redis(certificates.path());
     let tokens = bucket("rk:{l:t}:t:tokens", 100, 60);
     let mut config = RedisConfig::with_url(format!("rediss://127.0.0.1:{tls_port}/0"));
     config.tls_ca_file = Some(certificates.path().join("ca.pem"));
@@ -605,19 +612,7 @@ async fn a_primary_found_through_tls_sentinels_is_reached_over_tls() {
     let certificates = tempfile::tempdir().unwrap();
     make_certificates(certificates.path());
     let file = |name: &str| certificates.path().join(name).display().to_string();
-    let tls_port = support::redis::free_port();
-    let primary = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port.to_string(),
-        "--tls-cert-file",
-        &file("server.pem"),
-        "--tls-key-file",
-        &file("server.key"),
-        "--tls-ca-cert-file",
-        &file("ca.pem"),
-        "--tls-auth-clients",
-        "no",
-    ]);
+    let (primary, tls_port) = tls_redis(certificates.path());
     assert_eq!(
         primary
             .cli(&["CONFIG", "SET", "requirepass", "primary-secret"])
