@@ -22,15 +22,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::service::ConnectionId;
 
-/// `Activity::idle_since_ms` of a connection with requests in flight.
+/// `Activity::idle_since_us` of a connection with requests in flight.
+/// Microseconds, not milliseconds: connections that act within the same
+/// millisecond must still be told apart, or the least idle could go first.
 const BUSY: u64 = u64::MAX;
 
 /// What the server knows of one open connection.
 #[derive(Debug)]
 pub(crate) struct Activity {
-    /// Milliseconds from the registry's epoch since which the connection
+    /// Microseconds from the registry's epoch since which the connection
     /// has had no request in flight, or `BUSY`.
-    idle_since_ms: AtomicU64,
+    idle_since_us: AtomicU64,
     /// Fires when the server closes the connection to make room.
     evict: CancellationToken,
     epoch: Instant,
@@ -40,28 +42,28 @@ impl Activity {
     /// Notes how many requests the connection has in flight now (called on
     /// every event of the connection: reads the clock only when it turns idle).
     pub(crate) fn in_flight(&self, requests: usize) {
-        self.in_flight_with(requests, || millis_since(self.epoch));
+        self.in_flight_with(requests, || micros_since(self.epoch));
     }
 
-    fn in_flight_with(&self, requests: usize, now_ms: impl FnOnce() -> u64) {
-        let was = self.idle_since_ms.load(Ordering::Relaxed);
+    fn in_flight_with(&self, requests: usize, now_us: impl FnOnce() -> u64) {
+        let was = self.idle_since_us.load(Ordering::Relaxed);
         if requests > 0 {
             if was != BUSY {
-                self.idle_since_ms.store(BUSY, Ordering::Relaxed);
+                self.idle_since_us.store(BUSY, Ordering::Relaxed);
             }
         } else if was == BUSY {
-            self.idle_since_ms.store(now_ms(), Ordering::Relaxed);
+            self.idle_since_us.store(now_us(), Ordering::Relaxed);
         }
     }
 
     /// Notes that the client sent a frame: an idle connection is idle from now.
     pub(crate) fn frames_read(&self) {
-        self.frames_read_at(millis_since(self.epoch));
+        self.frames_read_at(micros_since(self.epoch));
     }
 
-    fn frames_read_at(&self, now_ms: u64) {
-        if self.idle_since_ms.load(Ordering::Relaxed) != BUSY {
-            self.idle_since_ms.store(now_ms, Ordering::Relaxed);
+    fn frames_read_at(&self, now_us: u64) {
+        if self.idle_since_us.load(Ordering::Relaxed) != BUSY {
+            self.idle_since_us.store(now_us, Ordering::Relaxed);
         }
     }
 
@@ -100,12 +102,12 @@ impl Registry {
 
     /// Registers a new connection, idle from now.
     pub(crate) fn register(&self, connection: ConnectionId) -> Arc<Activity> {
-        self.register_at(connection, millis_since(self.epoch))
+        self.register_at(connection, micros_since(self.epoch))
     }
 
-    fn register_at(&self, connection: ConnectionId, now_ms: u64) -> Arc<Activity> {
+    fn register_at(&self, connection: ConnectionId, now_us: u64) -> Arc<Activity> {
         let activity = Arc::new(Activity {
-            idle_since_ms: AtomicU64::new(now_ms),
+            idle_since_us: AtomicU64::new(now_us),
             evict: CancellationToken::new(),
             epoch: self.epoch,
         });
@@ -121,22 +123,22 @@ impl Registry {
     /// Closes the connection idle the longest, if any is idle: it no longer
     /// counts as open once this returns.
     pub(crate) fn evict_idlest(&self) -> Option<Evicted> {
-        self.evict_idlest_at(millis_since(self.epoch))
+        self.evict_idlest_at(micros_since(self.epoch))
     }
 
-    fn evict_idlest_at(&self, now_ms: u64) -> Option<Evicted> {
+    fn evict_idlest_at(&self, now_us: u64) -> Option<Evicted> {
         let mut open = self.lock();
         let (&connection, activity) = open
             .iter()
-            .filter(|(_, activity)| activity.idle_since_ms.load(Ordering::Relaxed) != BUSY)
-            .min_by_key(|(id, activity)| (activity.idle_since_ms.load(Ordering::Relaxed), **id))?;
-        let idle_since = activity.idle_since_ms.load(Ordering::Relaxed);
+            .filter(|(_, activity)| activity.idle_since_us.load(Ordering::Relaxed) != BUSY)
+            .min_by_key(|(id, activity)| (activity.idle_since_us.load(Ordering::Relaxed), **id))?;
+        let idle_since = activity.idle_since_us.load(Ordering::Relaxed);
         activity.evict.cancel();
         open.remove(&connection);
-        let idle = now_ms.saturating_sub(idle_since);
+        let idle = now_us.saturating_sub(idle_since);
         Some(Evicted {
             connection,
-            idle: Duration::from_millis(idle),
+            idle: Duration::from_micros(idle),
         })
     }
 
@@ -149,8 +151,8 @@ impl Registry {
     }
 }
 
-fn millis_since(epoch: Instant) -> u64 {
-    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(BUSY - 1)
+fn micros_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_micros()).unwrap_or(BUSY - 1)
 }
 
 #[cfg(test)]
@@ -170,7 +172,7 @@ mod tests {
             evicted,
             Evicted {
                 connection: 2,
-                idle: Duration::from_millis(15)
+                idle: Duration::from_micros(15)
             }
         );
         assert!(older.evict.is_cancelled());
@@ -199,7 +201,7 @@ mod tests {
             registry.evict_idlest_at(40),
             Some(Evicted {
                 connection: 1,
-                idle: Duration::from_millis(10)
+                idle: Duration::from_micros(10)
             })
         );
     }
