@@ -79,8 +79,6 @@ REPLACEMENTS = (
     (r"\bAsyncCompletions\b", "Completions"),
     (r"\bAsyncResponses\b", "Responses"),
     (r"\bAsyncEmbeddings\b", "Embeddings"),
-    (r"\bAsyncRawCalls\b", "RawCalls"),
-    (r"\bAsyncStreamingCalls\b", "StreamingCalls"),
     (r"\bAsyncLimitedResponseContext\b", "LimitedResponseContext"),
     (r"\bAsyncLimitedResponse\b", "LimitedResponse"),
     (r"\bAsyncLimitedResponseStreamManager\b", "LimitedResponseStreamManager"),

@@ -112,6 +112,34 @@ def test_reserve_reports_the_usage_given_to_it(make_daemon, store):
         assert level(client, "exact") == CAPACITY - 400
 
 
+@pytest.mark.parametrize("kind", [Client, ratekeeper.AsyncClient])
+def test_reserve_takes_exactly_the_arguments_of_acquire(kind):
+    """Named and typed one by one (`typed_client.py` holds mypy to them), and
+    forwarded: a keyword `acquire` gains must be added to `reserve` too."""
+    import inspect
+
+    reserve = inspect.signature(kind.reserve.__wrapped__)
+    acquire = inspect.signature(kind.acquire)
+    assert list(reserve.parameters.values()) == list(acquire.parameters.values())
+    with pytest.raises(TypeError, match="tokns"):
+        Client().reserve("exact", tokns=1).__enter__()
+
+
+def test_reserve_forwards_its_keywords_to_acquire(make_daemon):
+    daemon = make_daemon()
+    with Client(daemon.socket) as client:
+        chat = [{"role": "user", "content": "Hello there"}]
+        with client.reserve(
+            "exact", messages=chat, max_tokens=5, priority="patient", max_wait=1
+        ) as lease:
+            estimated = client.estimate("exact", messages=chat, max_tokens=5)
+            assert lease.tokens == estimated.input_tokens + estimated.output_tokens
+            assert lease.reserved.output_tokens == 5
+            lease.report(lease.tokens)
+        with pytest.raises(UnknownPriority):  # reached the daemon: forwarded
+            client.reserve("exact", 1, priority="no-such-class").__enter__()
+
+
 def test_reserve_keeps_the_reservation_when_the_body_does_not_report(make_daemon, store):
     daemon = make_daemon(store=store)
     with Client(daemon.socket) as client:

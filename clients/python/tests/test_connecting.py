@@ -1,5 +1,6 @@
-"""Connecting: a missing socket fails at once, a restarting sidecar is retried
-within `connect_timeout`, against the real daemon."""
+"""Connecting: a missing or refusing socket fails at once, unless a
+`connect_timeout` asks to wait for a sidecar that is starting; against the
+real daemon."""
 
 from __future__ import annotations
 
@@ -101,6 +102,17 @@ def test_a_missing_socket_file_fails_at_once_for_asyncio(tmp_path):
         return time.monotonic() - started
 
     assert asyncio.run(main()) < 0.1
+
+
+def test_a_refusing_socket_fails_at_once_by_default(tmp_path):
+    path = str(tmp_path / "stale.sock")
+    leave_stale_socket(path)
+    client = Client(path)
+    started = time.monotonic()
+    with pytest.raises(SidecarUnavailable, match="refused, nobody listens") as caught:
+        client.acquire("roomy", 10)
+    assert time.monotonic() - started < 1.0  # it waited 5 s for a successor
+    assert caught.value.retryable
 
 
 def test_a_refusing_socket_is_retried_for_connect_timeout(tmp_path):

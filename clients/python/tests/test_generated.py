@@ -66,10 +66,11 @@ PAIRS = [
     (_openai_sync.StreamProxy, _openai_async.AsyncStreamProxy),
     *(
         (getattr(_openai_resources_sync, name), getattr(_openai_resources_async, f"Async{name}"))
+        # Not `Resource`: what it has besides `__init__` is `_wrapping.LimitedView`'s,
+        # one class for both.
         for name in (
             "Completions",
             "Responses",
-            "Resource",
             "LimitedResponseContext",
             "LimitedResponse",
             "LimitedStreamManager",

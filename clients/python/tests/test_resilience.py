@@ -1,7 +1,9 @@
-"""The sidecar restarting under a running client: calls carry on within their deadline."""
+"""The sidecar stopping or restarting under a running client: a stopped one
+fails the next call at once, a restart is ridden out with `connect_timeout`."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import warnings
@@ -64,9 +66,103 @@ class Workload:
             thread.join(20)
 
 
+#: Longest a call may take to give up on a stopped sidecar: far above the
+#: milliseconds it takes, so a busy machine passes, and far below the
+#: 5 s a call used to wait for a successor that never came.
+FAST = 2.0
+
+#: How a sidecar stops: SIGTERM (it drains and removes its socket file), or
+#: SIGKILL, as a crash (the file stays behind, and connecting is refused).
+STOPS = ["terminate", "kill"]
+
+
+def stop(daemon: Daemon, how: str) -> None:
+    getattr(daemon, how)()
+
+
+@pytest.mark.parametrize("how", STOPS)
+def test_a_stopped_sidecar_fails_the_next_call_at_once(make_daemon, how):
+    daemon = make_daemon(CONFIG)
+    client = Client(daemon.socket)  # the defaults: what a worker gets
+    client.acquire("roomy", 5).report(5)
+    stop(daemon, how)
+    for call in (lambda: client.acquire("roomy", 5), lambda: client.status("roomy")):
+        started = time.monotonic()
+        with pytest.raises(SidecarUnavailable):
+            call()
+        assert time.monotonic() - started < FAST
+    daemon.start()
+    assert client.acquire("roomy", 5).report(5) == 0
+
+
+@pytest.mark.parametrize("how", STOPS)
+def test_a_stopped_sidecar_is_allowed_past_at_once(make_daemon, how):
+    daemon = make_daemon(CONFIG)
+    client = Client(daemon.socket, on_unavailable="allow")
+    client.acquire("roomy", 5).report(5)
+    stop(daemon, how)
+    started = time.monotonic()
+    with pytest.warns(SidecarUnavailableWarning):
+        lease = client.acquire("roomy", 5)
+    assert time.monotonic() - started < FAST
+    assert lease.unlimited
+
+
+@pytest.mark.parametrize("how", STOPS)
+def test_a_stopped_sidecar_fails_the_next_asyncio_call_at_once(make_daemon, how):
+    daemon = make_daemon(CONFIG)
+
+    async def main() -> tuple[float, float]:
+        client = AsyncClient(daemon.socket)
+        await (await client.acquire("roomy", 5)).report(5)
+        await asyncio.to_thread(stop, daemon, how)
+        started = time.monotonic()
+        with pytest.raises(SidecarUnavailable):
+            await client.acquire("roomy", 5)
+        failed = time.monotonic() - started
+        allowing = AsyncClient(daemon.socket, on_unavailable="allow")
+        await asyncio.to_thread(daemon.start)
+        await (await allowing.acquire("roomy", 5)).report(5)
+        await asyncio.to_thread(stop, daemon, how)
+        started = time.monotonic()
+        with pytest.warns(SidecarUnavailableWarning):
+            lease = await allowing.acquire("roomy", 5)
+        assert lease.unlimited
+        allowed = time.monotonic() - started
+        await client.close()
+        await allowing.close()
+        return failed, allowed
+
+    failed, allowed = asyncio.run(main())
+    assert failed < FAST
+    assert allowed < FAST
+
+
+@pytest.mark.parametrize("how", STOPS)
+def test_a_sidecar_back_before_the_next_call_is_reached_with_the_defaults(make_daemon, how):
+    """No `connect_timeout`: the broken connection is still replaced at once."""
+    daemon = make_daemon(CONFIG)
+    client = Client(daemon.socket)
+    client.acquire("roomy", 5).report(5)
+    stop(daemon, how)
+    daemon.start()
+    assert client.acquire("roomy", 5).report(5) == 0
+
+    async def main() -> int:
+        async_client = AsyncClient(daemon.socket)
+        await (await async_client.acquire("roomy", 5)).report(5)
+        await asyncio.to_thread(stop, daemon, how)
+        await asyncio.to_thread(daemon.start)
+        returned = await (await async_client.acquire("roomy", 5)).report(5)
+        await async_client.close()
+        return returned
+
+    assert asyncio.run(main()) == 0
+
+
 def test_calls_survive_a_crash_and_restart(make_daemon, store):
     daemon = make_daemon(CONFIG, store=store)
-    client = Client(daemon.socket, timeout=5)
+    client = Client(daemon.socket, timeout=5, connect_timeout=5)
     workload = Workload(client)
     try:
         workload.wait_for_more(50)
@@ -85,7 +181,7 @@ def test_calls_survive_a_graceful_restart(make_daemon):
     """SIGTERM: the old daemon drains, answers new acquires ShuttingDown, and
     removes its socket; a successor binds the same path; the client moves over."""
     old = make_daemon(CONFIG)
-    client = Client(old.socket, timeout=5)
+    client = Client(old.socket, timeout=5, connect_timeout=5)
     client.acquire("slow", 1).report(1)  # the burst of "slow"
     held = []
     holder = threading.Thread(target=lambda: held.append(client.acquire("slow", 1)))
@@ -108,9 +204,11 @@ def test_calls_survive_a_graceful_restart(make_daemon):
         successor.close()
 
 
-def test_a_missing_sidecar_fails_within_the_deadline_then_recovers(make_daemon):
+def test_a_crashed_sidecar_is_waited_for_within_the_deadline_then_recovers(make_daemon):
+    """With a `connect_timeout`, a refused connect is retried until the
+    acquire's deadline (`max_wait` plus `timeout`), the shorter."""
     daemon = make_daemon(CONFIG)
-    client = Client(daemon.socket, timeout=0.5)
+    client = Client(daemon.socket, timeout=0.5, connect_timeout=5)
     client.ping()
     daemon.kill()
     started = time.monotonic()
@@ -149,12 +247,10 @@ def test_a_lease_of_a_dead_connection_settles_as_a_no_op(make_daemon):
 
 
 def test_async_calls_survive_a_restart(make_daemon):
-    import asyncio
-
     daemon = make_daemon(CONFIG)
 
     async def main() -> int:
-        client = AsyncClient(daemon.socket, timeout=5)
+        client = AsyncClient(daemon.socket, timeout=5, connect_timeout=5)
         done = 0
 
         async def worker() -> None:

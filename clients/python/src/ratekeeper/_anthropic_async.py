@@ -12,13 +12,14 @@ and tried again with a new acquire. `AsyncMessages.stream` does the same
 around the SDK's stream manager, settling when the stream is left;
 `AsyncLimitedEvents` settles a `create(stream=True)` stream when it ends.
 
-The same calls are limited under `with_raw_response` (`AsyncRawCalls`: the
-SDK's raw answer, settled from its parsed usage, its headers always
-forwarded; a stream's `parse()` gives events that settle at their end) and
-`with_streaming_response` (`AsyncStreamingCalls`: a context manager that
-settles when it is left, from what the caller read through
-`AsyncLimitedResponse`, else as reserved). What spends tokens unlimited
-(`batches`, ...) warns once; the rest passes through to the SDK.
+The same calls are limited under `with_raw_response` (`_raw`: the SDK's raw
+answer, settled from its parsed usage, its headers always forwarded; a
+stream's `parse()` gives events that settle at their end) and
+`with_streaming_response` (`_streaming`: a context manager that settles
+when it is left, from what the caller read through `AsyncLimitedResponse`,
+else as reserved); `_wrapping.LimitedView`, which the OpenAI wrapper's
+resources share, routes those views to them, and warns once for what spends
+tokens unlimited (`batches`, ...); the rest passes through to the SDK.
 
 Written for asyncio; `scripts/unasync.py` generates the blocking
 `_anthropic_sync.py` from it (see `_async.py`).
@@ -26,12 +27,12 @@ Written for asyncio; `scripts/unasync.py` generates the blocking
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import _anthropic_core as core
 from . import _openai_calls as calls
 from ._openai_async import AsyncGate, AsyncStreamProxy
+from ._wrapping import LimitedView
 
 if TYPE_CHECKING:
     from ._async import AsyncLease
@@ -71,43 +72,16 @@ class AsyncMessagesGate(AsyncGate):
         await self.settle(lease, counts, headers)
 
 
-class AsyncMessages:
+class AsyncMessages(LimitedView):
     """`messages` (or `beta.messages`) of a wrapped client: `create`, `parse` and
     `stream` are limited, also under `with_raw_response` and
     `with_streaming_response`; what spends tokens unlimited warns once; the
     rest passes."""
 
+    _gate: AsyncMessagesGate
+
     def __init__(self, wrapped: _Wrapped, endpoint: core.Endpoint = core.MESSAGES) -> None:
-        self._wrapped = wrapped
-        self._endpoint = endpoint
-        self._gate: AsyncMessagesGate = wrapped.gate
-
-    def _sdk(self, client: Any) -> Any:
-        """This resource in `client` (the wrapped client, or its copy without retries)."""
-        for name in self._endpoint.path.split("."):
-            client = getattr(client, name)
-        return client
-
-    def _unlimited(self, name: str, prefix: str = "") -> None:
-        """Warns (once) if `name` spends tokens unlimited; called from a `__getattr__`."""
-        if name in self._endpoint.unlimited:
-            path = f"{self._endpoint.path}.{prefix}{name}"
-            core.warn_unlimited(self._wrapped.warned, path, stacklevel=4)
-
-    def __getattr__(self, name: str) -> Any:
-        found = getattr(self._sdk(self._wrapped._client), name)
-        self._unlimited(name)
-        return found
-
-    @property
-    def with_raw_response(self) -> AsyncRawCalls:
-        """The SDK's `with_raw_response`, with the same calls limited."""
-        return AsyncRawCalls(self)
-
-    @property
-    def with_streaming_response(self) -> AsyncStreamingCalls:
-        """The SDK's `with_streaming_response`, with the same calls limited."""
-        return AsyncStreamingCalls(self)
+        super().__init__(wrapped, endpoint)
 
     async def _limited(self, kwargs: dict, call: Any) -> tuple[Any, AsyncLease]:
         """Acquires and makes `call()`; a 429 or 529 is settled, forwarded, waited out, retried."""
@@ -160,43 +134,13 @@ class AsyncMessages:
         await self._gate.settle(lease, core.reply_counts(parsed), answer.headers)
         return answer
 
+    def _streaming(self, method: str, /, **kwargs: Any) -> AsyncLimitedResponseContext:
+        """`with_streaming_response.<method>(...)` limited: settles when it is left."""
+        return AsyncLimitedResponseContext(self, method, **kwargs)
+
     def stream(self, **kwargs: Any) -> AsyncLimitedStreamManager:
         """`messages.stream`, limited: acquires on entering, settles on leaving."""
         return AsyncLimitedStreamManager(self, kwargs)
-
-
-class AsyncRawCalls:
-    """`with_raw_response` of a wrapped `messages`: its limited calls answer the
-    SDK's raw response (`headers`, `parse()`), settled from the parsed usage."""
-
-    def __init__(self, messages: AsyncMessages) -> None:
-        self._messages = messages
-
-    def __getattr__(self, name: str) -> Any:
-        messages = self._messages
-        raw = messages._sdk(messages._wrapped._client).with_raw_response
-        found = getattr(raw, name)
-        if name in messages._endpoint.methods:
-            return functools.partial(messages._raw, name)
-        messages._unlimited(name, "with_raw_response.")
-        return found
-
-
-class AsyncStreamingCalls:
-    """`with_streaming_response` of a wrapped `messages`: its limited calls give
-    a context manager, as the SDK's do, that settles when it is left."""
-
-    def __init__(self, messages: AsyncMessages) -> None:
-        self._messages = messages
-
-    def __getattr__(self, name: str) -> Any:
-        messages = self._messages
-        streaming = messages._sdk(messages._wrapped._client).with_streaming_response
-        found = getattr(streaming, name)
-        if name in messages._endpoint.methods:
-            return functools.partial(AsyncLimitedResponseContext, messages, name)
-        messages._unlimited(name, "with_streaming_response.")
-        return found
 
 
 class AsyncLimitedResponseContext:

@@ -16,19 +16,17 @@ they are not reported — and output tokens per minute are `output_tokens`.
 Which parts of the client are limited (`MESSAGES`, `BETA_MESSAGES`: `create`
 and `parse`, also under `with_raw_response` and `with_streaming_response`,
 and `stream`) and which spend tokens unlimited and warn once
-(`warn_unlimited`, the OpenAI wrapper's `RuntimeWarning`) are here too.
+(`_wrapping.warn_unlimited`, the OpenAI wrapper's `RuntimeWarning`) are here too.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from . import _openai_core
 from ._openai_calls import Cost
 
 log = logging.getLogger("ratekeeper.anthropic")
@@ -174,8 +172,3 @@ UNLIMITED_SPENDERS = frozenset({"completions", "with_raw_response", "with_stream
 UNLIMITED_BETA_PARTS = frozenset(
     {"sessions", "deployments", "dreams", "with_raw_response", "with_streaming_response"}
 )
-
-
-#: The OpenAI wrapper's one-time warning, naming Anthropic (a partial adds
-#: no frame, so `stacklevel` counts as it does there).
-warn_unlimited = functools.partial(_openai_core.warn_unlimited, provider="Anthropic")

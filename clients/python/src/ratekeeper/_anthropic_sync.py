@@ -14,13 +14,14 @@ and tried again with a new acquire. `Messages.stream` does the same
 around the SDK's stream manager, settling when the stream is left;
 `LimitedEvents` settles a `create(stream=True)` stream when it ends.
 
-The same calls are limited under `with_raw_response` (`RawCalls`: the
-SDK's raw answer, settled from its parsed usage, its headers always
-forwarded; a stream's `parse()` gives events that settle at their end) and
-`with_streaming_response` (`StreamingCalls`: a context manager that
-settles when it is left, from what the caller read through
-`LimitedResponse`, else as reserved). What spends tokens unlimited
-(`batches`, ...) warns once; the rest passes through to the SDK.
+The same calls are limited under `with_raw_response` (`_raw`: the SDK's raw
+answer, settled from its parsed usage, its headers always forwarded; a
+stream's `parse()` gives events that settle at their end) and
+`with_streaming_response` (`_streaming`: a context manager that settles
+when it is left, from what the caller read through `LimitedResponse`,
+else as reserved); `_wrapping.LimitedView`, which the OpenAI wrapper's
+resources share, routes those views to them, and warns once for what spends
+tokens unlimited (`batches`, ...); the rest passes through to the SDK.
 
 Written for asyncio; `scripts/unasync.py` generates the blocking
 `_anthropic_sync.py` from it (see `_async.py`).
@@ -28,12 +29,12 @@ Written for asyncio; `scripts/unasync.py` generates the blocking
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import _anthropic_core as core
 from . import _openai_calls as calls
 from ._openai_sync import Gate, StreamProxy
+from ._wrapping import LimitedView
 
 if TYPE_CHECKING:
     from ._sync import Lease
@@ -73,43 +74,16 @@ class MessagesGate(Gate):
         self.settle(lease, counts, headers)
 
 
-class Messages:
+class Messages(LimitedView):
     """`messages` (or `beta.messages`) of a wrapped client: `create`, `parse` and
     `stream` are limited, also under `with_raw_response` and
     `with_streaming_response`; what spends tokens unlimited warns once; the
     rest passes."""
 
+    _gate: MessagesGate
+
     def __init__(self, wrapped: _Wrapped, endpoint: core.Endpoint = core.MESSAGES) -> None:
-        self._wrapped = wrapped
-        self._endpoint = endpoint
-        self._gate: MessagesGate = wrapped.gate
-
-    def _sdk(self, client: Any) -> Any:
-        """This resource in `client` (the wrapped client, or its copy without retries)."""
-        for name in self._endpoint.path.split("."):
-            client = getattr(client, name)
-        return client
-
-    def _unlimited(self, name: str, prefix: str = "") -> None:
-        """Warns (once) if `name` spends tokens unlimited; called from a `__getattr__`."""
-        if name in self._endpoint.unlimited:
-            path = f"{self._endpoint.path}.{prefix}{name}"
-            core.warn_unlimited(self._wrapped.warned, path, stacklevel=4)
-
-    def __getattr__(self, name: str) -> Any:
-        found = getattr(self._sdk(self._wrapped._client), name)
-        self._unlimited(name)
-        return found
-
-    @property
-    def with_raw_response(self) -> RawCalls:
-        """The SDK's `with_raw_response`, with the same calls limited."""
-        return RawCalls(self)
-
-    @property
-    def with_streaming_response(self) -> StreamingCalls:
-        """The SDK's `with_streaming_response`, with the same calls limited."""
-        return StreamingCalls(self)
+        super().__init__(wrapped, endpoint)
 
     def _limited(self, kwargs: dict, call: Any) -> tuple[Any, Lease]:
         """Acquires and makes `call()`; a 429 or 529 is settled, forwarded, waited out, retried."""
@@ -162,43 +136,13 @@ class Messages:
         self._gate.settle(lease, core.reply_counts(parsed), answer.headers)
         return answer
 
+    def _streaming(self, method: str, /, **kwargs: Any) -> LimitedResponseContext:
+        """`with_streaming_response.<method>(...)` limited: settles when it is left."""
+        return LimitedResponseContext(self, method, **kwargs)
+
     def stream(self, **kwargs: Any) -> LimitedStreamManager:
         """`messages.stream`, limited: acquires on entering, settles on leaving."""
         return LimitedStreamManager(self, kwargs)
-
-
-class RawCalls:
-    """`with_raw_response` of a wrapped `messages`: its limited calls answer the
-    SDK's raw response (`headers`, `parse()`), settled from the parsed usage."""
-
-    def __init__(self, messages: Messages) -> None:
-        self._messages = messages
-
-    def __getattr__(self, name: str) -> Any:
-        messages = self._messages
-        raw = messages._sdk(messages._wrapped._client).with_raw_response
-        found = getattr(raw, name)
-        if name in messages._endpoint.methods:
-            return functools.partial(messages._raw, name)
-        messages._unlimited(name, "with_raw_response.")
-        return found
-
-
-class StreamingCalls:
-    """`with_streaming_response` of a wrapped `messages`: its limited calls give
-    a context manager, as the SDK's do, that settles when it is left."""
-
-    def __init__(self, messages: Messages) -> None:
-        self._messages = messages
-
-    def __getattr__(self, name: str) -> Any:
-        messages = self._messages
-        streaming = messages._sdk(messages._wrapped._client).with_streaming_response
-        found = getattr(streaming, name)
-        if name in messages._endpoint.methods:
-            return functools.partial(LimitedResponseContext, messages, name)
-        messages._unlimited(name, "with_streaming_response.")
-        return found
 
 
 class LimitedResponseContext:

@@ -46,8 +46,11 @@ ENV_SOCKET = "RATEKEEPER_SOCKET"
 ENV_EXPECTED_UID = "RATEKEEPER_EXPECTED_UID"
 #: Default for `timeout`: how long a call may spend on I/O beyond its own wait.
 DEFAULT_TIMEOUT = 5.0
-#: Default for `connect_timeout`: how long a restarting sidecar is retried.
-DEFAULT_CONNECT_TIMEOUT = 5.0
+#: Default for `connect_timeout`: how long a call waits for a sidecar nobody
+#: listens for (a missing socket file, a refused connect). None at all: a
+#: stopped sidecar costs a call microseconds, not a wait for a successor that
+#: may never come.
+DEFAULT_CONNECT_TIMEOUT = 0.0
 
 #: Bytes asked of the socket per read.
 RECV_SIZE = 64 * 1024
@@ -268,7 +271,7 @@ class Deadline:
 
 
 def reconnect_delays() -> Iterator[float]:
-    """Pauses between connect attempts while the socket is missing: 5 ms doubling to 250 ms."""
+    """Pauses between connect attempts: 5 ms doubling to 250 ms."""
     delay = 0.005
     while True:
         yield delay
@@ -300,19 +303,28 @@ def settle_retry_pause(
     return pause
 
 
-def sidecar_restarting(error: BaseException) -> bool:
-    """Whether a failed connect looks like a restarting sidecar: worth retrying.
+def nobody_listening(error: BaseException) -> bool:
+    """Whether a failed connect found no daemon: no socket file (a stopped
+    daemon removes it), or one nobody listens on (refused: a crashed daemon
+    leaves it behind). A successor may bind it soon, or never; waiting for it
+    is the caller's choice (`connect_timeout`)."""
+    return isinstance(error, (FileNotFoundError, ConnectionRefusedError))
 
-    Refused (a socket file whose daemon is gone, until a successor binds it),
-    reset or closed during `Hello`, or a full accept queue. A missing socket
-    file is not: it fails at once unless the caller knows a daemon was there.
-    """
+
+def sidecar_busy(error: BaseException) -> bool:
+    """Whether a failed connect found a daemon that did not take the connection
+    now: reset or closed during `Hello`, or a full accept queue. It is there,
+    so the connect is worth retrying within the call's `timeout`."""
+    if nobody_listening(error):
+        return False
     return isinstance(error, (ConnectionError, BlockingIOError, ConnectionLost))
 
 
 def unavailable(path: str, cause: Optional[BaseException]) -> SidecarUnavailable:
     if isinstance(cause, FileNotFoundError):
         reason = ": no socket file there (is `ratekeeper serve` running on that socket?)"
+    elif isinstance(cause, ConnectionRefusedError):
+        reason = ": connection refused, nobody listens on the socket file (a crashed daemon's?)"
     else:
         reason = f": {cause}" if cause else ""
     return SidecarUnavailable(f"the ratekeeper sidecar at {path} is unavailable{reason}")

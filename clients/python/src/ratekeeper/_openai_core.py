@@ -1,9 +1,10 @@
 """What both halves of the OpenAI wrapper share that never waits.
 
 Reading the provider's rate-limit headers (`retry_delay`), when to forward
-them (`FeedbackSampler`), which parts of the client spend tokens unlimited,
-and the options every wrapper's `LimitOptions` starts with (`CallOptions`;
-the Anthropic wrapper uses this module too). What a failed provider call
+them (`FeedbackSampler`), which parts of the client spend tokens unlimited
+(the warning is `_wrapping`'s, shared with the Anthropic wrapper), and the
+options every wrapper's `LimitOptions` starts with (`CallOptions`; the
+Anthropic wrapper uses this module too). What a failed provider call
 leaves of its lease is the client's rule (`_core.failed_call`, applied by
 `AsyncLease.settle_failed`). What each limited call
 costs and used is in `_openai_calls.py`; the halves that do wait are written
@@ -21,7 +22,6 @@ import math
 import random
 import re
 import time
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -175,22 +175,6 @@ UNLIMITED_SPENDERS = frozenset(
 UNLIMITED_CHAT_PARTS = frozenset({"with_raw_response", "with_streaming_response"})
 
 
-def warn_unlimited(seen: set, path: str, provider: str = "OpenAI", stacklevel: int = 3) -> None:
-    """Warns, once per `seen` set, that `path` of a wrapped `provider` client is
-    not limited (a `RuntimeWarning`); `stacklevel` as `warnings.warn`'s: 3
-    names the code that reached `path` through the `__getattr__` that called
-    this. The Anthropic wrapper's warning too."""
-    if path in seen:
-        return
-    seen.add(path)
-    warnings.warn(
-        f"ratekeeper: {path} of a wrapped {provider} client is not rate-limited; "
-        "acquire and report around these calls yourself (see ratekeeper.Client.acquire)",
-        RuntimeWarning,
-        stacklevel=stacklevel,
-    )
-
-
 def is_async_sdk(create: Any, limiter: Any, async_sdk: str, sync_sdk: str) -> bool:
     """Whether the SDK client whose limited call is `create` is asyncio; a
     `TypeError` unless `limiter` is the ratekeeper client of the same kind."""
@@ -201,13 +185,6 @@ def is_async_sdk(create: Any, limiter: Any, async_sdk: str, sync_sdk: str) -> bo
             f"and an {sync_sdk} with a ratekeeper.Client"
         )
     return is_async
-
-
-def without_retries(client: Any) -> Any:
-    """The SDK client with its own retries off, so that a provider's 429 is
-    never retried behind the limiter's back."""
-    with_options = getattr(client, "with_options", None)
-    return with_options(max_retries=0) if callable(with_options) else client
 
 
 class RawStreamResponse:

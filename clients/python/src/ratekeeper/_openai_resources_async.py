@@ -16,51 +16,27 @@ Written for asyncio; `scripts/unasync.py` generates the blocking
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import _openai_calls as calls
 from . import _openai_core as core
 from ._openai_async import AsyncGate, AsyncLimitedStream, AsyncStreamProxy
+from ._wrapping import LimitedView
 
 if TYPE_CHECKING:
     from ._async import AsyncLease
     from .openai import _Wrapped
 
 
-class AsyncResource:
+class AsyncResource(LimitedView):
     """An SDK resource whose `api.methods` are limited; the rest passes through."""
 
     #: The endpoint: its cost, usage and limited methods (set by each subclass).
     api: calls.Api
+    _gate: AsyncGate
 
     def __init__(self, wrapped: _Wrapped) -> None:
-        self._wrapped = wrapped
-        self._gate: AsyncGate = wrapped.gate
-
-    def _sdk(self, client: Any) -> Any:
-        """This resource in `client` (the wrapped client, or its copy without retries)."""
-        for name in self.api.path.split("."):
-            client = getattr(client, name)
-        return client
-
-    def _unlimited(self, name: str, prefix: str = "") -> None:
-        if name in self.api.unlimited:
-            core.warn_unlimited(self._wrapped.warned, f"{self.api.path}.{prefix}{name}")
-
-    def __getattr__(self, name: str) -> Any:
-        self._unlimited(name)
-        return getattr(self._sdk(self._wrapped._client), name)
-
-    @property
-    def with_raw_response(self) -> AsyncRawCalls:
-        """The SDK's `with_raw_response`, with the same calls limited."""
-        return AsyncRawCalls(self)
-
-    @property
-    def with_streaming_response(self) -> AsyncStreamingCalls:
-        """The SDK's `with_streaming_response`, with the same calls limited."""
-        return AsyncStreamingCalls(self)
+        super().__init__(wrapped, self.api)
 
     async def _create(self, method: str, kwargs: dict) -> Any:
         """`method` limited: acquire, call, report the usage (a stream: at its end)."""
@@ -101,37 +77,9 @@ class AsyncResource:
         await gate.settle(lease, api.reply_counts(answer.parse()), answer.headers)
         return answer
 
-
-class AsyncRawCalls:
-    """`with_raw_response` of a limited resource: its limited calls answer the
-    SDK's raw response (`headers`, `parse()`), settled from the parsed usage."""
-
-    def __init__(self, resource: AsyncResource) -> None:
-        self._resource = resource
-
-    def __getattr__(self, name: str) -> Any:
-        resource = self._resource
-        raw = resource._sdk(resource._wrapped._client).with_raw_response
-        if name in resource.api.methods and hasattr(raw, name):
-            return functools.partial(resource._raw, name)
-        resource._unlimited(name, "with_raw_response.")
-        return getattr(raw, name)
-
-
-class AsyncStreamingCalls:
-    """`with_streaming_response` of a limited resource: its limited calls give a
-    context manager, as the SDK's do, that settles when it is left."""
-
-    def __init__(self, resource: AsyncResource) -> None:
-        self._resource = resource
-
-    def __getattr__(self, name: str) -> Any:
-        resource = self._resource
-        streaming = resource._sdk(resource._wrapped._client).with_streaming_response
-        if name in resource.api.methods and hasattr(streaming, name):
-            return functools.partial(AsyncLimitedResponseContext, resource, name)
-        resource._unlimited(name, "with_streaming_response.")
-        return getattr(streaming, name)
+    def _streaming(self, method: str, /, **kwargs: Any) -> AsyncLimitedResponseContext:
+        """`with_streaming_response.<method>(...)` limited: settles when it is left."""
+        return AsyncLimitedResponseContext(self, method, **kwargs)
 
 
 class AsyncLimitedResponseContext:

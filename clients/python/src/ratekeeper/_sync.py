@@ -58,19 +58,25 @@ class Client:
     (one that bound the path first) is refused before anything is sent, with
     `SidecarUnavailable`.
     `timeout` (seconds) bounds what a call spends beyond its own `max_wait`:
-    connecting, reconnecting after the sidecar restarted, and waiting for an
-    answer that is not held back. `connect_timeout` (seconds, default 5)
-    bounds, within that, how long a call keeps retrying a sidecar that
-    refuses or resets its connections (a restarting daemon). A socket file
-    that does not exist fails at once (no daemon was started there), unless a
-    connection of this client just broke: then the old daemon removed it and
-    its successor is about to bind, which is retried the same way.
+    connecting (retrying a sidecar that resets connections or whose accept
+    queue is full), reconnecting after a connection broke, and waiting for an
+    answer that is not held back. `connect_timeout` (seconds, default 0)
+    is how long a call waits for a sidecar nobody listens for: a refused
+    connect (a crashed daemon's socket file), or a missing socket file right
+    after a connection of this client broke (a stopped daemon removes it).
+    By default that fails at once, so a stopped sidecar costs a call well
+    under a millisecond; set it (e.g. 5) to ride out restarts: calls then
+    wait for the successor to bind. A socket file that does not exist on the
+    first connect fails at once whatever `connect_timeout` is (no daemon was
+    started there). A connection that broke is replaced at once either way,
+    so a daemon that is back (or a successor already listening) is reached.
 
     `on_unavailable` says what `acquire` does when the sidecar cannot be
     reached: `"raise"` raises `SidecarUnavailable`; `"allow"` warns and
     returns an unlimited no-op lease, so the application keeps working
     without a shared limit. After one call gave up on an unreachable sidecar,
-    later calls try to connect once and fail at once, until it answers again.
+    later calls try to connect once and fail at once, until it answers again
+    (with a `connect_timeout`, one call per outage waits for it, not each).
     """
 
     def __init__(
@@ -97,35 +103,46 @@ class Client:
     # -- connections --------------------------------------------------------
 
     def _connect(self, deadline: core.Deadline) -> Connection:
-        """A new connection, within `deadline` and `connect_timeout`.
+        """A new connection, within `deadline`.
 
-        Retried while the sidecar refuses or resets connections (it is
-        restarting), and while its socket file is missing right after a
-        connection of ours broke (its successor has not bound yet). A missing
-        socket file otherwise, or any other error, gives up at once.
+        Retried within `timeout` while the sidecar resets connections or its
+        accept queue is full (it is there, busy); within `connect_timeout`
+        while it refuses them, or while its socket file is missing right after
+        a connection of ours broke (nobody listens: a successor may bind). A
+        missing socket file otherwise, or any other error, gives up at once.
         """
         slot = self._slot
-        deadline = deadline.earlier(self.connect_timeout)
-        restarting = slot.reconnecting
+        busy_until = deadline.earlier(self.timeout)
+        absent_until = deadline.earlier(self.connect_timeout)
+        # Whether a daemon was seen at the path: only then may a missing
+        # socket file be a successor about to bind it (or one replacing a
+        # stale file) rather than a path where no daemon was ever started.
+        was_there = slot.reconnecting
         name = self.name or core.default_client_name()
         last: Optional[BaseException] = None
         for delay in core.reconnect_delays():
             try:
-                conn = Connection.open(self.socket_path, name, deadline, self.expected_uid)
+                conn = Connection.open(self.socket_path, name, busy_until, self.expected_uid)
             except (OSError, ConnectionLost) as error:
-                last = error
-                if core.sidecar_restarting(error):
-                    if not restarting:
-                        log.debug("the sidecar at %s: %s; retrying", self.socket_path, error)
-                    restarting = True
-                elif not (restarting and isinstance(error, FileNotFoundError)):
+                if core.sidecar_busy(error):
+                    until = busy_until
+                elif core.nobody_listening(error) and (
+                    was_there or not isinstance(error, FileNotFoundError)
+                ):
+                    until = absent_until
+                else:
+                    last = error
                     break
+                was_there = True
+                if last is None and until.remaining() != 0:
+                    log.debug("the sidecar at %s: %s; retrying", self.socket_path, error)
+                last = error
             else:
                 if slot.down:
                     log.warning("the ratekeeper sidecar at %s is reachable again", self.socket_path)
                 slot.down = False
                 return conn
-            remaining = deadline.remaining()
+            remaining = until.remaining()
             if slot.down or remaining == 0:
                 break
             sleep(delay if remaining is None else min(delay, remaining))
@@ -214,7 +231,10 @@ class Client:
             limit, tokens, messages, max_tokens, tools, tenant, priority, max_wait, system, api
         )
         overall = core.Deadline(None if max_wait is None else max_wait + self.timeout)
-        retry_until: Optional[core.Deadline] = None  # set when a connection first breaks
+        # Set when a connection first breaks: what reconnecting may take (the
+        # connect itself waits for nobody listening only `connect_timeout`).
+        retry_until: Optional[core.Deadline] = None
+        reconnect = max(self.timeout, self.connect_timeout)
         attempt = request
         while True:
             conn = self._slot.ready()
@@ -227,7 +247,7 @@ class Client:
             try:
                 response = conn.call(attempt, overall, self._abandon)
             except ConnectionLost as error:
-                retry_until = retry_until or overall.earlier(self.connect_timeout)
+                retry_until = retry_until or overall.earlier(reconnect)
                 if retry_until.expired:
                     return self._unavailable(limit, request, error)
                 attempt = req.with_remaining_wait(request, overall, self.timeout)
@@ -239,7 +259,7 @@ class Client:
             if isinstance(response, p.ErrorReply) and response.code == ErrorCode.SHUTTING_DOWN:
                 # This daemon is draining: ask its successor, within the deadline.
                 conn.retired = True
-                retry_until = retry_until or overall.earlier(self.connect_timeout)
+                retry_until = retry_until or overall.earlier(reconnect)
                 attempt = req.with_remaining_wait(request, overall, self.timeout)
                 continue
             response = req.older_daemon(response, request.chat)
@@ -263,10 +283,21 @@ class Client:
         self,
         limit: str,
         tokens: Optional[int] = None,
-        **options: Any,
+        *,
+        messages: Optional[Iterable[core.MessageLike]] = None,
+        max_tokens: Optional[int] = None,
+        tools: Any = None,
+        system: Any = None,
+        api: Optional[req.Api] = None,
+        tenant: Optional[str] = None,
+        priority: Optional[str] = None,
+        max_wait: Optional[float] = None,
     ) -> Iterator[Lease]:
         """`acquire` as a context manager: `with client.reserve(...) as lease:`.
 
+        The arguments are `acquire`'s: `tokens` and/or `max_tokens`, or the
+        chat `messages` (with `tools`, `system`, `api`) for the daemon to
+        count; `tenant`, `priority` and `max_wait` as for `acquire`.
         If the body raises before the lease was settled, the error decides
         (`Lease.settle_failed`): a provider's 429 (an SDK error with
         that `status_code`) is settled as rejected, keeping the request and
@@ -276,7 +307,18 @@ class Client:
         ends normally without a report, the reservation is kept and the
         lease is settled as fully used: tokens are never handed back on a guess.
         """
-        lease = self.acquire(limit, tokens, **options)
+        lease = self.acquire(
+            limit,
+            tokens,
+            messages=messages,
+            max_tokens=max_tokens,
+            tools=tools,
+            system=system,
+            api=api,
+            tenant=tenant,
+            priority=priority,
+            max_wait=max_wait,
+        )
         with lease:
             yield lease
 

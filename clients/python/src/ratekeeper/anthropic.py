@@ -57,8 +57,9 @@ from . import _anthropic_core as core
 from ._anthropic_async import AsyncMessages, AsyncMessagesGate
 from ._anthropic_sync import Messages, MessagesGate
 from ._async import AsyncClient
-from ._openai_core import CallOptions, is_async_sdk, without_retries
+from ._openai_core import CallOptions, is_async_sdk
 from ._sync import Client
+from ._wrapping import WrappedClient, WrappedNamespace
 
 __all__ = ["LimitOptions", "wrap"]
 
@@ -100,9 +101,12 @@ def wrap(
     return cast(AnthropicClient, _Wrapped(client, limiter, settings, is_async))
 
 
-class _Wrapped:
+class _Wrapped(WrappedClient):
     """The wrapped client: `messages` and `beta.messages` are limited, the rest
     passes through (what spends tokens there warns once)."""
+
+    provider = "Anthropic"
+    unlimited = core.UNLIMITED_SPENDERS
 
     def __init__(
         self,
@@ -112,42 +116,12 @@ class _Wrapped:
         is_async: bool,
         warned: Optional[set] = None,
     ) -> None:
-        self._client = client
-        self._raw = without_retries(client)
-        self._is_async = is_async
-        self.limiter = limiter
-        self.settings = settings
-        #: The unlimited parts already warned about (shared with copies).
-        self.warned: set = set() if warned is None else warned
-        #: The rule every limited call goes through (shared by both `messages`).
-        self.gate: Any = (AsyncMessagesGate if is_async else MessagesGate)(limiter, settings)
+        super().__init__(client, limiter, settings, is_async, warned)
+        #: Shared by both `messages`.
+        self.gate = (AsyncMessagesGate if is_async else MessagesGate)(limiter, settings)
         messages = AsyncMessages if is_async else Messages
         self.messages = messages(self)
-        self.beta = _Beta(self, messages(self, core.BETA_MESSAGES))
-
-    def with_options(self, **options: Any) -> Any:
-        """The SDK's `with_options` (also `copy`), limited like this client."""
-        copied = self._client.with_options(**options)
-        return _Wrapped(copied, self.limiter, self.settings, self._is_async, self.warned)
-
-    copy = with_options
-
-    def __getattr__(self, name: str) -> Any:
-        found = getattr(self._client, name)
-        if name in core.UNLIMITED_SPENDERS:
-            core.warn_unlimited(self.warned, name)
-        return found
-
-
-class _Beta:
-    """`beta` of a wrapped client: its `messages` are limited."""
-
-    def __init__(self, wrapped: _Wrapped, messages: Any) -> None:
-        self._wrapped = wrapped
-        self.messages = messages
-
-    def __getattr__(self, name: str) -> Any:
-        found = getattr(self._wrapped._client.beta, name)
-        if name in core.UNLIMITED_BETA_PARTS:
-            core.warn_unlimited(self._wrapped.warned, f"beta.{name}")
-        return found
+        beta_messages = messages(self, core.BETA_MESSAGES)
+        self.beta = WrappedNamespace(
+            self, "beta", core.UNLIMITED_BETA_PARTS, messages=beta_messages
+        )

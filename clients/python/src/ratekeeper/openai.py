@@ -84,13 +84,12 @@ from ._openai_core import (
     estimate_prompt_tokens,
     is_async_sdk,
     retry_delay,
-    warn_unlimited,
-    without_retries,
 )
 from ._openai_resources_async import AsyncCompletions, AsyncEmbeddings, AsyncResponses
 from ._openai_resources_sync import Completions, Embeddings, Responses
 from ._openai_sync import Gate
 from ._sync import Client
+from ._wrapping import WrappedClient, WrappedNamespace
 
 __all__ = ["LimitOptions", "retry_delay", "wrap"]
 
@@ -140,9 +139,12 @@ def wrap(
     return cast(OpenAIClient, _Wrapped(client, limiter, settings, is_async))
 
 
-class _Wrapped:
+class _Wrapped(WrappedClient):
     """The wrapped client: `chat.completions`, `responses` and `embeddings` are
     limited, the rest passes through (what spends tokens there warns once)."""
+
+    provider = "OpenAI"
+    unlimited = UNLIMITED_SPENDERS
 
     def __init__(
         self,
@@ -152,40 +154,9 @@ class _Wrapped:
         is_async: bool,
         warned: Optional[set] = None,
     ) -> None:
-        self._client = client
-        self._raw = without_retries(client)
-        self._is_async = is_async
-        self.limiter = limiter
-        self.settings = settings
-        #: The unlimited parts already warned about (shared with copies).
-        self.warned: set = set() if warned is None else warned
-        #: The rule every limited call goes through (an `AsyncGate` or a `Gate`).
-        self.gate: Any = (AsyncGate if is_async else Gate)(limiter, settings)
-        self.chat = _Chat(self, (AsyncCompletions if is_async else Completions)(self))
+        super().__init__(client, limiter, settings, is_async, warned)
+        self.gate = (AsyncGate if is_async else Gate)(limiter, settings)
+        completions = (AsyncCompletions if is_async else Completions)(self)
+        self.chat = WrappedNamespace(self, "chat", UNLIMITED_CHAT_PARTS, completions=completions)
         self.responses = (AsyncResponses if is_async else Responses)(self)
         self.embeddings = (AsyncEmbeddings if is_async else Embeddings)(self)
-
-    def with_options(self, **options: Any) -> Any:
-        """The SDK's `with_options` (also `copy`), limited like this client."""
-        copied = self._client.with_options(**options)
-        return _Wrapped(copied, self.limiter, self.settings, self._is_async, self.warned)
-
-    copy = with_options
-
-    def __getattr__(self, name: str) -> Any:
-        if name in UNLIMITED_SPENDERS:
-            warn_unlimited(self.warned, name)
-        return getattr(self._client, name)
-
-
-class _Chat:
-    """`chat` of a wrapped client: its `completions` are limited."""
-
-    def __init__(self, wrapped: _Wrapped, completions: Any) -> None:
-        self._wrapped = wrapped
-        self.completions = completions
-
-    def __getattr__(self, name: str) -> Any:
-        if name in UNLIMITED_CHAT_PARTS:
-            warn_unlimited(self._wrapped.warned, f"chat.{name}")
-        return getattr(self._wrapped._client.chat, name)
