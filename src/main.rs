@@ -58,7 +58,8 @@ Exit codes: 0 clean shutdown, 1 invalid config or socket unavailable."
     },
     /// Validate a config file and print the effective configuration.
     #[command(
-        after_help = "Every mistake is reported with its line and column. Environment \
+        after_help = "Every mistake in the file is reported in one run, each with its line \
+and column, an unknown key or value with the one it most likely misspells. Environment \
 overrides (RATEKEEPER_SOCKET, RATEKEEPER_REDIS_URL) apply as in serve.\n\n\
 Exit codes: 0 valid, 1 invalid or unreadable."
     )]

@@ -137,6 +137,73 @@ fn check_config_prints_the_effective_config_or_every_mistake() {
     assert!(text(&output.stderr).contains("duplicate limit name"));
 }
 
+/// Issue 28: `check-config` showed one mistake at a time and guessed
+/// none. Three independent mistakes (a misspelled key in `[server]`, one in
+/// a limit, a bad value in another limit) come out of one run, each at its
+/// line with the key meant; `serve` refuses with the same three.
+#[test]
+fn check_config_reports_every_mistake_in_one_run_with_the_key_meant() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("three.toml");
+    std::fs::write(
+        &file,
+        "[server]\nsockett = \"/tmp/rk.sock\"\n\n\
+         [[limits]]\nname = \"gpt-4o\"\ntoken_per_minute = 30000\n\n\
+         [[limits]]\nname = \"gpt-4o-mini\"\ntokens_per_minute = 0\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let expected = [
+        "3 problems:".to_string(),
+        format!("{path}:2:1: server: unknown key `sockett`, did you mean `socket`?"),
+        format!(
+            "{path}:6:1: limits[0]: unknown key `token_per_minute`, did you mean `tokens_per_minute`?"
+        ),
+        format!(
+            "{path}:10:21: limits[1] \"gpt-4o-mini\": tokens_per_minute must be greater than zero (got 0)"
+        ),
+    ];
+    for args in [
+        ["check-config", "--config", path],
+        ["serve", "--config", path],
+    ] {
+        let output = ratekeeper(&args, None);
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        let stderr = text(&output.stderr);
+        for line in &expected {
+            assert!(stderr.contains(line.as_str()), "{args:?}: {line}\n{stderr}");
+        }
+        assert_eq!(stderr.lines().count(), 4, "{args:?}\n{stderr}");
+    }
+}
+
+/// docs/cli.md's "Checking a config" example prints exactly what the page
+/// says it prints.
+#[test]
+fn check_config_prints_what_the_docs_show() {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md"))
+        .expect("docs/cli.md");
+    let section = page
+        .split("\n## Checking a config\n")
+        .nth(1)
+        .expect("docs/cli.md has a \"Checking a config\" section");
+    let block = |fence: &str| {
+        let start = section.find(fence).expect(fence) + fence.len();
+        let end = start + section[start..].find("\n```").expect("a closing fence");
+        &section[start..end + 1]
+    };
+    let (config, printed) = (block("```toml\n"), block("```text\n"));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ratekeeper.toml"), config).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args(["check-config", "ratekeeper.toml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(text(&output.stderr), printed);
+}
+
 #[tokio::test]
 async fn acquire_exit_codes_say_granted_or_denied() {
     let daemon =

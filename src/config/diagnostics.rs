@@ -5,6 +5,7 @@
 use toml::Spanned;
 
 use super::render::mask_redis_url;
+use super::suggest::closest;
 use crate::proto::MAX_NAME_LEN;
 
 /// Collects located problems, then renders them `origin:line:col: message`
@@ -13,6 +14,9 @@ pub(super) struct Diagnostics<'a> {
     text: &'a str,
     origin: &'a str,
     errors: Vec<(usize, String)>,
+    /// (context, key) of keys dropped unread (`super::read`): a problem
+    /// in that context naming that key only follows from the one reported.
+    consequences: Vec<(String, String)>,
 }
 
 impl<'a> Diagnostics<'a> {
@@ -22,12 +26,33 @@ impl<'a> Diagnostics<'a> {
             text,
             origin,
             errors: Vec::new(),
+            consequences: Vec::new(),
         }
     }
 
-    /// Records a problem at byte `offset` of the text.
+    /// Records a problem at byte `offset` of the text, unless it only
+    /// follows from a key reported as unreadable.
     pub fn error(&mut self, offset: usize, message: String) {
+        let follows = self
+            .consequences
+            .iter()
+            .any(|(context, key)| names_key_in(&message, context, key));
+        if !follows {
+            self.errors.push((offset, message));
+        }
+    }
+
+    /// Records a key (or value) that could not be read at byte `offset`.
+    pub fn unreadable(&mut self, offset: usize, message: String) {
         self.errors.push((offset, message));
+    }
+
+    /// Drops, from now on, problems in `context` (e.g. `limits[2]`) that
+    /// name `key`: it was reported unreadable, so "`key` is required" or
+    /// "… is set but `key` is not" would only repeat that.
+    pub fn ignore_consequences(&mut self, context: &str, key: &str) {
+        self.consequences
+            .push((context.to_string(), key.to_string()));
     }
 
     /// The 1-based line of byte `offset`.
@@ -49,6 +74,23 @@ impl<'a> Diagnostics<'a> {
             .map(|(offset, message)| self.located(*offset, message))
             .collect()
     }
+}
+
+/// Whether `message` is about `context` (`limits[2]` covers
+/// `limits[2] "gpt-4o": …`, not `limits[20]`) and names `key` as a word.
+fn names_key_in(message: &str, context: &str, key: &str) -> bool {
+    let Some(rest) = message.strip_prefix(context) else {
+        return false;
+    };
+    if context.is_empty() || !rest.starts_with([' ', ':']) {
+        return false;
+    }
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    rest.match_indices(key).any(|(at, _)| {
+        let before = rest[..at].chars().next_back();
+        let after = rest[at + key.len()..].chars().next();
+        !before.is_some_and(is_word) && !after.is_some_and(is_word)
+    })
 }
 
 /// 1-based line and column (in characters) of byte `offset` in `text`.
@@ -112,9 +154,7 @@ fn mask_urls_in_message(message: &str) -> String {
 /// The message of a file toml cannot read into the schema (bad syntax, an
 /// unknown key, a value of the wrong type), located when toml says where.
 pub(super) fn syntax_error(err: &toml::de::Error, text: &str, origin: &str) -> String {
-    let message = mask_urls_in_message(err.message())
-        .replace("expected i64", "expected an integer")
-        .replace("expected f64", "expected a number");
+    let message = readable_message(err);
     let message = match toml_key_path(err) {
         Some(keys) => format!("{keys}: {message}"),
         None => message,
@@ -126,6 +166,14 @@ pub(super) fn syntax_error(err: &toml::de::Error, text: &str, origin: &str) -> S
         }
         None => format!("{origin}: {message}"),
     }
+}
+
+/// toml's message for `err`, Redis URLs masked and Rust's type names
+/// (`i64`, `f64`) said as a user would.
+pub(super) fn readable_message(err: &toml::de::Error) -> String {
+    mask_urls_in_message(err.message())
+        .replace("expected i64", "expected an integer")
+        .replace("expected f64", "expected a number")
 }
 
 /// The dotted key path toml attaches to a deserialization error (e.g.
@@ -290,12 +338,23 @@ pub(super) fn check_fraction(
 pub(super) fn check_reference<'a>(
     d: &mut Diagnostics,
     reference: &Spanned<String>,
-    mut names: impl Iterator<Item = Option<&'a Spanned<String>>>,
+    names: impl Iterator<Item = Option<&'a Spanned<String>>>,
     problem: impl FnOnce(&str) -> String,
 ) {
     let name = reference.get_ref().as_str();
-    if !names.any(|declared| declared.map(|n| n.get_ref().as_str()) == Some(name)) {
-        d.error(reference.span().start, problem(name));
+    let declared: Vec<&str> = names.flatten().map(|n| n.get_ref().as_str()).collect();
+    if !declared.contains(&name) {
+        let message = problem(name) + &did_you_mean(name, declared);
+        d.error(reference.span().start, message);
+    }
+}
+
+/// `; did you mean "gpt-4o"?` when one of `names` is close to `written`,
+/// else nothing.
+pub(super) fn did_you_mean<'a>(written: &str, names: impl IntoIterator<Item = &'a str>) -> String {
+    match closest(written, names) {
+        Some(name) => format!("; did you mean {name:?}?"),
+        None => String::new(),
     }
 }
 
@@ -409,6 +468,11 @@ impl DeclaredNames {
     pub fn describe(&self) -> String {
         let header = format!("[[{}]]", self.section);
         declared_list(self.names.iter().map(|(n, _)| n.as_str()), &header)
+    }
+
+    /// `; did you mean "a"?` when a declared name is close to `written`.
+    pub fn did_you_mean(&self, written: &str) -> String {
+        did_you_mean(written, self.names.iter().map(|(n, _)| n.as_str()))
     }
 }
 

@@ -23,8 +23,10 @@ mod env;
 mod limit;
 mod model;
 mod raw;
+mod read;
 mod render;
 mod resolve;
+mod suggest;
 mod warnings;
 
 use std::path::{Path, PathBuf};
@@ -41,7 +43,6 @@ pub use model::{
 pub use render::mask_redis_url;
 
 use diagnostics::Diagnostics;
-use raw::RawFile;
 
 /// A configuration that cannot be used, with where and why.
 #[derive(Debug, thiserror::Error)]
@@ -52,9 +53,20 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    /// Every problem found, one a line, located.
+    /// Every problem found, one a line, located (under their count when
+    /// there are several, so that each starts its own line).
     #[error("{0}")]
     Invalid(String),
+}
+
+impl ConfigError {
+    /// [`ConfigError::Invalid`] for `problems` (at least one).
+    fn invalid(problems: Vec<String>) -> Self {
+        match problems.len() {
+            0 | 1 => ConfigError::Invalid(problems.concat()),
+            count => ConfigError::Invalid(format!("{count} problems:\n{}", problems.join("\n"))),
+        }
+    }
 }
 
 /// Loads and validates the configuration: the file when given (defaults
@@ -62,7 +74,7 @@ pub enum ConfigError {
 ///
 /// Every problem found is reported, one per line, each as
 /// `FILE:LINE:COLUMN: CONTEXT: MESSAGE` (or `VARIABLE: MESSAGE` for a bad
-/// environment override).
+/// environment override), under `N problems:` when there are several.
 pub fn load(
     path: Option<&Path>,
     env: impl Fn(&str) -> Option<String>,
@@ -83,13 +95,13 @@ pub fn load(
             if errors.is_empty() {
                 Ok(config)
             } else {
-                Err(ConfigError::Invalid(errors.join("\n")))
+                Err(ConfigError::invalid(errors))
             }
         }
         Err(mut errors) => {
             // Still check the overrides, so one run shows every problem.
             errors.extend(env::apply_env(&mut Config::default(), &env));
-            Err(ConfigError::Invalid(errors.join("\n")))
+            Err(ConfigError::invalid(errors))
         }
     }
 }
@@ -97,22 +109,25 @@ pub fn load(
 /// Parses and validates configuration text (no environment overrides).
 /// `origin` names the source in messages, normally the file's path.
 pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
-    parse(text, origin).map_err(|errors| ConfigError::Invalid(errors.join("\n")))
+    parse(text, origin).map_err(ConfigError::invalid)
 }
 
 /// The configuration `text` describes, or every problem with it, located.
+///
+/// Bad syntax stops there; otherwise every key that cannot be read (with
+/// the key or value it most likely misspells) and every problem with the
+/// rest is reported together.
 fn parse(text: &str, origin: &str) -> Result<Config, Vec<String>> {
-    let raw: RawFile = match toml::from_str(text) {
-        Ok(raw) => raw,
+    let root = match toml::de::DeTable::parse(text) {
+        Ok(root) => root,
         Err(err) => return Err(vec![diagnostics::syntax_error(&err, text, origin)]),
     };
     let mut d = Diagnostics::new(text, origin);
-    let config = resolve::resolve(raw, &mut d);
+    let config = read::read(root, &mut d).map(|raw| resolve::resolve(raw, &mut d));
     let errors = d.finish();
-    if errors.is_empty() {
-        Ok(config)
-    } else {
-        Err(errors)
+    match config {
+        Some(config) if errors.is_empty() => Ok(config),
+        _ => Err(errors),
     }
 }
 

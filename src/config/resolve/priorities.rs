@@ -90,9 +90,12 @@ pub(super) fn check_default_priority(
         ),
         Some(classes) => classes.describe(),
     };
+    let suggestion = declared.map_or_else(String::new, |classes| classes.did_you_mean(name));
     d.error(
         default.span().start,
-        format!("default_priority {name:?} is not a declared priority class ({problem})"),
+        format!(
+            "default_priority {name:?} is not a declared priority class ({problem}){suggestion}"
+        ),
     );
     false
 }

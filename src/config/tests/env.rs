@@ -53,7 +53,8 @@ fn config_env_overrides_are_validated() {
     let message = load(None, env).unwrap_err().to_string();
     assert_eq!(
         message,
-        "RATEKEEPER_SOCKET: socket must not be empty\n\
+        "2 problems:\n\
+         RATEKEEPER_SOCKET: socket must not be empty\n\
          RATEKEEPER_REDIS_URL: url \"http://:****@h\" must start with redis://, rediss:// or unix://"
     );
 
@@ -62,7 +63,8 @@ fn config_env_overrides_are_validated() {
     let path = dir.path().join("bad.toml");
     std::fs::write(&path, "[[limits]]\nname = \"a\"\ntokens_per_minute = 0\n").unwrap();
     let message = load(Some(&path), env).unwrap_err().to_string();
-    let lines: Vec<&str> = message.lines().collect();
+    let lines: Vec<&str> = message.lines().skip(1).collect();
+    assert!(message.starts_with("3 problems:\n"), "{message}");
     assert_eq!(lines.len(), 3, "{message}");
     assert_eq!(
         lines[0],

@@ -57,7 +57,7 @@ fn config_metrics_mistakes_are_located() {
         ),
         (
             "[metrics]\nport = 9464\n".to_string(),
-            "test.toml:2:1: metrics: unknown field `port`",
+            "test.toml:2:1: metrics: unknown key `port`, expected `listen` or `tenants`",
         ),
     ];
     for (text, expected) in cases {

@@ -7,33 +7,33 @@ const MISTAKES: &[(&str, &str, &str)] = &[
     (
         "unknown top-level key",
         "bogus = 1\n",
-        "test.toml:1:1: unknown field `bogus`",
+        "test.toml:1:1: unknown key `bogus`, expected one of `default_priority`, `server`",
     ),
     (
         "unknown key in a limit",
         "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntoken_per_minute = 2\n",
-        "test.toml:4:1: limits: unknown field `token_per_minute`",
+        "test.toml:4:1: limits[0]: unknown key `token_per_minute`, did you mean `tokens_per_minute`?",
     ),
     (
         "unknown key in server",
         "[server]\nsockett = \"/x\"\n",
-        "test.toml:2:1: server: unknown field `sockett`",
+        "test.toml:2:1: server: unknown key `sockett`, did you mean `socket`?",
     ),
     (
         "unknown key in redis",
         "[redis]\nurl = \"redis://h\"\npassword = \"x\"\n",
-        "test.toml:3:1: redis: unknown field `password`",
+        "test.toml:3:1: redis: unknown key `password`, expected one of `url`",
     ),
     (
         "unknown key in a priority",
         "[[priorities]]\nname = \"p\"\nmax_wait = 3\n",
-        "test.toml:3:1: priorities: unknown field `max_wait`",
+        "test.toml:3:1: priorities[0]: unknown key `max_wait`, did you mean `max_wait_ms`?",
     ),
     ("syntax error", "[[limits]\n", "test.toml:1:"),
     (
         "wrong type",
         "[[limits]]\nname = \"a\"\ntokens_per_minute = \"lots\"\n",
-        "test.toml:3:21: limits.tokens_per_minute: invalid type: string \"lots\", expected an integer",
+        "test.toml:3:21: limits[0].tokens_per_minute: invalid type: string \"lots\", expected an integer",
     ),
     (
         "zero tokens_per_minute",
@@ -298,7 +298,47 @@ const MISTAKES: &[(&str, &str, &str)] = &[
     (
         "unknown failure policy",
         "[redis]\nurl = \"redis://h\"\non_failure = \"retry\"\n",
-        "test.toml:3:14: redis.on_failure: unknown variant `retry`",
+        "test.toml:3:14: redis.on_failure: unknown value `retry`, expected one of `fail_closed`, `fail_open`, `local`",
+    ),
+    (
+        "misspelled failure policy",
+        "[redis]\nurl = \"redis://h\"\non_failure = \"locall\"\nlocal_share = 0.5\n",
+        "test.toml:3:14: redis.on_failure: unknown value `locall`, expected one of `fail_closed`, `fail_open`, `local`; did you mean `local`?",
+    ),
+    (
+        "failure policy spelled as in Rust",
+        "[redis]\nurl = \"redis://h\"\non_failure = \"FailOpen\"\n",
+        "did you mean `fail_open`?",
+    ),
+    (
+        "unknown key in a group",
+        "[[groups]]\nname = \"org\"\ntokens_per_minutes = 1\n",
+        "test.toml:3:1: groups[0]: unknown key `tokens_per_minutes`, did you mean `tokens_per_minute`?",
+    ),
+    (
+        "unknown key in leases",
+        "[leases]\non_disconect = \"refund\"\n",
+        "test.toml:2:1: leases: unknown key `on_disconect`, did you mean `on_disconnect`?",
+    ),
+    (
+        "unknown key in the second limit",
+        "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\n[[limits]]\nname = \"b\"\nburst_token = 1\ntokens_per_minute = 1\n",
+        "test.toml:6:1: limits[1]: unknown key `burst_token`, did you mean `burst_tokens`?",
+    ),
+    (
+        "misspelled limit in a priority class",
+        "[[limits]]\nname = \"gpt-4o-mini\"\ntokens_per_minute = 1\n[[priorities]]\nname = \"p\"\nlimits = [\"gpt-4o-mni\"]\n",
+        "test.toml:6:11: priorities[0] \"p\": limits names \"gpt-4o-mni\", which is not a declared limit (declared: \"gpt-4o-mini\"); did you mean \"gpt-4o-mini\"?",
+    ),
+    (
+        "misspelled group",
+        "[[groups]]\nname = \"org\"\ntokens_per_minute = 1\n[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ngroup = \"orgg\"\n",
+        "limits[0] \"a\": group \"orgg\" is not a declared group (declared: \"org\"); did you mean \"org\"?",
+    ),
+    (
+        "misspelled default_priority",
+        "default_priority = \"interactiv\"\n[[priorities]]\nname = \"interactive\"\n",
+        "(declared: \"interactive\"); did you mean \"interactive\"?",
     ),
     (
         "pool of zero connections",
@@ -348,27 +388,27 @@ const MISTAKES: &[(&str, &str, &str)] = &[
     (
         "unknown provider",
         "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nprovider = \"azure\"\n",
-        "test.toml:4:12: limits.provider: unknown variant `azure`, expected one of `openai`, `anthropic`, `generic`",
+        "test.toml:4:12: limits[0].provider: unknown value `azure`, expected one of `openai`, `anthropic`, `generic`",
     ),
     (
         "unknown tokenizer",
         "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ntokenizer = \"p50k_base\"\n",
-        "test.toml:4:13: limits.tokenizer: unknown variant `p50k_base`, expected one of `auto`, `o200k_base`, `cl100k_base`, `chars`",
+        "test.toml:4:13: limits[0].tokenizer: unknown value `p50k_base`, expected one of `auto`, `o200k_base`, `cl100k_base`, `chars`",
     ),
     (
         "unknown cost rule",
         "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\ncost_rule = \"min\"\n",
-        "test.toml:4:13: limits.cost_rule: unknown variant `min`, expected `sum` or `max`",
+        "test.toml:4:13: limits[0].cost_rule: unknown value `min`, expected `sum` or `max`",
     ),
     (
         "unknown settlement rule",
         "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nsettle = \"keep\"\n",
-        "test.toml:4:10: limits.settle: unknown variant `keep`, expected `refund` or `none`",
+        "test.toml:4:10: limits[0].settle: unknown value `keep`, expected `refund` or `none`",
     ),
     (
         "learn_max_output as a string",
         "[[limits]]\nname = \"a\"\ntokens_per_minute = 1\nlearn_max_output = \"yes\"\n",
-        "test.toml:4:20: limits.learn_max_output: invalid type: string \"yes\", expected a boolean",
+        "test.toml:4:20: limits[0].learn_max_output: invalid type: string \"yes\", expected a boolean",
     ),
     (
         "combined and separate token buckets",
