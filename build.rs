@@ -17,6 +17,7 @@ fn main() {
         .ok()
         .map(|commit| commit.trim().to_string())
         .filter(|commit| !commit.is_empty());
+    watch_git(&root);
     let commit = given.or_else(|| git_commit(&root));
     let package = env!("CARGO_PKG_VERSION");
     let version = match commit {
@@ -26,8 +27,32 @@ fn main() {
     println!("cargo:rustc-env=RATEKEEPER_VERSION={version}");
 }
 
-/// HEAD's short hash, if `root` is the top of a git work tree; asks cargo to
-/// run this again when HEAD moves.
+/// Asks cargo to run this again when HEAD moves in `root`'s own `.git`,
+/// read without git: a run whose `git` failed (not installed yet, a lock
+/// held by a commit under way) must not leave the version without its
+/// commit for every build after it.
+fn watch_git(root: &Path) {
+    let git_dir = root.join(".git");
+    if !git_dir.is_dir() {
+        return;
+    }
+    let head = std::fs::read_to_string(git_dir.join("HEAD")).unwrap_or_default();
+    let head_ref = head
+        .strip_prefix("ref:")
+        .map(|name| git_dir.join(name.trim()));
+    let watched = ["HEAD", "logs/HEAD", "packed-refs"]
+        .into_iter()
+        .map(|name| git_dir.join(name))
+        .chain(head_ref);
+    for path in watched {
+        // A path that does not exist would make cargo rerun this every build.
+        if path.exists() {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+    }
+}
+
+/// HEAD's short hash, if `root` is the top of a git work tree.
 fn git_commit(root: &Path) -> Option<String> {
     let toplevel = git(root, &["rev-parse", "--show-toplevel"])?;
     // Built inside some other repository (vendored, unpacked in a checkout):
@@ -35,20 +60,7 @@ fn git_commit(root: &Path) -> Option<String> {
     if Path::new(&toplevel).canonicalize().ok()? != root.canonicalize().ok()? {
         return None;
     }
-    let commit = git(root, &["rev-parse", "--short", "HEAD"])?;
-    let head_ref = git(root, &["symbolic-ref", "-q", "HEAD"]);
-    let watched = ["HEAD", "logs/HEAD", "packed-refs"]
-        .into_iter()
-        .map(str::to_string)
-        .chain(head_ref);
-    for name in watched {
-        // A path that does not exist would make cargo rerun this every build.
-        let path = git(root, &["rev-parse", "--git-path", &name]).map(|path| root.join(path));
-        if let Some(path) = path.filter(|path| path.exists()) {
-            println!("cargo:rerun-if-changed={}", path.display());
-        }
-    }
-    Some(commit)
+    git(root, &["rev-parse", "--short", "HEAD"])
 }
 
 /// `git ARGS` run in `root`: its trimmed output, or None if it failed.
