@@ -16,7 +16,7 @@ use ratekeeper::config;
 use ratekeeper::metrics::Metrics;
 use ratekeeper::metrics::health::StoreHealth;
 use ratekeeper::proto::{Acquire, Cost, Response};
-use ratekeeper::service::{Call, Service};
+use ratekeeper::service::{Call, Caller, Service};
 use tokio_util::sync::CancellationToken;
 
 const LIMITS: &str = r#"
@@ -50,7 +50,7 @@ fn service(metered: bool) -> Service {
 async fn batch(service: &Service) -> f64 {
     let started = Instant::now();
     for _ in 0..CYCLES {
-        let acquire = Call::Acquire(Acquire {
+        let acquire = Acquire {
             limit: "bench".into(),
             tenant: Some("acme".into()),
             priority: None,
@@ -59,7 +59,8 @@ async fn batch(service: &Service) -> f64 {
                 output_tokens: 20,
             },
             max_wait_ms: Some(0),
-        });
+        };
+        let acquire = Call::Acquire(acquire, Caller::default());
         let answer = service.handle(1, acquire, CancellationToken::new()).await;
         let Ok(Response::Granted { lease, .. }) = answer else {
             panic!("expected a grant, got {answer:?}");

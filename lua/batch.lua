@@ -24,7 +24,8 @@
 --            every rate in units per ms:
 --   "a", max wait ms, n, and n times: key index (into KEYS), cost, floor
 --        (kept for higher classes)
---   "s", n, and n times: key index, units to add (negative: to take)
+--   "s", n, and n times: key index, units to add (negative: an overrun to
+--        take, within the bucket's overrun debt: see take_overrun)
 --   "l", n, and n times: key index, a level that the bucket is lowered to if
 --        it is above it (provider feedback; never raises), then the
 --        provider's remaining count (-1: none), how long ago (ms) the
@@ -56,6 +57,20 @@
 -- A bucket with a history outlives being full for a while (PLACED_KEEP in
 -- bucket.lua), so that n does not start again under a mark.
 --
+-- Reservations already promised. A lowering moves the bucket's whole
+-- future down, and with it the time at which each reservation still
+-- waiting finds its units: a reservation granted before it must wait
+-- longer too, by the units lowered over the rate, or it reaches the
+-- provider when the provider's bucket does not have them (foreign traffic
+-- drains it while a queue of reservations waits). The bucket counts in p
+-- the units lowerings took from it while the provider was short (its
+-- count below half the capacity: one with room passes the next calls
+-- anyway, and postponing them would let it fill up and waste its refill,
+-- which the next count shows as a shortfall, to postpone them further);
+-- every grant and every lowering answers p, and the sidecar holding a
+-- reservation waits for what p grew since its grant
+-- (src/limiter/lowered.rs).
+--
 -- Sidecars that disagree. A bucket that the call writes also keeps the two
 -- shapes (capacity, rate, largest cost) it was last drawn with, each with
 -- the sidecar that last drew with it and when (fields w1, w2:
@@ -71,14 +86,18 @@
 --             before it ran, so it did nothing (and no replies follow).
 --             After a 1, for each bucket drawn with another sidecar's shape
 --             as well: its key index, and that shape's capacity and rate
---   acquire:    {1, wait_ms, n...}                 reserved in every bucket;
+--   acquire:    {1, wait_ms, n..., p...}           reserved in every bucket;
 --                                                  then each draw's bucket's
---                                                  n right after it (its mark)
+--                                                  n right after it (its mark),
+--                                                  then each one's p
 --               {0, retry_after_ms, draw_index}    reserved nothing; the draw
 --                                                  (from 1) needing the longest wait
 --               {-1, draw_index}                   that draw can never fit
---   settlement: {2}
---   lowering:   {3}
+--   settlement: {2, (change, units)...}           then, for each overrun not
+--                                                  wholly taken, its number
+--                                                  (from 1) and the units left
+--   lowering:   {3, p...}                          each lowered bucket's p
+--                                                  after it, in order
 -- Globals are looked up by name at each use; the loops below use these often.
 local tonumber, ARGV, KEYS = tonumber, ARGV, KEYS
 -- Packed, the arguments are one string for Redis to parse and hand over
@@ -108,7 +127,7 @@ local sidecar = ARGV[4]
 -- which are written once at the end.
 local stored_level, stored_at, read = {}, {}, {}
 local level, updated, capacity, rate, largest, delta = {}, {}, {}, {}, {}, {}
-local drawn, history = {}, {}
+local drawn, history, lowered, lowered_now = {}, {}, {}, {}
 local HISTORY_SLOT, HISTORY_SLOTS, NOTE_LAG = 50, 200, 5
 -- own: the shape this sidecar draws each bucket with; other: another
 -- sidecar's, when it drew with a different one lately; the shape in force
@@ -169,7 +188,7 @@ local function touch(index)
   if not read[index] then
     read[index] = true
     local w1, w2
-    stored_level[index], stored_at[index], drawn[index], history[index], w1, w2 =
+    stored_level[index], stored_at[index], drawn[index], history[index], w1, w2, lowered[index] =
       read_stored(KEYS[index])
     read_shapes(index, {w1, w2})
   end
@@ -180,6 +199,10 @@ local function touch(index)
     level[index] = capacity[index]
   end
 end
+-- Each bucket's overrun debt once the call read it: what reports above
+-- their reservations took that refill has not yet paid back (field o,
+-- "units:ms"; written with the bucket).
+local overrun = {}
 -- Adds units; a bucket that ends full is as if deleted and read again.
 local function add(index, units)
   local before = level[index]
@@ -187,7 +210,34 @@ local function add(index, units)
   delta[index] = (delta[index] or 0) + level[index] - before
   if level[index] >= capacity[index] then
     updated[index] = now
+    overrun[index] = 0
   end
+end
+-- Takes an overrun of `owed` units (a report above its reservation) as far
+-- as the bucket's overrun debt allows: the debt stays within one capacity,
+-- so reports never push a bucket more than one capacity below where its
+-- reservations put it (issue 27: 500 one-token leases reported with huge
+-- usage pushed a limit hours into debt). Refill pays the debt back at the
+-- bucket's rate, and it is never more than the bucket is below full (a
+-- refund pays it too). Returns the units left untaken.
+-- BucketState::overrun in src/limiter/bucket.rs is the same rule.
+local function take_overrun(index, owed)
+  local debt = overrun[index]
+  if debt == nil then
+    local units, at = string.match(redis.call('HGET', KEYS[index], 'o') or '', '^(%-?%d+):(%-?%d+)$')
+    debt = 0
+    if units then
+      debt = tonumber(units)
+      if now > tonumber(at) then
+        debt = debt - (now - tonumber(at)) * rate[index]
+      end
+    end
+  end
+  debt = math.max(0, math.min(debt, capacity[index] - level[index]))
+  local taken = math.min(owed, math.max(0, capacity[index] - debt))
+  overrun[index] = debt + taken
+  add(index, -taken)
+  return owed - taken
 end
 
 -- The provider's view, `seen` (its count less the fleet's draws it had not
@@ -204,9 +254,11 @@ end
 -- noise, σ. The margin is FLUCTUATION σ (a count that reads high by its
 -- noise), and, when the rate is above DRAIN_SIGNIFICANCE standard errors of
 -- the fit, the part above them over DRAIN_HORIZON ms plus the count's age
--- plus the wait already promised to the bucket's latest reservation (at
--- most the rate's age while that is below the window); with nothing
--- draining the second part is zero. A fit, not a running mean of the
+-- (at most the rate's age while that is below the window); with nothing
+-- draining the second part is zero. The reservations already waiting are
+-- postponed by later lowerings instead (p, above): a margin for the drain
+-- over the wait promised to the latest one (an earlier version) cost
+-- throughput for as long as the queue was deep. A fit, not a running mean of the
 -- shrinks: a mean of shrinks is the first count's error over the time
 -- since, and the first counts (the fleet's first burst landing in another
 -- order than it was reserved) are the noisiest, so the rate stayed low
@@ -269,17 +321,12 @@ local function margin_below(index, seen, counted, refused)
     return seen - fluctuation
   end
   -- The sidecar added the refill since the count at the configured rate:
-  -- the drain took its share of that too. And a bucket in debt has told
-  -- its latest reservation to wait -level / rate ms: it lands when the
-  -- drain has taken that much more, and no later correction moves it.
-  -- But while the rate has been measured for less than its window, it
-  -- predicts no further ahead than it was measured: a few ms of answers
-  -- arriving together, a few ms.
-  local promised = 0
-  if level[index] < 0 and rate[index] > 0 then
-    promised = math.floor(-level[index] / rate[index])
-  end
-  local ahead = DRAIN_HORIZON + math.max(0, counted) + promised
+  -- the drain took its share of that too. (The reservations already
+  -- waiting are not covered here: each later lowering postpones them by
+  -- what it took, p below.) But while the rate has been measured for less
+  -- than its window, it predicts no further ahead than it was measured: a
+  -- few ms of answers arriving together, a few ms.
+  local ahead = DRAIN_HORIZON + math.max(0, counted)
   if age < DRAIN_WINDOW then
     ahead = math.min(ahead, age)
   end
@@ -332,7 +379,9 @@ for _ = 1, count do
         end
         reply = {1, longest}
         for draw = 1, n do
-          reply[draw + 2] = drawn[tonumber(ARGV[first + 3 * (draw - 1)])]
+          local index = tonumber(ARGV[first + 3 * (draw - 1)])
+          reply[draw + 2] = drawn[index]
+          reply[n + draw + 2] = lowered[index]
         end
       end
     end
@@ -351,7 +400,7 @@ for _ = 1, count do
     at = at + 2 + 4 * n
   else
     local n = tonumber(ARGV[at + 1])
-    local stride = 2
+    local stride, clips = 2, {}
     if kind == 'l' then
       stride = 7
     end
@@ -401,11 +450,27 @@ for _ = 1, count do
         local down = units - level[index]
         if down < 0 then
           add(index, down)
+          -- The reservations waiting are postponed by it too, while the
+          -- provider is short (see "Reservations already promised").
+          if seen and reported < capacity[index] / 2 then
+            lowered[index] = lowered[index] - down
+            lowered_now[index] = true
+          end
         end
         if seen then
           redis.call('HSET', KEYS[index], 'c', string.format('%d', now),
             'm', string.format('%d', seen - level[index]))
         end
+      elseif units < 0 then
+        -- An overrun: taken within the bucket's overrun debt; what is
+        -- left untaken is answered (change number, units). It counts in
+        -- n as it is taken (below).
+        local clipped = take_overrun(index, -units)
+        if clipped > 0 then
+          clips[#clips + 1] = change
+          clips[#clips + 1] = clipped
+        end
+        drawn[index] = drawn[index] - units - clipped
       else
         add(index, units)
         -- n counts what the bucket is charged for: a refund (a report
@@ -417,8 +482,14 @@ for _ = 1, count do
     end
     if kind == 'l' then
       reply = {3}
+      for change = 1, n do
+        reply[change + 1] = lowered[tonumber(ARGV[at + 2 + stride * (change - 1)])]
+      end
     else
       reply = {2}
+      for _, value in ipairs(clips) do
+        reply[#reply + 1] = value
+      end
     end
     at = at + 2 + stride * n
   end
@@ -437,6 +508,19 @@ for index, units in pairs(delta) do
     local mine = own[index]
     redis.call('HSET', KEYS[index], slot[1], string.format('%s:%d:%d:%d:%d',
       sidecar, mine[1], mine[2], mine[3], now))
+  end
+  -- (p goes with the bucket: a full one deleted has no queue to move.)
+  if lowered_now[index] and (level[index] < capacity[index] or history[index]) then
+    redis.call('HSET', KEYS[index], 'p', string.format('%d', lowered[index]))
+  end
+  -- (A full bucket owes nothing: deleted, or kept for its history with a
+  -- debt of 0.)
+  if overrun[index] ~= nil and (level[index] < capacity[index] or history[index]) then
+    local debt = overrun[index]
+    if level[index] >= capacity[index] then
+      debt = 0
+    end
+    redis.call('HSET', KEYS[index], 'o', string.format('%d:%d', debt, now))
   end
   if units ~= 0 then
     changes[#changes + 1] = index .. ':' .. string.format('%d', units)

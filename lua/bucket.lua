@@ -27,14 +27,15 @@ end
 -- feedback n, the units ever drawn by acquires while the bucket was not
 -- full, and hs, the last slot of its draw history (nil while it keeps none);
 -- then the two shapes it was last drawn with, w1 and w2 (strings or false),
--- read in the same call because every batch needs them.
+-- read in the same call because every batch needs them; and p, the units
+-- provider feedback ever lowered it by.
 local function read_stored(key)
-  local state = redis.call('HMGET', key, 'l', 't', 'n', 'hs', 'w1', 'w2')
+  local state = redis.call('HMGET', key, 'l', 't', 'n', 'hs', 'w1', 'w2', 'p')
   if not state[1] then
-    return nil, nil, 0, nil, false, false
+    return nil, nil, 0, nil, false, false, 0
   end
   return tonumber(state[1]), tonumber(state[2]), tonumber(state[3]) or 0, tonumber(state[4]),
-    state[5], state[6]
+    state[5], state[6], tonumber(state[7]) or 0
 end
 
 -- How far back the clock may step and still be waited for, ms. A clock

@@ -316,6 +316,10 @@ impl App {
             bounds: server::Bounds {
                 max_connections: usize::try_from(config.server.max_connections)
                     .unwrap_or(usize::MAX),
+                max_connections_per_uid: config
+                    .server
+                    .max_connections_per_uid
+                    .map(|cap| usize::try_from(cap).unwrap_or(usize::MAX)),
                 max_buffered_bytes: usize::try_from(config.server.max_buffered_bytes)
                     .unwrap_or(usize::MAX),
                 hello_timeout: Duration::from_millis(config.server.hello_timeout_ms),

@@ -108,6 +108,9 @@ pub fn settle_usage(reserved: &[Reserved], input: u64, output: u64) -> Settlemen
         // An overrun is taken, but never more than one full bucket: usage
         // beyond that is a client bug or a hostile report, and must neither
         // lock the limit for everyone nor push levels out of exact range.
+        // (Usage is clamped before any arithmetic; the store then keeps all
+        // overruns together within one capacity of debt per bucket, see
+        // `BucketState::overrun`, so many such reports cannot add up.)
         let tokens = as_i64(reserved.draw.cost)
             .saturating_sub(as_i64(used))
             .max(-as_i64(reserved.draw.bucket.capacity));

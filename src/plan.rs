@@ -31,6 +31,13 @@ pub enum PlanError {
     UnknownPriority(String),
     #[error("priority class \"{class}\" does not apply to limit \"{limit}\"")]
     PriorityNotForLimit { class: String, limit: String },
+    /// The `[[clients]]` entry of the connection's uid does not allow it.
+    #[error("{who} may not {what} (allowed by [[clients]]: {allowed})")]
+    NotAllowed {
+        who: String,
+        what: String,
+        allowed: String,
+    },
     #[error("a cost must be at least one token")]
     ZeroCost,
     #[error("input_tokens + output_tokens overflows 64 bits")]
@@ -194,6 +201,51 @@ impl Planner {
             class,
             max_wait_ms,
         })
+    }
+
+    /// Checks that a peer of `uid` may name `tenant` (none counts as a
+    /// name) and use `class`, by the `[[clients]]` entry that applies to it.
+    pub fn check_client(
+        &self,
+        uid: Option<u32>,
+        tenant: Option<&str>,
+        class: &PriorityClass,
+    ) -> Result<(), PlanError> {
+        let Some(policy) = self.config.client_policy(uid) else {
+            return Ok(());
+        };
+        let who = || {
+            uid.map_or_else(
+                || "a peer of unknown uid".to_string(),
+                |u| format!("uid {u}"),
+            )
+        };
+        let quoted = |names: &[String]| {
+            let names: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+            names.join(", ")
+        };
+        if let Some(tenants) = &policy.tenants {
+            let what = match tenant {
+                Some(tenant) if tenants.iter().any(|t| t == tenant) => None,
+                Some(tenant) => Some(format!("name tenant {tenant:?}")),
+                None => Some("acquire without naming a tenant".to_string()),
+            };
+            if let Some(what) = what {
+                return Err(PlanError::NotAllowed {
+                    who: who(),
+                    what,
+                    allowed: format!("tenants {}", quoted(tenants)),
+                });
+            }
+        }
+        match &policy.priorities {
+            Some(classes) if !classes.contains(&class.name) => Err(PlanError::NotAllowed {
+                who: who(),
+                what: format!("use priority class {:?}", class.name),
+                allowed: format!("classes {}", quoted(classes)),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The limit named `name`, which the client sent.

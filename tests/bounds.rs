@@ -211,10 +211,18 @@ async fn a_frame_that_stops_or_trickles_is_closed() {
 
 /// Issue 27: idle connections filled the cap and locked well-behaved
 /// workers out. Now the connection beyond `max_connections` is served, and
-/// the one idle the longest is closed to make room; the others stay.
+/// the one idle the longest is closed to make room; the others stay; and
+/// the eviction is counted.
 #[tokio::test]
 async fn at_the_cap_the_connection_idle_longest_makes_room() {
-    let daemon = Daemon::start(&format!("[server]\nmax_connections = 8\n{LIMIT}"));
+    let daemon = Daemon::start(&format!(
+        "[server]\nmax_connections = 8\n[metrics]\nlisten = \"127.0.0.1:0\"\n{LIMIT}"
+    ));
+    let evicted =
+        |exposition: &str| support::metric(exposition, "ratekeeper_connections_evicted_total");
+    let address = daemon.metrics_address().await;
+    let (_, before) = support::http_get(&address, "/metrics");
+    assert_eq!(evicted(&before), Some(0.0));
     let mut open = Vec::new();
     for _ in 0..8 {
         open.push(daemon.raw_after_hello().await);
@@ -242,6 +250,8 @@ async fn at_the_cap_the_connection_idle_longest_makes_room() {
         receive(&mut newcomer).await.map(|a| a.response),
         Some(Response::Pong)
     );
+    let (_, after) = support::http_get(&address, "/metrics");
+    assert_eq!(evicted(&after), Some(1.0));
 }
 
 /// A new connection is refused `Overloaded` on request id 0 only when every

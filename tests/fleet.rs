@@ -53,7 +53,10 @@ fn eight_processes_through_two_sidecars_never_exceed_the_bucket() {
         Daemon::start(&config(&redis)),
     ];
     let capacity = token_capacity(&sidecars[0]);
-    assert!(capacity < 3000.0, "the headroom is taken from the declared burst");
+    assert!(
+        capacity < 3000.0,
+        "the headroom is taken from the declared burst"
+    );
     let logs = tempfile::tempdir().unwrap();
     let processes: Vec<_> = (0..8)
         .map(|index| {

@@ -493,6 +493,66 @@ async fn a_429_seen_by_one_sidecar_pauses_the_limit_for_all() {
     lease_of(b.call(acquire("claude", 1, 0)).await.unwrap());
 }
 
+/// Issue 27, item 5: every `Feedback` frame with a 429 and `retry-after`
+/// paused the limit again, so a flood of them kept re-extending the pause
+/// (to 60 s from the latest frame). Now a 429 while the limit's pause is in
+/// force does not pause it again (`service::feedback`'s unit test shows a
+/// pause after it has ended). The pause is logged with the client's name
+/// and uid.
+#[tokio::test]
+async fn a_429_flood_does_not_extend_the_pause_in_force() {
+    use std::os::unix::fs::MetadataExt;
+    let server = RedisServer::start();
+    let daemon = Daemon::start(&single(&server));
+    let client = daemon.client().await;
+    let set_at = Instant::now();
+    let noted = client
+        .call(feedback("gpt", 429, 0, &[("Retry-After", "20")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        noted,
+        Response::Noted {
+            paused_ms: 20_000,
+            lowered: 2
+        }
+    );
+    for _ in 0..50 {
+        let noted = client
+            .call(feedback("gpt", 429, 0, &[("Retry-After", "60")]))
+            .await
+            .unwrap();
+        assert!(
+            set_at.elapsed() < Duration::from_secs(19),
+            "too slow to tell"
+        );
+        assert!(
+            matches!(noted, Response::Noted { paused_ms: 0, .. }),
+            "{noted:?}"
+        );
+    }
+    // 20 s of refill, then the token's own second (a token a second); a
+    // pause re-extended to 60 s would ask for a minute.
+    match client.call(acquire("gpt", 1, 0)).await.unwrap() {
+        Response::Denied { retry_after_ms, .. } => {
+            assert!(retry_after_ms <= 21_000, "the pause grew: {retry_after_ms}")
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    // One pause, logged with who sent it.
+    let uid = std::fs::metadata(daemon.dir()).unwrap().uid();
+    let who = format!("client=\"integration-test\" uid={uid}");
+    daemon.wait_for_log(&who).await;
+    let pauses: Vec<String> = daemon
+        .log()
+        .lines()
+        .filter(|line| line.contains("the limit is paused for every worker"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(pauses.len(), 1, "{pauses:#?}");
+    assert!(pauses[0].contains(&who), "{pauses:#?}");
+}
+
 /// `x-ratelimit-remaining-*` lowers the buckets to the provider's count,
 /// less what was granted since the answered call, and never raises them.
 #[tokio::test]
@@ -933,5 +993,71 @@ async fn the_documented_acl_is_all_the_daemon_needs() {
         server.cli(&["ACL", "LOG"]).unwrap_or_default().trim(),
         "",
         "Redis denied the daemon's user something"
+    );
+}
+
+/// Issue 27, item 4: 500 one-token leases reported with `u64::MAX` usage
+/// took one capacity each (500 capacities: hours of debt for the whole
+/// fleet). Overruns together now hold a bucket, and a tenant's share, at
+/// most one capacity below where its reservations put it; the rest is
+/// counted and warned about.
+#[tokio::test]
+async fn hostile_overrun_reports_leave_at_most_one_capacity_of_debt() {
+    let server = RedisServer::start();
+    let daemon = Daemon::start(&format!(
+        r#"
+[redis]
+url = "{}"
+timeout_ms = 300
+
+[metrics]
+listen = "127.0.0.1:0"
+
+[[limits]]
+name = "gpt"
+tokens_per_minute = 60
+burst_tokens = 1000
+burst_headroom_ms = 0
+tenant_share = 0.5
+"#,
+        server.url()
+    ));
+    let client = daemon.client().await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut leases = Vec::new();
+    for _ in 0..500 {
+        let mut request = acquire("gpt", 1, 0);
+        if let Request::Acquire(acquire) = &mut request {
+            acquire.tenant = Some("acme".into());
+        }
+        leases.push(lease_of(client.call(request).await.unwrap()));
+    }
+    for lease in leases {
+        assert!(Instant::now() < deadline, "500 reports took over 2 minutes");
+        let settled = client.call(report(lease, u64::MAX)).await.unwrap();
+        assert!(matches!(settled, Response::Settled { .. }), "{settled:?}");
+    }
+    // The reservations left 500 in the limit's bucket (capacity 1,000) and
+    // 0 in the tenant's (capacity 500): one capacity of overrun below that,
+    // and refill (a token a second, half that for the tenant) since.
+    for (key, floor) in [
+        ("ratekeeper:{l:gpt}:gpt:tokens", -500),
+        ("ratekeeper:{l:gpt}:gpt:tenant:acme", -500),
+    ] {
+        let stored = server.cli(&["HGET", key, "l"]).unwrap();
+        let tokens = stored.parse::<i64>().unwrap().div_euclid(60_000);
+        assert!(
+            (floor - 1..floor + 120).contains(&tokens),
+            "{key}: {tokens} tokens (floor {floor})"
+        );
+    }
+    daemon.wait_for_log("overrun was not wholly taken").await;
+    let (_, exposition) = support::http_get(&daemon.metrics_address().await, "/metrics");
+    let clipped = support::metric(&exposition, "ratekeeper_overrun_clipped_tokens_total");
+    // Each report's overrun is one capacity at most (1,000 and 500 tokens):
+    // all but the first one of each bucket, less what refill paid back.
+    assert!(
+        clipped.is_some_and(|tokens| tokens > 700_000.0),
+        "{clipped:?}"
     );
 }

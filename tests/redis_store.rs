@@ -9,6 +9,7 @@ use ratekeeper::app::redis_settings;
 use ratekeeper::config::RedisConfig;
 use ratekeeper::limiter::bucket::{BucketSpec, Draw, Refill, Window};
 use ratekeeper::limiter::embedded::Clock;
+use ratekeeper::limiter::overrun;
 use ratekeeper::limiter::redis::{BATCH_LUA, BatchOp, CANCEL_LUA};
 use ratekeeper::limiter::{
     Adjustment, Decision, EmbeddedStore, FleetView, Lowering, Origin, RedisStore, Store,
@@ -314,6 +315,8 @@ fn lua_batches_and_rust_give_the_same_answers() {
                 };
                 let mut batch = Vec::new();
                 let mut rust = Vec::new();
+                // Overruns left untaken (the floor on debt), by each store.
+                let clipped_before = overrun::clipped_tokens();
                 for op in &ops {
                     match op {
                         Op::Acquire { cost_percent, floor_percent, max_wait_ms } => {
@@ -335,7 +338,7 @@ fn lua_batches_and_rust_give_the_same_answers() {
                                 *outcomes.entry("granted above the capacity").or_default() += 1;
                             }
                             drop(outcomes);
-                            rust.push(format!("{:?}", answer.map(Some)));
+                            rust.push(format!("{:?}", answer.map(|decision| Some(without_marks(decision)))));
                             batch.push(BatchOp::Acquire { draws, max_wait_ms: *max_wait_ms });
                         }
                         Op::Lower { bucket, level } => {
@@ -356,12 +359,18 @@ fn lua_batches_and_rust_give_the_same_answers() {
                     }
                 }
                 if !batch.is_empty() {
-                    // The embedded store has no fleet to mark draws for.
+                    let rust_clipped = overrun::clipped_tokens() - clipped_before;
+                    // Marks differ by nature: Redis counts the fleet's draws.
                     let lua: Vec<String> = redis.batch_at(batch, now).await
                         .into_iter()
                         .map(|result| format!("{:?}", result.map(|decision| decision.map(without_marks))))
                         .collect();
                     prop_assert_eq!(lua, rust, "{:?} at {}", step, now);
+                    let lua_clipped = overrun::clipped_tokens() - clipped_before - rust_clipped;
+                    prop_assert_eq!(lua_clipped, rust_clipped, "overruns clipped in {:?}", step);
+                    if rust_clipped > 0 {
+                        *outcomes.lock().unwrap().entry("overrun clipped").or_default() += 1;
+                    }
                 }
                 freeze(waited);
                 let lua = redis.levels_at(&buckets, Some(clock.now_ms())).await.unwrap();
@@ -380,6 +389,7 @@ fn lua_batches_and_rust_give_the_same_answers() {
         "denied",
         "impossible",
         "granted above the capacity",
+        "overrun clipped",
     ] {
         assert!(
             outcomes.get(kind).copied().unwrap_or(0) >= 5,
@@ -764,6 +774,7 @@ async fn a_drain_the_fleet_does_not_see_becomes_a_margin_below_the_provider() {
             // The first step leaves 59,000 in the bucket: all queued too.
             let queued = if debt > 0 { 59_000 + debt } else { 0 };
             let mut last_seen = 0;
+            let mut waiting_grant = None;
             for step in 0..60 {
                 let acquire = BatchOp::Acquire {
                     draws: vec![draw(&tokens, 1_000)],
@@ -784,7 +795,8 @@ async fn a_drain_the_fleet_does_not_see_becomes_a_margin_below_the_provider() {
                             draws: vec![draw(&tokens, cost as u64)],
                             max_wait_ms: 60_000,
                         };
-                        redis.batch_at(vec![waiting], now).await[0].clone().unwrap();
+                        waiting_grant =
+                            redis.batch_at(vec![waiting], now).await[0].clone().unwrap();
                     }
                 }
                 // The provider's count less what it has not seen: this
@@ -796,7 +808,14 @@ async fn a_drain_the_fleet_does_not_see_becomes_a_margin_below_the_provider() {
                 now += 100;
             }
             let level = level_at(redis, &tokens, now - 100).await;
-            (last_seen - level, level)
+            // How much longer than promised the last reservation waits.
+            let postponed_ms = match waiting_grant {
+                Some(Decision::Granted {
+                    marks: Some(marks), ..
+                }) => marks.postponement().map_or(0, |(ms, _)| ms),
+                _ => 0,
+            };
+            (last_seen - level, postponed_ms)
         }
     };
     // 2 tokens a ms unseen: after 6 s the margin approaches 2,000 (a
@@ -809,19 +828,27 @@ async fn a_drain_the_fleet_does_not_see_becomes_a_margin_below_the_provider() {
     assert_eq!(margin, 0);
     // Seen in CI (issue 11's foreign-traffic run): 429s once the workers
     // queued seconds of reservations after the burst. A reservation told to
-    // wait 3 s lands when the drain has taken 3 s more, and corrections
-    // made meanwhile move only later ones: the margin covers the drain
-    // until the latest wait ends too (`src/limiter/drain.rs` alike).
-    let (margin, level) = margin_after("queued", 2, 30_000).await;
-    let promised_ms = -level / 10;
-    let covered = 2 * (1_000 + promised_ms);
-    assert!(promised_ms > 3_000, "promised {promised_ms} ms");
+    // wait 9 s lands when the drain has taken 9 s more. The margin stays a
+    // second of the drain; the reservation is postponed instead, by every
+    // lowering made while it waits with the provider short (its count
+    // below half its bucket, as here): what drained in the 5.9 s since its
+    // grant (11,800, and up to a step's 200 more that the next count has
+    // already seen), the margin built meanwhile (1,800 to 2,010), and the
+    // draw of the count's own slot (1,000: these counts are placed by the
+    // slot history, which cannot tell the answered call from the draws of
+    // its slot), over 10 tokens a ms (`src/limiter/lowered.rs`; the
+    // embedded store alike). Without the postponement it would go at its
+    // first time, 1.5 s before the provider has its tokens.
+    let (margin, postponed_ms) = margin_after("queued", 2, 30_000).await;
+    assert!((1_800..=2_000 + 10).contains(&margin), "margin {margin}");
     assert!(
-        (covered * 95 / 100..=covered).contains(&margin),
-        "margin {margin}, the drain until the latest wait ends {covered}"
+        (1_460..=1_521).contains(&postponed_ms),
+        "postponed {postponed_ms} ms"
     );
-    let (margin, _) = margin_after("queued alone", 0, 30_000).await;
-    assert_eq!(margin, 0);
+    // Nothing draining: no margin, and a postponement by the slot's draw
+    // alone.
+    let (margin, postponed_ms) = margin_after("queued alone", 0, 30_000).await;
+    assert_eq!((margin, postponed_ms), (0, 100));
 }
 
 /// One script call carries the counts of several answers, all at the same
@@ -938,9 +965,10 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
         invocation.arg(&acquire("10", "3", "150"));
         invocation.invoke::<Vec<Vec<i64>>>(redis).unwrap()
     };
-    // A grant also answers each bucket's draw count after it (its mark).
+    // A grant also answers each bucket's draw count after it (its mark),
+    // then the units feedback lowered it by (none here).
     let answers = [
-        vec![1, 0, 9_000_000_000_000_000],
+        vec![1, 0, 9_000_000_000_000_000, 0],
         vec![0, 8_999_999_999_999_995, 1],
         vec![-1, 1],
     ];
@@ -986,7 +1014,7 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
     assert_eq!(late.invoke::<Vec<Vec<i64>>>(&mut redis).unwrap(), [vec![0]]);
 }
 
-/// A decision as the embedded store makes it: no draw marks.
+/// A decision without its draw marks, which the stores give differently.
 fn without_marks(decision: Decision) -> Decision {
     match decision {
         Decision::Granted {

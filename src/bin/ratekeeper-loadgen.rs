@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use ratekeeper::client::{Client, ClientError};
 use ratekeeper::config;
-use ratekeeper::proto::{Acquire, Cost, Request, Response};
+use ratekeeper::proto::{Acquire, ChatMessage, ChatRequest, Cost, Request, Response};
 
 /// Send acquires as fast as answers come, and report throughput and latency.
 #[derive(Debug, Clone, Parser)]
@@ -21,7 +21,8 @@ use ratekeeper::proto::{Acquire, Cost, Request, Response};
     name = "ratekeeper-loadgen",
     version,
     after_help = "Prints one JSON object: acquires, granted, denied, errors, \
-acquires_per_second and latency percentiles in microseconds. Used by bench/ and the tests.\n\n\
+acquires_per_second and latency percentiles in microseconds (with --ping: pings, \
+each Pong counted as granted). Used by bench/ and the tests.\n\n\
 Exit codes: 0 the run completed, 1 the daemon was unreachable, 2 usage error."
 )]
 struct LoadOptions {
@@ -52,6 +53,26 @@ struct LoadOptions {
     /// Write one line per grant: arrival time (ms since the Unix epoch) and tokens.
     #[arg(long, value_name = "FILE")]
     grant_log: Option<PathBuf>,
+    /// Send `Ping` instead of acquires: answered by the connection itself,
+    /// so its latency is the socket loop's alone.
+    #[arg(long, conflicts_with_all = ["prompt_bytes", "release"])]
+    ping: bool,
+    /// Acquire by messages: one user message of this many bytes of text for
+    /// the limit's tokenizer to count, instead of a token count.
+    #[arg(long, value_name = "BYTES")]
+    prompt_bytes: Option<usize>,
+    /// What the prompt is: one message of English-like prose; one letter
+    /// repeated (a single word, the slowest text for tiktoken); or the
+    /// prose cut into the most messages and parts a prompt may have
+    /// (16,384 messages of 4 parts, a frame of about `--prompt-bytes`),
+    /// the slowest to decode.
+    #[arg(long, value_enum, default_value_t = PromptText::Prose, requires = "prompt_bytes")]
+    prompt_text: PromptText,
+    /// Send each connection's next request this long after the last one
+    /// was sent (or when it is answered, if later), instead of at once:
+    /// latency samples at a steady pace that loads nothing.
+    #[arg(long, value_name = "MS", value_parser = parse_interval)]
+    interval: Option<f64>,
     /// Threads driving the connections. One, like redis-benchmark's
     /// default: on a small machine a second thread mostly adds wake-ups
     /// between the two, taking CPU from the daemon and Redis under test.
@@ -64,6 +85,73 @@ fn parse_seconds(text: &str) -> Result<f64, String> {
     Duration::try_from_secs_f64(seconds)
         .map(|_| seconds)
         .map_err(|_| "must be a finite number of seconds, not negative".to_string())
+}
+
+/// The text of `--prompt-bytes` prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PromptText {
+    Prose,
+    Letter,
+    Parts,
+}
+
+fn parse_interval(text: &str) -> Result<f64, String> {
+    let ms = parse_seconds(text)?;
+    if ms > 0.0 {
+        Ok(ms)
+    } else {
+        Err("must be more than 0 ms".to_string())
+    }
+}
+
+/// `bytes` of English-like prose (words, spaces, sentences, line breaks):
+/// what a large prompt holds, at the tokenizer's ordinary speed.
+fn prose(bytes: usize) -> String {
+    const WORDS: [&str; 24] = [
+        "the", "limit", "of", "every", "worker", "is", "shared", "by", "a", "fleet", "that",
+        "calls", "one", "provider", "and", "waits", "for", "its", "turn", "when", "budget", "runs",
+        "out", "today",
+    ];
+    let mut text = String::with_capacity(bytes + 16);
+    let mut index = 0usize;
+    while text.len() < bytes {
+        // A stride coprime with the list, so sentences do not repeat quickly.
+        text.push_str(WORDS[index * 7 % WORDS.len()]);
+        index += 1;
+        text.push_str(match index % 97 {
+            0 => ".\n",
+            n if n % 13 == 0 => ", ",
+            _ => " ",
+        });
+    }
+    text.truncate(bytes);
+    text
+}
+
+/// The messages of a `--prompt-bytes` prompt.
+fn prompt(text: PromptText, bytes: usize) -> Vec<ChatMessage> {
+    let message = |content| ChatMessage {
+        role: "user".to_string(),
+        name: None,
+        content,
+        tool_calls_json: None,
+    };
+    match text {
+        PromptText::Prose => vec![message(vec![prose(bytes)])],
+        PromptText::Letter => vec![message(vec!["a".repeat(bytes)])],
+        PromptText::Parts => {
+            const MESSAGES: usize = 16_384;
+            const PARTS: usize = 4;
+            // What each message takes on the wire besides its text (role,
+            // no name, no tool calls, each part's length), so that the
+            // frame, not the text, is `bytes` long.
+            const FRAMING: usize = 8 + 4 + 1 + 8 + 1 + 8 * PARTS;
+            let part = prose(bytes.saturating_sub(MESSAGES * FRAMING) / (MESSAGES * PARTS));
+            (0..MESSAGES)
+                .map(|_| message(vec![part.clone(); PARTS]))
+                .collect()
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -171,21 +259,42 @@ async fn run(options: LoadOptions) -> Result<LoadReport, ClientError> {
 
 async fn worker(client: Arc<Client>, options: LoadOptions, deadline: Instant) -> Tally {
     let mut tally = Tally::default();
-    let request = Request::Acquire(Acquire {
-        limit: options.limit.clone(),
-        tenant: None,
-        priority: None,
-        cost: Cost::Tokens {
+    let cost = match options.prompt_bytes {
+        Some(bytes) => Cost::Messages(ChatRequest {
+            messages: prompt(options.prompt_text, bytes),
+            tools_json: None,
+            max_output_tokens: Some(options.tokens),
+        }),
+        None => Cost::Tokens {
             input_tokens: options.tokens,
             output_tokens: 0,
         },
-        max_wait_ms: Some(options.max_wait_ms),
+    };
+    let request = if options.ping {
+        Request::Ping
+    } else {
+        Request::Acquire(Acquire {
+            limit: options.limit.clone(),
+            tenant: None,
+            priority: None,
+            cost,
+            max_wait_ms: Some(options.max_wait_ms),
+        })
+    };
+    let mut pace = options.interval.map(|ms| {
+        let mut pace = tokio::time::interval(Duration::from_secs_f64(ms / 1000.0));
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        pace
     });
     while Instant::now() < deadline {
+        if let Some(pace) = &mut pace {
+            pace.tick().await;
+        }
         let sent = Instant::now();
         let answer = client.call(request.clone()).await;
         tally.latencies_us.push(sent.elapsed().as_micros() as u64);
         match answer {
+            Ok(Response::Pong) => tally.granted += 1,
             Ok(Response::Granted { lease, tokens, .. }) => {
                 tally.granted += 1;
                 if options.grant_log.is_some() {

@@ -10,7 +10,7 @@
 //! | `limit` | one `[[limits]]` entry as the daemon reads it: buckets, windows, charging, usable bursts |
 //! | `raw` | the file as written: the serde schema, everything optional and spanned |
 //! | `diagnostics` | located problems and the checks every section shares |
-//! | `resolve` | raw → typed, one module a section (`server`, `redis`, `leases`, `metrics`, `groups`, `limits`, `priorities`) |
+//! | `resolve` | raw → typed, one module a section (`server`, `redis`, `leases`, `metrics`, `groups`, `limits`, `priorities`, `clients`) |
 //! | `env` | the environment overrides |
 //! | `render` | the effective file `check-config` prints; Redis URLs masked |
 //! | `warnings` | advice on a valid file that most likely does not mean what it says |
@@ -33,12 +33,12 @@ use std::path::{Path, PathBuf};
 
 pub use env::{ENV_METRICS_LISTEN, ENV_REDIS_URL, ENV_SOCKET};
 pub use model::{
-    BucketKind, Config, DEFAULT_BURST_HEADROOM_MS, DEFAULT_KEY_PREFIX, DEFAULT_MAX_OUTPUT_TOKENS,
-    DisconnectRule, EnforcementWindow, FailurePolicy, GroupConfig, LeaseConfig, LimitConfig,
-    LimitMode, MAX_BURST, MAX_RATE_PER_MINUTE, MAX_SOCKET_MODE, MAX_SOCKET_PATH_LEN, MAX_WAIT_MS,
-    MetricsConfig, PriorityClass, RedisConfig, SESSION_SOCKET_NAME, SYSTEM_SOCKET_PATH,
-    SentinelMaster, ServerConfig, TokenBuckets, TokenRate, default_socket_path,
-    default_socket_path_in,
+    BucketKind, ClientPolicy, Config, DEFAULT_BURST_HEADROOM_MS, DEFAULT_KEY_PREFIX,
+    DEFAULT_MAX_OUTPUT_TOKENS, DisconnectRule, EnforcementWindow, FailurePolicy, GroupConfig,
+    LeaseConfig, LimitConfig, LimitMode, MAX_BURST, MAX_RATE_PER_MINUTE, MAX_SOCKET_MODE,
+    MAX_SOCKET_PATH_LEN, MAX_WAIT_MS, MetricsConfig, PriorityClass, RedisConfig,
+    SESSION_SOCKET_NAME, SYSTEM_SOCKET_PATH, SentinelMaster, ServerConfig, TokenBuckets, TokenRate,
+    default_socket_path, default_socket_path_in,
 };
 pub use render::mask_redis_url;
 

@@ -104,6 +104,9 @@ pub struct Config {
     pub leases: LeaseConfig,
     /// The metrics and health listener.
     pub metrics: MetricsConfig,
+    /// What each uid may name in an acquire (`[[clients]]`); empty: any
+    /// connected client may name any tenant and class.
+    pub clients: Vec<ClientPolicy>,
 }
 
 impl Default for Config {
@@ -117,6 +120,7 @@ impl Default for Config {
             default_priority: PriorityClass::DEFAULT_NAME.to_string(),
             leases: LeaseConfig::default(),
             metrics: MetricsConfig::default(),
+            clients: Vec::new(),
         }
     }
 }
@@ -135,6 +139,18 @@ impl Config {
     /// The group called `name`.
     pub fn group(&self, name: &str) -> Option<&GroupConfig> {
         self.groups.iter().find(|group| group.name == name)
+    }
+
+    /// The `[[clients]]` entry that applies to a peer of `uid`: the one
+    /// listing it, else the one for `other_uids`; `None`: unrestricted. A
+    /// peer whose uid could not be read counts as one no entry lists.
+    pub fn client_policy(&self, uid: Option<u32>) -> Option<&ClientPolicy> {
+        let listed = uid.and_then(|uid| {
+            self.clients
+                .iter()
+                .find(|policy| policy.uids.contains(&uid))
+        });
+        listed.or_else(|| self.clients.iter().find(|policy| policy.other_uids))
     }
 
     /// The tiktoken encodings the limits count with: what to build at start.
@@ -161,8 +177,13 @@ pub struct ServerConfig {
     pub allowed_gids: Vec<u32>,
     /// How long `SIGTERM` waits for in-flight requests before exiting.
     pub drain_timeout_ms: u64,
-    /// Most connections open at once; the next is refused `Overloaded`.
+    /// Most connections open at once. At the cap a new connection closes
+    /// the one idle the longest; it is refused `Overloaded` only when
+    /// every open connection has a request in flight.
     pub max_connections: u64,
+    /// Most connections one uid may hold open at once, by the same rule
+    /// among its own connections; `None`: only `max_connections` bounds it.
+    pub max_connections_per_uid: Option<u64>,
     /// Most bytes all connections together may buffer for frames that
     /// have not fully arrived, beyond each connection's first read chunk.
     pub max_buffered_bytes: u64,
@@ -184,6 +205,7 @@ impl Default for ServerConfig {
             allowed_gids: Vec::new(),
             drain_timeout_ms: 10_000,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_uid: None,
             max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
             hello_timeout_ms: 10_000,
             frame_timeout_ms: 10_000,
@@ -323,6 +345,28 @@ impl MetricsConfig {
     pub const OTHER_TENANTS: &'static str = "other";
     /// Most tenants `tenants` may list.
     pub const MAX_TENANTS: usize = 100;
+}
+
+/// What the peers of some uids may name in an acquire: one `[[clients]]`
+/// entry. A connected client is otherwise taken at its word for the tenant
+/// it names (whose share it then draws) and for its priority class (issue
+/// 27); the kernel's peer uid is not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClientPolicy {
+    /// The uids the entry applies to; empty for the `other_uids` entry.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub uids: Vec<u32>,
+    /// Whether the entry applies to every uid no entry lists.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub other_uids: bool,
+    /// Tenants the acquires may name; when set, an acquire must name one
+    /// of them (naming none would escape the tenants' shares). `None`: any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<Vec<String>>,
+    /// Priority classes the acquires may use, `default_priority` included
+    /// when they name none. `None`: any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priorities: Option<Vec<String>>,
 }
 
 /// What a closed connection's unreported leases do to their reservation.

@@ -28,6 +28,18 @@ pub(super) struct RawFile {
     pub priorities: Vec<Spanned<RawPriority>>,
     pub leases: Option<Spanned<RawLeases>>,
     pub metrics: Option<Spanned<RawMetrics>>,
+    #[serde(default)]
+    pub clients: Vec<Spanned<RawClient>>,
+}
+
+/// One `[[clients]]` entry.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [[clients]] table")]
+pub(super) struct RawClient {
+    pub uids: Option<Spanned<Vec<Spanned<i64>>>>,
+    pub other_uids: Option<Spanned<bool>>,
+    pub tenants: Option<Spanned<Vec<Spanned<String>>>>,
+    pub priorities: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// `[metrics]`.
@@ -49,6 +61,7 @@ pub(super) struct RawServer {
     pub allowed_gids: Option<Vec<Spanned<i64>>>,
     pub drain_timeout_ms: Option<Spanned<i64>>,
     pub max_connections: Option<Spanned<i64>>,
+    pub max_connections_per_uid: Option<Spanned<i64>>,
     pub max_buffered_bytes: Option<Spanned<i64>>,
     pub hello_timeout_ms: Option<Spanned<i64>>,
     pub frame_timeout_ms: Option<Spanned<i64>>,

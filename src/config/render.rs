@@ -4,8 +4,8 @@
 use serde::Serialize;
 
 use super::model::{
-    Config, GroupConfig, LeaseConfig, LimitConfig, MetricsConfig, PriorityClass, RedisConfig,
-    SentinelMaster,
+    ClientPolicy, Config, GroupConfig, LeaseConfig, LimitConfig, MetricsConfig, PriorityClass,
+    RedisConfig, SentinelMaster,
 };
 
 /// What stands in for a password.
@@ -26,6 +26,7 @@ impl Config {
                 allowed_gids: &self.server.allowed_gids,
                 drain_timeout_ms: self.server.drain_timeout_ms,
                 max_connections: self.server.max_connections,
+                max_connections_per_uid: self.server.max_connections_per_uid,
                 threads: self.server.threads,
                 max_buffered_bytes: self.server.max_buffered_bytes,
                 hello_timeout_ms: self.server.hello_timeout_ms,
@@ -54,6 +55,7 @@ impl Config {
             leases: &self.leases,
             metrics: &self.metrics,
             priorities: &self.priorities,
+            clients: &self.clients,
         };
         match toml::to_string(&view) {
             Ok(text) => text,
@@ -85,6 +87,8 @@ struct EffectiveFile<'a> {
     leases: &'a LeaseConfig,
     metrics: &'a MetricsConfig,
     priorities: &'a [PriorityClass],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    clients: &'a [ClientPolicy],
 }
 
 /// `[server]` with `socket_mode` written as the file writes it (`"0660"`).
@@ -97,6 +101,8 @@ struct EffectiveServer<'a> {
     allowed_gids: &'a [u32],
     drain_timeout_ms: u64,
     max_connections: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_connections_per_uid: Option<u64>,
     threads: usize,
     max_buffered_bytes: u64,
     hello_timeout_ms: u64,

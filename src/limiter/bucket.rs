@@ -321,13 +321,65 @@ impl BucketState {
 
     /// Adds `tokens` (a refund, or a debit when negative), capped at capacity.
     pub fn adjusted(self, spec: &BucketSpec, tokens: i64) -> Self {
+        self.adjusted_units(spec, spec.signed_units(tokens))
+    }
+
+    /// Adds `units`, capped at capacity.
+    fn adjusted_units(self, spec: &BucketSpec, units: i64) -> Self {
         BucketState {
-            level: self
-                .level
-                .saturating_add(spec.signed_units(tokens))
-                .min(spec.capacity_units()),
+            level: self.level.saturating_add(units).min(spec.capacity_units()),
             updated_ms: self.updated_ms,
         }
+    }
+
+    /// Takes an overrun of `tokens` (a report above its reservation) from
+    /// the state, as far as the bucket's overrun debt allows: the debt,
+    /// what overruns took that refill has not yet paid back, stays within
+    /// one capacity, so reports can never push the bucket more than one
+    /// capacity below where its reservations put it (issue 27). Returns
+    /// the new state and debt, and the units left untaken (clipped).
+    /// `settle` in `lua/batch.lua` is the same rule.
+    pub fn overrun(
+        self,
+        spec: &BucketSpec,
+        debt: OverrunDebt,
+        tokens: u64,
+        now_ms: i64,
+    ) -> (BucketState, OverrunDebt, i64) {
+        let owed = spec.units(tokens);
+        let debt = debt.now(spec, self, now_ms);
+        let taken = owed.min((spec.capacity_units() - debt).max(0));
+        let state = self.adjusted_units(spec, -taken);
+        let debt = OverrunDebt {
+            units: debt + taken,
+            at_ms: now_ms,
+        };
+        (state, debt, owed - taken)
+    }
+}
+
+/// What overruns took from a bucket that refill has not yet paid back, in
+/// units, as of `at_ms` (field `o` of a Redis bucket, `"units:ms"`).
+///
+/// Refill pays it back at the bucket's rate, and it is never more than the
+/// bucket is below full (a refund pays it back too), so it is zero whenever
+/// the bucket is full, and forgetting a full bucket forgets nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OverrunDebt {
+    pub units: i64,
+    pub at_ms: i64,
+}
+
+impl OverrunDebt {
+    /// The debt at `now_ms` of a bucket at `state` (already refilled).
+    pub fn now(self, spec: &BucketSpec, state: BucketState, now_ms: i64) -> i64 {
+        let mut units = self.units;
+        if now_ms > self.at_ms {
+            units = units.saturating_sub((now_ms - self.at_ms).saturating_mul(spec.units_per_ms()));
+        }
+        units
+            .min(spec.capacity_units().saturating_sub(state.level))
+            .max(0)
     }
 }
 

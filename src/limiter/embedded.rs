@@ -7,10 +7,13 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 
-use super::bucket::{self, BucketSpec, BucketState, Draw};
+use super::bucket::{self, BucketSpec, BucketState, Draw, OverrunDebt};
 use super::drain::Drain;
 use super::slots::{Holders, SlotSpec};
-use super::{Adjustment, Decision, Lowering, Origin, Store, StoreError, decision_from_plan};
+use super::{
+    Adjustment, Decision, DrawMark, DrawMarks, LoweredTotals, Lowering, Origin, Store, StoreError,
+    decision_from_plan,
+};
 
 /// Milliseconds on some monotonic clock.
 pub trait Clock: Send + Sync + 'static {
@@ -37,6 +40,11 @@ struct Entry {
     full_at_ms: i64,
     /// What drains the provider unseen, learnt from provider corrections.
     drain: Drain,
+    /// What overruns took that refill has not yet paid back.
+    overrun: OverrunDebt,
+    /// The units lowerings took while the provider was short (see
+    /// [`super::lowered`]).
+    lowered: i64,
 }
 
 /// Buckets in a map under one mutex; no await happens while it is held.
@@ -46,6 +54,8 @@ pub struct EmbeddedStore {
     /// Holders of each limit's concurrency slots (one entry per limit
     /// with `max_concurrent` at most, each at most `max` holders).
     slots: Mutex<HashMap<Arc<str>, Holders>>,
+    /// Each bucket's latest count of lowered units, for grants to compare.
+    lowered: Arc<LoweredTotals>,
 }
 
 struct Buckets {
@@ -68,6 +78,7 @@ impl EmbeddedStore {
                 sweep_at: SWEEP_MIN_ENTRIES,
             }),
             slots: Mutex::new(HashMap::new()),
+            lowered: Arc::default(),
         }
     }
 
@@ -114,16 +125,23 @@ impl Buckets {
             .and_modify(|entry| {
                 entry.state = state;
                 entry.full_at_ms = full_at_ms;
+                // A full bucket owes nothing (Redis deletes it, debt and all).
+                if state.level >= spec.capacity_units() {
+                    entry.overrun = OverrunDebt::default();
+                }
             })
             .or_insert(Entry {
                 state,
                 full_at_ms,
                 drain: Drain::default(),
+                overrun: OverrunDebt::default(),
+                lowered: 0,
             });
     }
 
-    fn drain_mut(&mut self, spec: &BucketSpec) -> Option<&mut Drain> {
-        self.states.get_mut(&spec.key).map(|entry| &mut entry.drain)
+    /// The units lowerings took from a bucket while the provider was short.
+    fn lowered(&self, spec: &BucketSpec) -> i64 {
+        self.states.get(&spec.key).map_or(0, |entry| entry.lowered)
     }
 
     /// Forgets buckets that are full by `now_ms` once the map has doubled:
@@ -158,17 +176,62 @@ impl Store for EmbeddedStore {
             }
             buckets.sweep_if_large(now);
         }
-        decision_from_plan(draws, plan)
+        let decision = decision_from_plan(draws, plan)?;
+        let Decision::Granted {
+            wait_ms, origin, ..
+        } = decision
+        else {
+            return Ok(decision);
+        };
+        // Where each bucket's count of lowered units stands, as a Redis
+        // grant's reply says (a bucket forgotten when full starts again).
+        let marks: Arc<[DrawMark]> = draws
+            .iter()
+            .map(|draw| {
+                let lowered = buckets.lowered(&draw.bucket);
+                self.lowered.note(&draw.bucket.key, lowered);
+                DrawMark {
+                    key: draw.bucket.key.clone(),
+                    drawn: None,
+                    lowered,
+                    units_per_ms: draw.bucket.units_per_ms(),
+                }
+            })
+            .collect();
+        Ok(Decision::Granted {
+            wait_ms,
+            origin,
+            marks: Some(DrawMarks {
+                draws: marks,
+                lowered: self.lowered.clone(),
+            }),
+        })
     }
 
     async fn adjust(&self, adjustments: &[Adjustment], _origin: Origin) -> Result<(), StoreError> {
         let now = self.clock.now_ms();
         let mut buckets = self.lock();
         for adjustment in adjustments {
-            let state = buckets
-                .current(&adjustment.bucket, now)
-                .adjusted(&adjustment.bucket, adjustment.tokens);
-            buckets.store(&adjustment.bucket, state);
+            let spec = &adjustment.bucket;
+            let state = buckets.current(spec, now);
+            if adjustment.tokens >= 0 {
+                buckets.store(spec, state.adjusted(spec, adjustment.tokens));
+                continue;
+            }
+            // An overrun: taken within the bucket's overrun debt.
+            let debt = buckets
+                .states
+                .get(&spec.key)
+                .map_or_else(OverrunDebt::default, |entry| entry.overrun);
+            let (state, debt, clipped) =
+                state.overrun(spec, debt, adjustment.tokens.unsigned_abs(), now);
+            buckets.store(spec, state);
+            if let Some(entry) = buckets.states.get_mut(&spec.key) {
+                entry.overrun = debt;
+            }
+            if clipped > 0 {
+                super::overrun::clipped(spec, clipped);
+            }
         }
         Ok(())
     }
@@ -195,19 +258,22 @@ impl Store for EmbeddedStore {
                 .fleet
                 .map_or(0, |fleet| fleet.counted_ms_ago.min(i64::MAX as u64) as i64);
             let refused = lowering.fleet.map_or(0, |fleet| spec.units(fleet.refused));
-            if let Some(drain) = buckets.drain_mut(spec) {
-                let lowered = BucketState {
-                    level: drain.correct(
-                        seen,
-                        current.level,
-                        spec.units_per_ms(),
-                        now,
-                        counted_ms_ago,
-                        refused,
-                    ),
-                    ..current
-                };
-                buckets.store(spec, lowered);
+            // The provider's own count, to tell whether it is short.
+            let provider = lowering
+                .fleet
+                .map_or(i64::MAX, |fleet| spec.signed_units(fleet.remaining));
+            if let Some(entry) = buckets.states.get_mut(&spec.key) {
+                let level = entry
+                    .drain
+                    .correct(seen, current.level, now, counted_ms_ago, refused);
+                // As lua/batch.lua: the reservations waiting are postponed
+                // by the lowering while the provider is short.
+                let down = current.level.saturating_sub(level);
+                if down > 0 && provider.saturating_mul(2) < spec.capacity_units() {
+                    entry.lowered = entry.lowered.saturating_add(down);
+                    self.lowered.note(&spec.key, entry.lowered);
+                }
+                buckets.store(spec, BucketState { level, ..current });
             }
         }
         Ok(())
@@ -275,6 +341,7 @@ mod tests {
     use std::sync::atomic::{AtomicI64, Ordering};
 
     use super::*;
+    use crate::limiter::FleetView;
 
     #[derive(Default)]
     struct ManualClock(AtomicI64);
@@ -303,14 +370,14 @@ mod tests {
         let tokens = draw("tokens", 1000, 100);
         let requests = draw("requests", 1, 1);
         let both = [tokens.clone(), requests.clone()];
-        assert_eq!(
+        assert!(matches!(
             store.acquire(&both, 0).await.unwrap(),
             Decision::Granted {
                 wait_ms: 0,
                 origin: Origin::Store,
-                marks: None,
+                ..
             }
-        );
+        ));
         // The request bucket is empty: refused, and tokens keep 900.
         assert!(matches!(
             store.acquire(&both, 0).await.unwrap(),
@@ -394,5 +461,56 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A reservation already waiting when feedback lowers its bucket is due
+    /// later by what was lowered, while the provider is short; with half
+    /// its bucket left the provider passes it anyway, and it is not.
+    #[tokio::test]
+    async fn a_lowering_while_the_provider_is_short_postpones_the_waiting_reservations() {
+        for (provider_count, postponed) in [(0, Some((500, 0))), (500, None)] {
+            let clock = Arc::new(ManualClock::default());
+            let store = EmbeddedStore::with_clock(clock.clone());
+            // 1,000 tokens, 1 a ms: the second grant waits 1 s.
+            let tokens = draw("tokens", 1000, 1000);
+            store
+                .acquire(std::slice::from_ref(&tokens), 0)
+                .await
+                .unwrap();
+            let Decision::Granted {
+                wait_ms: 1000,
+                marks: Some(waiting),
+                ..
+            } = store
+                .acquire(std::slice::from_ref(&tokens), 5_000)
+                .await
+                .unwrap()
+            else {
+                panic!("the second grant waits a second");
+            };
+            // The provider's view: 500 below the bucket's.
+            let lowering = Lowering {
+                bucket: tokens.bucket.clone(),
+                level: -1500,
+                fleet: Some(FleetView {
+                    remaining: provider_count,
+                    reserved_ms_ago: Some(0),
+                    counted_ms_ago: 0,
+                    drawn: None,
+                    refused: 0,
+                }),
+            };
+            store.lower(&[lowering]).await.unwrap();
+            assert_eq!(
+                waiting.postponement(),
+                postponed,
+                "provider count {provider_count}"
+            );
+            let levels = store
+                .levels(std::slice::from_ref(&tokens.bucket))
+                .await
+                .unwrap();
+            assert_eq!(levels, [-1500], "lowered either way");
+        }
     }
 }

@@ -11,6 +11,8 @@ pub mod embedded;
 pub mod fail_fast;
 pub mod fallback;
 pub mod instrumented;
+pub mod lowered;
+pub mod overrun;
 pub mod redis;
 pub mod replay;
 pub mod shapes;
@@ -25,6 +27,7 @@ pub use embedded::EmbeddedStore;
 pub use fail_fast::FailFastStore;
 pub use fallback::{FailurePolicy, FallbackStore};
 pub use instrumented::InstrumentedStore;
+pub use lowered::{DrawMark, LoweredTotals};
 pub use redis::RedisStore;
 pub use slots::{SlotGuard, SlotKeeper, SlotSpec};
 
@@ -153,7 +156,9 @@ pub enum Decision {
     Denied { retry_after_ms: u64, bucket: usize },
 }
 
-/// A change to one bucket's level: positive refunds, negative debits.
+/// A change to one bucket's level: positive refunds, negative debits (an
+/// overrun, which a store takes only within the bucket's overrun debt of
+/// one capacity: [`BucketState::overrun`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Adjustment {
     pub bucket: BucketSpec,
@@ -173,21 +178,39 @@ pub struct Lowering {
     pub fleet: Option<FleetView>,
 }
 
-/// Where a shared store drew a grant: for each bucket, its running count
-/// of units drawn right after the grant's draw (`n` in `lua/batch.lua`).
-/// What the fleet drew after the grant is the count now less the mark.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DrawMarks(pub Arc<[(Arc<str>, i64)]>);
+/// Where a shared store drew a grant, one [`DrawMark`] per bucket, and
+/// where that store keeps how far feedback has lowered its buckets since.
+#[derive(Debug, Clone)]
+pub struct DrawMarks {
+    pub draws: Arc<[DrawMark]>,
+    pub lowered: Arc<LoweredTotals>,
+}
 
 impl DrawMarks {
-    /// The mark of the bucket with `key`, if the grant drew it.
+    /// The mark of the bucket with `key` (its count of units drawn right
+    /// after the grant), if the grant drew it.
     pub fn of(&self, key: &str) -> Option<i64> {
-        self.0
+        self.draws
             .iter()
-            .find(|(drawn, _)| drawn.as_ref() == key)
-            .map(|(_, mark)| *mark)
+            .find(|mark| mark.key.as_ref() == key)
+            .and_then(|mark| mark.drawn)
+    }
+
+    /// How much longer than its wait the grant must wait, in ms, and for
+    /// which draw: feedback lowered its buckets since it drew (see
+    /// [`lowered`]). `None` when none was.
+    pub fn postponement(&self) -> Option<(u64, usize)> {
+        self.lowered.postponement(&self.draws)
     }
 }
+
+impl PartialEq for DrawMarks {
+    fn eq(&self, other: &Self) -> bool {
+        self.draws == other.draws && Arc::ptr_eq(&self.lowered, &other.lowered)
+    }
+}
+
+impl Eq for DrawMarks {}
 
 /// The provider's count for a bucket, when the call it answered was
 /// reserved, and how old the count is.

@@ -7,7 +7,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -28,6 +28,7 @@ use super::{Counters, Name};
 use crate::app::Stores;
 use crate::limiter::FailurePolicy;
 use crate::limiter::shapes::ELSEWHERE;
+use crate::proto::Inspection;
 use crate::service::Service;
 
 /// Connections the listener serves at once; more wait to be accepted.
@@ -40,6 +41,10 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// for ever (issue 27: 32 such peers held every slot and the kubelet's
 /// probes failed). A scraper reconnects at its next scrape.
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
+/// How long a scrape's reading of the bucket levels (and waiters) serves
+/// the scrapes after it: however many scrapers ask, the store is read at
+/// most once in this time (issue 27: each scrape was a Redis call).
+pub const LEVELS_FRESH: Duration = Duration::from_secs(1);
 
 /// `limit`, `bucket` and `tenant` (empty but for tenant buckets).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -65,6 +70,10 @@ pub struct Exporter {
     stores: Stores,
     /// Set once the Unix socket listens.
     socket_bound: Arc<AtomicBool>,
+    /// The latest reading from the store and when it was taken; held
+    /// while a scrape reads, so scrapes that arrive meanwhile wait for
+    /// that reading instead of making their own.
+    inspected: tokio::sync::Mutex<Option<(Instant, Inspection)>>,
 }
 
 impl Exporter {
@@ -73,7 +82,25 @@ impl Exporter {
             service,
             stores,
             socket_bound,
+            inspected: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// The buckets as the store answered within [`LEVELS_FRESH`], read now
+    /// if no scrape did. Only an answer while the store is up is kept: the
+    /// levels vanish from the scrape as soon as the store fails.
+    async fn inspection(&self, store_up: bool) -> Option<Inspection> {
+        let mut inspected = self.inspected.lock().await;
+        if let Some((at, inspection)) = inspected.as_ref()
+            && store_up
+            && at.elapsed() < LEVELS_FRESH
+        {
+            return Some(inspection.clone());
+        }
+        let inspection = self.service.inspection(None).await.ok()?;
+        *inspected = (store_up && inspection.levels_from == "store")
+            .then(|| (Instant::now(), inspection.clone()));
+        Some(inspection)
     }
 
     /// Every metric, in the Prometheus text format (version 0.0.4).
@@ -164,17 +191,23 @@ impl Exporter {
             "Log lines lost to a failing stderr",
             count(counters.log_write_errors),
         );
+        r.register(
+            "overrun_clipped_tokens",
+            "Tokens of overruns (reports above their reservation) not debited: overruns hold a bucket at most one capacity below its reservations",
+            count(crate::limiter::overrun::clipped_tokens()),
+        );
         if self.stores.redis.is_some() {
             register_outage_work(&mut r, &counters);
         }
-        self.scrape_buckets(&mut r).await;
+        self.scrape_buckets(&mut r, health.store_up).await;
         r
     }
 
     /// Waiters per limit, and each bucket's level, capacity and rate from
-    /// the store's answer now (levels only while the store answers).
-    async fn scrape_buckets(&self, r: &mut Registry) {
-        let Ok(inspection) = self.service.inspection(None).await else {
+    /// the store's answer within the last [`LEVELS_FRESH`] (levels only
+    /// while the store answers).
+    async fn scrape_buckets(&self, r: &mut Registry, store_up: bool) {
+        let Some(inspection) = self.inspection(store_up).await else {
             return;
         };
         let config = self.service.config();
@@ -230,7 +263,7 @@ impl Exporter {
         );
         r.register(
             "bucket_level",
-            "Whole units available in the bucket, as the store answered at this scrape (negative while reservations wait)",
+            "Whole units available in the bucket, as the store answered within the last second (negative while reservations wait)",
             levels,
         );
         r.register(

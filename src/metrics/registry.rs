@@ -124,9 +124,11 @@ pub struct Metrics {
     pub(crate) refunded_tokens: Family<LimitLabel, Counter>,
     pub(crate) connections: Counter,
     pub(crate) connections_open: Gauge,
+    pub(crate) connections_evicted: Counter,
     pub(crate) in_flight: Gauge,
     pub(crate) reloads: Family<OutcomeLabel, Counter>,
     pub(crate) shadow_decisions: Family<ShadowLabels, Counter>,
+    pub(crate) acquires_postponed: Counter,
     /// Store calls, shared with the instrumented store.
     pub store: Arc<StoreCalls>,
 }
@@ -151,9 +153,11 @@ impl Metrics {
             refunded_tokens: Family::default(),
             connections: Counter::default(),
             connections_open: Gauge::default(),
+            connections_evicted: Counter::default(),
             in_flight: Gauge::default(),
             reloads: Family::default(),
             shadow_decisions: Family::default(),
+            acquires_postponed: Counter::default(),
             store: Arc::new(StoreCalls::default()),
             registry: Registry::default(),
         };
@@ -204,6 +208,11 @@ impl Metrics {
             metrics.connections_open.clone(),
         );
         r.register(
+            "connections_evicted",
+            "Idle connections closed to admit a new one at server.max_connections or a uid's server.max_connections_per_uid (the one idle the longest)",
+            metrics.connections_evicted.clone(),
+        );
+        r.register(
             "requests_in_flight",
             "Requests the service is answering now (waiting acquires included)",
             metrics.in_flight.clone(),
@@ -212,6 +221,11 @@ impl Metrics {
             "shadow_decisions",
             "What shadow limits would have done with the acquires they granted at once, by decision (granted, would_wait, would_deny, would_refuse, store_unavailable)",
             metrics.shadow_decisions.clone(),
+        );
+        r.register(
+            "acquires_postponed",
+            "Granted acquires that waited longer than their reservation first said, because provider feedback lowered their buckets meanwhile (a denial when that passed their max_wait)",
+            metrics.acquires_postponed.clone(),
         );
         r.register(
             "reloads",
@@ -260,6 +274,11 @@ impl Metrics {
             metrics: self.clone(),
             gauge: Which::Connections,
         }
+    }
+
+    /// Counts an idle connection closed to make room for a new one.
+    pub fn connection_evicted(&self) {
+        self.connections_evicted.inc();
     }
 
     /// Counts a request in flight until the guard is dropped.

@@ -475,3 +475,59 @@ fn buckets_of_different_limits_and_groups_never_share_a_key() {
         "a group bucket collides with a limit's"
     );
 }
+
+#[test]
+fn a_uid_names_only_the_tenants_and_classes_its_entry_allows() {
+    let config = format!(
+        "{CONFIG}\n[[clients]]\nuids = [7]\ntenants = [\"acme\"]\npriorities = [\"batch\"]\n\
+         [[clients]]\nuids = [8]\npriorities = [\"interactive\"]\n"
+    );
+    let planner = Planner::new(Arc::new(from_toml_str(&config, "plan.toml").unwrap()));
+    let class = |name: &str| planner.config().priority(name).unwrap();
+    let refusal = |uid, tenant, name| {
+        planner
+            .check_client(uid, tenant, class(name))
+            .err()
+            .map(|refused| refused.to_string())
+    };
+    let allowed = "(allowed by [[clients]]: tenants \"acme\")";
+    let table = [
+        (Some(7), Some("acme"), "batch", None),
+        (
+            Some(7),
+            Some("globex"),
+            "batch",
+            Some(format!("uid 7 may not name tenant \"globex\" {allowed}")),
+        ),
+        (
+            Some(7),
+            None,
+            "batch",
+            Some(format!(
+                "uid 7 may not acquire without naming a tenant {allowed}"
+            )),
+        ),
+        (
+            Some(7),
+            Some("acme"),
+            "interactive",
+            Some(
+                "uid 7 may not use priority class \"interactive\" \
+                 (allowed by [[clients]]: classes \"batch\")"
+                    .to_string(),
+            ),
+        ),
+        // No `tenants`: any tenant, or none.
+        (Some(8), None, "interactive", None),
+        // Not listed, and no `other_uids` entry: unrestricted.
+        (Some(9), Some("globex"), "batch", None),
+        (None, Some("globex"), "batch", None),
+    ];
+    for (uid, tenant, name, expected) in table {
+        assert_eq!(
+            refusal(uid, tenant, name),
+            expected,
+            "{uid:?} {tenant:?} {name}"
+        );
+    }
+}

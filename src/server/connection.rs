@@ -2,18 +2,23 @@
 //! it reads frames (into a buffer allocated when the first byte arrives,
 //! under the shared budget), drives every service call of the connection as
 //! a future of its own loop, and writes the answers as they finish. No task
-//! per request, no channel to a writer.
+//! per request, no channel to a writer. A frame too large to decode on the
+//! socket loop is decoded on the blocking pool meanwhile (issue 27), and
+//! the connection takes nothing behind it until it is.
 //!
 //! Its bounds: a `Hello` within `hello_timeout`, each frame complete within
 //! `frame_timeout` of its first byte, answers taken by the client within
 //! `frame_timeout`, and no more read-ahead while answers pile up unread.
 
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::StreamExt;
+use futures_util::future::OptionFuture;
 use futures_util::stream::FuturesUnordered;
 use tokio::io::Interest;
 use tokio::net::UnixStream;
@@ -24,7 +29,7 @@ use tokio_util::task::TaskTracker;
 use super::Bounds;
 use super::buffer::{BufferBudget, ConnectionBuffer};
 use super::registry::Activity;
-use super::requests::{Requests, answer_call, error};
+use super::requests::{Decoded, Requests, answer_call, decode_off_loop, error};
 use crate::proto::{CONNECTION_REQUEST_ID, ErrorCode, Response};
 use crate::service::{ConnectionId, Service};
 
@@ -59,12 +64,16 @@ pub(crate) struct ConnectionContext {
     pub activity: Arc<Activity>,
 }
 
+/// A large payload being decoded off the socket loop.
+type Decoding = Pin<Box<dyn Future<Output = Result<Decoded, String>> + Send>>;
+
 /// What woke the connection.
 enum Event {
     Close,
     Evicted,
     CancelAll,
     Answered(u64, Response),
+    Decoded(Result<Decoded, String>),
     Writable(io::Result<()>),
     Readable(io::Result<()>),
     Deadline,
@@ -95,6 +104,7 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
     };
     let mut running = FuturesUnordered::new();
     let mut state = Requests::new(id);
+    state.peer_uid = stream.peer_cred().ok().map(|credentials| credentials.uid());
     let mut buffer = ConnectionBuffer::new(budget);
     let mut timers = Timers::new(bounds);
     let closing = close.cancelled();
@@ -103,6 +113,9 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
     let deadline = tokio::time::sleep_until(timers.next());
     tokio::pin!(closing, cancelling, evicted, deadline);
     let mut cancelled_all = false;
+    // A large payload being decoded off the loop; the frames behind it wait,
+    // and nothing more is read, until it is handled.
+    let mut decoding: Option<Decoding> = None;
 
     let reason = loop {
         activity.in_flight(running.len());
@@ -112,7 +125,7 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
                 deadline.as_mut().reset(at);
             }
         }
-        let reading = state.out.len() < OUT_HIGH_WATER;
+        let reading = state.out.len() < OUT_HIGH_WATER && decoding.is_none();
         let event = tokio::select! {
             // Answers first, then writes, then reads; the daemon's own
             // signals last, so a busy connection does not lock their
@@ -121,6 +134,9 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
             Some((request_id, response)) = running.next(), if !running.is_empty() => {
                 Event::Answered(request_id, response)
             }
+            Some(decoded) = OptionFuture::from(decoding.as_mut()), if decoding.is_some() => {
+                Event::Decoded(decoded)
+            }
             ready = stream.writable(), if !state.out.is_empty() => Event::Writable(ready),
             ready = stream.readable(), if reading => Event::Readable(ready),
             () = &mut deadline, if armed.is_some() => Event::Deadline,
@@ -128,11 +144,13 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
             () = &mut evicted => Event::Evicted,
             () = &mut cancelling, if !cancelled_all => Event::CancelAll,
         };
+        let take_frames = matches!(event, Event::Readable(Ok(())) | Event::Decoded(_));
         match event {
             Event::Close => break "the daemon is shutting down".to_string(),
             Event::Evicted => {
                 break "closed to admit a new connection: it was idle the longest \
-                       of server.max_connections"
+                       at server.max_connections (or its uid's \
+                       server.max_connections_per_uid)"
                     .to_string();
             }
             Event::CancelAll => {
@@ -173,19 +191,15 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
                     Err(io_error) if io_error.kind() == io::ErrorKind::WouldBlock => continue,
                     Err(io_error) => break format!("read failed: {io_error}"),
                 }
-                let taken = state.process_buffered(buffer.frames(), &mut running, &start);
-                buffer.shrink();
-                match taken {
-                    Ok(taken) => {
-                        if taken > 0 {
-                            activity.frames_read();
-                        }
-                        timers.frames_read(taken > 0, buffer.buffered() > 0);
-                        if state.client_name.is_some() {
-                            timers.hello_received();
-                        }
-                    }
-                    Err(reason) => break reason,
+            }
+            Event::Decoded(decoded) => {
+                decoding = None;
+                let frame = match decoded {
+                    Ok(frame) => frame,
+                    Err(failed) => break format!("decoding a frame failed: {failed}"),
+                };
+                if let Err(reason) = state.decoded(frame, &mut running, &start) {
+                    break reason;
                 }
             }
             Event::Deadline => {
@@ -195,6 +209,26 @@ pub(crate) async fn serve(stream: UnixStream, context: ConnectionContext) {
                 }
             }
         }
+        // After a read or a decode: the frames that are in, in order, up to
+        // the next one to decode off the loop.
+        if !take_frames || decoding.is_some() {
+            continue;
+        }
+        let taken = match state.process_buffered(buffer.frames(), &mut running, &start) {
+            Ok(taken) => taken,
+            Err(reason) => break reason,
+        };
+        buffer.shrink();
+        if taken.frames > 0 {
+            activity.frames_read();
+        }
+        timers.frames_read(taken.frames > 0, buffer.buffered() > 0);
+        if state.client_name.is_some() {
+            timers.hello_received();
+        }
+        decoding = taken
+            .to_decode
+            .map(|payload| -> Decoding { Box::pin(decode_off_loop(payload)) });
     };
 
     // Waiting acquires return their reservations, then the connection's

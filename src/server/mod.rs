@@ -48,6 +48,9 @@ pub struct Bounds {
     /// one idle the longest; it is refused `Overloaded` only when every
     /// open connection has a request in flight.
     pub max_connections: usize,
+    /// Connections the peers of one uid may hold open at once, by the same
+    /// rule among that uid's own connections; `None`: no cap but the above.
+    pub max_connections_per_uid: Option<usize>,
     /// Bytes all connections together may buffer for frames still arriving,
     /// beyond each connection's read chunk.
     pub max_buffered_bytes: usize,
@@ -76,6 +79,8 @@ pub async fn run(
     let registry = Arc::new(Registry::new());
     let mut at_cap = false;
     let mut refusing = false;
+    // When a refusal under a uid's cap was last logged as a warning.
+    let mut uid_warned_at: Option<tokio::time::Instant> = None;
     let mut next_connection = 1u64;
     tokio::pin!(shutdown);
     loop {
@@ -93,13 +98,24 @@ pub async fn run(
         };
         let id = next_connection;
         next_connection += 1;
-        if !peer_allowed(&stream, &settings, id) {
+        let Some(uid) = peer_allowed(&stream, &settings, id) else {
             continue;
+        };
+        if let Some(cap) = settings.bounds.max_connections_per_uid {
+            let at = UidCap {
+                uid,
+                cap,
+                connection: id,
+            };
+            if !room_for_uid(&registry, &stream, at, &service, &mut uid_warned_at) {
+                continue;
+            }
         }
         let open = registry.len();
         if open >= settings.bounds.max_connections {
             match registry.evict_idlest() {
                 Some(evicted) => {
+                    service.metrics().connection_evicted();
                     if !at_cap {
                         tracing::warn!(
                             open,
@@ -142,7 +158,7 @@ pub async fn run(
             close: close_all.child_token(),
             budget: budget.clone(),
             bounds: settings.bounds,
-            activity: registry.register(id),
+            activity: registry.register(id, uid),
         };
         let open = service.metrics().connection_opened();
         let registry = registry.clone();
@@ -187,21 +203,107 @@ pub async fn run(
 /// request id 0. A new connection's send buffer is empty, so the frame
 /// goes out without waiting; the connection is then dropped.
 fn refuse_connection(stream: &UnixStream, connection: u64, open: usize) {
+    refuse_with(
+        stream,
+        connection,
+        format!(
+            "the daemon already serves {open} connections (server.max_connections), \
+             each with a request in flight"
+        ),
+    );
+    tracing::debug!(connection, open, "connection refused: too many open");
+}
+
+/// Sends a new connection `Overloaded` on request id 0 with `reason`.
+fn refuse_with(stream: &UnixStream, connection: u64, reason: String) {
     let refusal = ServerFrame {
         request_id: CONNECTION_REQUEST_ID,
-        response: requests::error(
-            ErrorCode::Overloaded,
-            format!(
-                "the daemon already serves {open} connections (server.max_connections), \
-                 each with a request in flight"
-            ),
-        ),
+        response: requests::error(ErrorCode::Overloaded, reason),
     };
     let mut bytes = Vec::new();
     if proto::encode_frame(&refusal, &mut bytes).is_ok() {
         let _ = stream.try_write(&bytes);
+    } else {
+        tracing::debug!(connection, "the refusal could not be encoded");
     }
-    tracing::debug!(connection, open, "connection refused: too many open");
+}
+
+/// How often a refusal under a uid's cap is logged as a warning (the
+/// others at DEBUG), so that a uid connecting in a loop cannot flood the log.
+const UID_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A new connection of a peer of `uid`, whose cap is `cap`.
+#[derive(Debug, Clone, Copy)]
+struct UidCap {
+    uid: u32,
+    cap: usize,
+    connection: u64,
+}
+
+/// Makes room for one more connection of a peer of `uid` under its cap
+/// (`server.max_connections_per_uid`), by the rule of `max_connections`
+/// among that uid's own connections: its idlest is closed, and only when
+/// every one of them has a request in flight is the new one refused
+/// `Overloaded`. So one uid cannot fill the daemon's connections, and the
+/// connections it leaks cost only itself. False when refused.
+fn room_for_uid(
+    registry: &Registry,
+    stream: &UnixStream,
+    at: UidCap,
+    service: &Service,
+    warned_at: &mut Option<tokio::time::Instant>,
+) -> bool {
+    let UidCap {
+        uid,
+        cap,
+        connection,
+    } = at;
+    let open = registry.len_of(uid);
+    if open < cap {
+        return true;
+    }
+    match registry.evict_idlest_of(uid) {
+        Some(evicted) => {
+            service.metrics().connection_evicted();
+            tracing::debug!(
+                connection = evicted.connection,
+                uid,
+                idle_ms = evicted.idle.as_millis() as u64,
+                admitted = connection,
+                "connection closed to make room under server.max_connections_per_uid"
+            );
+            true
+        }
+        None => {
+            let now = tokio::time::Instant::now();
+            if warned_at.is_none_or(|at| now.duration_since(at) >= UID_WARNING_INTERVAL) {
+                *warned_at = Some(now);
+                tracing::warn!(
+                    connection,
+                    uid,
+                    open,
+                    "refusing connections: a uid has server.max_connections_per_uid open, \
+                     each with a request in flight"
+                );
+            } else {
+                tracing::debug!(
+                    connection,
+                    uid,
+                    open,
+                    "connection refused: its uid is at its cap"
+                );
+            }
+            refuse_with(
+                stream,
+                connection,
+                format!(
+                    "uid {uid} already has {open} connections open \
+                     (server.max_connections_per_uid), each with a request in flight"
+                ),
+            );
+            false
+        }
+    }
 }
 
 /// Waits for every task of `tracker` up to `timeout`; false if some are left.
@@ -209,12 +311,14 @@ async fn finished_within(tracker: &TaskTracker, timeout: Duration) -> bool {
     tokio::time::timeout(timeout, tracker.wait()).await.is_ok()
 }
 
-fn peer_allowed(stream: &UnixStream, settings: &ServerSettings, connection: u64) -> bool {
+/// The peer's uid when `allowed_uids`/`allowed_gids` admit it; `None`
+/// (logged) when they do not or its credentials cannot be read.
+fn peer_allowed(stream: &UnixStream, settings: &ServerSettings, connection: u64) -> Option<u32> {
     let credentials = match stream.peer_cred() {
         Ok(credentials) => credentials,
         Err(cred_error) => {
             tracing::warn!(connection, %cred_error, "refusing a connection whose peer credentials cannot be read");
-            return false;
+            return None;
         }
     };
     let uid_ok =
@@ -233,5 +337,5 @@ fn peer_allowed(stream: &UnixStream, settings: &ServerSettings, connection: u64)
             "refusing a connection from a peer not in allowed_uids/allowed_gids"
         );
     }
-    uid_ok && gid_ok
+    (uid_ok && gid_ok).then_some(uid)
 }

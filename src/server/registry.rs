@@ -30,6 +30,8 @@ const BUSY: u64 = u64::MAX;
 /// What the server knows of one open connection.
 #[derive(Debug)]
 pub(crate) struct Activity {
+    /// The peer's uid, for `server.max_connections_per_uid`.
+    uid: u32,
     /// Microseconds from the registry's epoch since which the connection
     /// has had no request in flight, or `BUSY`.
     idle_since_us: AtomicU64,
@@ -100,13 +102,19 @@ impl Registry {
         self.lock().len()
     }
 
-    /// Registers a new connection, idle from now.
-    pub(crate) fn register(&self, connection: ConnectionId) -> Arc<Activity> {
-        self.register_at(connection, micros_since(self.epoch))
+    /// Connections of peers of `uid` open and not evicted.
+    pub(crate) fn len_of(&self, uid: u32) -> usize {
+        self.lock().values().filter(|a| a.uid == uid).count()
     }
 
-    fn register_at(&self, connection: ConnectionId, now_us: u64) -> Arc<Activity> {
+    /// Registers a new connection of a peer of `uid`, idle from now.
+    pub(crate) fn register(&self, connection: ConnectionId, uid: u32) -> Arc<Activity> {
+        self.register_at(connection, uid, micros_since(self.epoch))
+    }
+
+    fn register_at(&self, connection: ConnectionId, uid: u32, now_us: u64) -> Arc<Activity> {
         let activity = Arc::new(Activity {
+            uid,
             idle_since_us: AtomicU64::new(now_us),
             evict: CancellationToken::new(),
             epoch: self.epoch,
@@ -123,13 +131,20 @@ impl Registry {
     /// Closes the connection idle the longest, if any is idle: it no longer
     /// counts as open once this returns.
     pub(crate) fn evict_idlest(&self) -> Option<Evicted> {
-        self.evict_idlest_at(micros_since(self.epoch))
+        self.evict_idlest_at(None, micros_since(self.epoch))
     }
 
-    fn evict_idlest_at(&self, now_us: u64) -> Option<Evicted> {
+    /// As [`evict_idlest`](Self::evict_idlest), among the connections of
+    /// peers of `uid` only: what `server.max_connections_per_uid` closes.
+    pub(crate) fn evict_idlest_of(&self, uid: u32) -> Option<Evicted> {
+        self.evict_idlest_at(Some(uid), micros_since(self.epoch))
+    }
+
+    fn evict_idlest_at(&self, uid: Option<u32>, now_us: u64) -> Option<Evicted> {
         let mut open = self.lock();
         let (&connection, activity) = open
             .iter()
+            .filter(|(_, activity)| uid.is_none_or(|uid| activity.uid == uid))
             .filter(|(_, activity)| activity.idle_since_us.load(Ordering::Relaxed) != BUSY)
             .min_by_key(|(id, activity)| (activity.idle_since_us.load(Ordering::Relaxed), **id))?;
         let idle_since = activity.idle_since_us.load(Ordering::Relaxed);
@@ -162,12 +177,14 @@ mod tests {
     #[test]
     fn the_connection_idle_longest_is_evicted_and_a_busy_one_never() {
         let registry = Registry::new();
-        let busy = registry.register_at(1, 0);
-        let older = registry.register_at(2, 10);
-        let newer = registry.register_at(3, 20);
+        let busy = registry.register_at(1, 1000, 0);
+        let older = registry.register_at(2, 1000, 10);
+        let newer = registry.register_at(3, 1000, 20);
         busy.in_flight_with(1, || 20);
 
-        let evicted = registry.evict_idlest_at(25).expect("an idle connection");
+        let evicted = registry
+            .evict_idlest_at(None, 25)
+            .expect("an idle connection");
         assert_eq!(
             evicted,
             Evicted {
@@ -179,9 +196,12 @@ mod tests {
         assert!(!newer.evict.is_cancelled() && !busy.evict.is_cancelled());
         assert_eq!(registry.len(), 2);
 
-        assert_eq!(registry.evict_idlest_at(25).map(|e| e.connection), Some(3));
         assert_eq!(
-            registry.evict_idlest_at(25),
+            registry.evict_idlest_at(None, 25).map(|e| e.connection),
+            Some(3)
+        );
+        assert_eq!(
+            registry.evict_idlest_at(None, 25),
             None,
             "only a busy one is left"
         );
@@ -190,15 +210,18 @@ mod tests {
     #[test]
     fn a_connection_is_idle_from_its_last_answer_not_its_first() {
         let registry = Registry::new();
-        let worker = registry.register_at(1, 0);
-        let _leaked = registry.register_at(2, 10);
+        let worker = registry.register_at(1, 1000, 0);
+        let _leaked = registry.register_at(2, 1000, 10);
         worker.in_flight_with(1, || 20);
         worker.in_flight_with(0, || 30);
         // Still idle: the moment it became idle does not move.
         worker.in_flight_with(0, || 40);
-        assert_eq!(registry.evict_idlest_at(40).map(|e| e.connection), Some(2));
         assert_eq!(
-            registry.evict_idlest_at(40),
+            registry.evict_idlest_at(None, 40).map(|e| e.connection),
+            Some(2)
+        );
+        assert_eq!(
+            registry.evict_idlest_at(None, 40),
             Some(Evicted {
                 connection: 1,
                 idle: Duration::from_micros(10)
@@ -209,16 +232,22 @@ mod tests {
     #[test]
     fn a_frame_from_an_idle_client_makes_it_the_least_idle() {
         let registry = Registry::new();
-        let pinging = registry.register_at(1, 0);
-        let _leaked = registry.register_at(2, 10);
+        let pinging = registry.register_at(1, 1000, 0);
+        let _leaked = registry.register_at(2, 1000, 10);
         pinging.frames_read_at(20);
-        assert_eq!(registry.evict_idlest_at(30).map(|e| e.connection), Some(2));
-        let busy = registry.register_at(3, 30);
+        assert_eq!(
+            registry.evict_idlest_at(None, 30).map(|e| e.connection),
+            Some(2)
+        );
+        let busy = registry.register_at(3, 1000, 30);
         busy.in_flight_with(1, || 30);
         busy.frames_read_at(40);
-        assert_eq!(registry.evict_idlest_at(50).map(|e| e.connection), Some(1));
         assert_eq!(
-            registry.evict_idlest_at(50),
+            registry.evict_idlest_at(None, 50).map(|e| e.connection),
+            Some(1)
+        );
+        assert_eq!(
+            registry.evict_idlest_at(None, 50),
             None,
             "a frame does not end a wait"
         );
@@ -227,9 +256,34 @@ mod tests {
     #[test]
     fn an_unregistered_connection_is_not_evicted() {
         let registry = Registry::new();
-        registry.register_at(1, 0);
+        registry.register_at(1, 1000, 0);
         registry.unregister(1);
         assert_eq!(registry.len(), 0);
-        assert_eq!(registry.evict_idlest_at(10), None);
+        assert_eq!(registry.evict_idlest_at(None, 10), None);
+    }
+
+    #[test]
+    fn a_uid_at_its_cap_loses_its_own_idlest_connection_not_another_uids() {
+        let registry = Registry::new();
+        let _other = registry.register_at(1, 2000, 0);
+        let own_busy = registry.register_at(2, 1000, 5);
+        let _own_idle = registry.register_at(3, 1000, 10);
+        own_busy.in_flight_with(1, || 10);
+        assert_eq!(registry.len_of(1000), 2);
+        assert_eq!(
+            registry.evict_idlest_at(Some(1000), 20),
+            Some(Evicted {
+                connection: 3,
+                idle: Duration::from_micros(10)
+            }),
+            "the uid's own idle connection goes, though another uid's was idle longer"
+        );
+        assert_eq!(registry.len_of(1000), 1);
+        assert_eq!(
+            registry.evict_idlest_at(Some(1000), 20),
+            None,
+            "the uid's last connection is busy"
+        );
+        assert_eq!(registry.len(), 2);
     }
 }

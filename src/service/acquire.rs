@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::due::{self, DueTimer};
 use super::feedback::Granted;
-use super::{ConnectionId, Service, ServiceError, Snapshot};
+use super::{Caller, ConnectionId, Service, ServiceError, Snapshot};
 use crate::config::{LimitConfig, LimitMode};
 use crate::leases::{Lease, refund_all};
 use crate::limiter::{Decision, DrawMarks, Origin, SlotGuard, SlotSpec};
@@ -52,6 +52,7 @@ impl Service {
         &self,
         connection: ConnectionId,
         acquire: Acquire,
+        caller: &Caller,
         cancel: CancellationToken,
     ) -> Result<Response, ServiceError> {
         if self.is_draining() {
@@ -68,6 +69,7 @@ impl Service {
         let planner = &snapshot.planner;
         let checked =
             planner.check_acquire(&limit, tenant.as_deref(), priority.as_deref(), max_wait_ms)?;
+        planner.check_client(caller.uid, tenant.as_deref(), checked.class)?;
         let limit = checked.limit;
         let (input, output) = self.reservation(limit, cost, &cancel).await?;
         if cancel.is_cancelled() {
@@ -144,17 +146,39 @@ impl Service {
         };
         let started = Instant::now();
         let due = started + Duration::from_millis(wait_ms);
-        let noted =
-            Self::note_reservation(&snapshot, limit, (input, output), plan.tokens, due, marks);
+        let noted = Self::note_reservation(
+            &snapshot,
+            limit,
+            (input, output),
+            plan.tokens,
+            due,
+            marks.clone(),
+        );
         // Counted until the reservation is granted or given back, so that
         // status never shows a waiter gone while its tokens are still out.
         let _waiter = (wait_ms > 0).then(|| Waiter::enter(&snapshot.waiters[&limit.name]));
-        if !self.wait_until_due(wait_ms, due, &cancel).await {
+        let deadline = started + Duration::from_millis(max_wait_ms);
+        let waited = self
+            .wait_for_reservation(wait_ms, due, deadline, marks.as_ref(), &cancel)
+            .await;
+        if waited != Reservation::Due {
             let refunds = refund_all(&plan.reserved);
             if let Err(store_error) = self.store.adjust(&refunds, origin).await {
-                tracing::warn!(limit = %limit.name, %store_error, "could not return a cancelled reservation");
+                tracing::warn!(limit = %limit.name, %store_error, "could not return a reservation given up");
             }
-            return Err(self.cancelled_while_waiting());
+        }
+        match waited {
+            Reservation::Due => {}
+            Reservation::Cancelled => return Err(self.cancelled_while_waiting()),
+            Reservation::PastDeadline {
+                retry_after_ms,
+                draw,
+            } => {
+                return Ok(Response::Denied {
+                    retry_after_ms,
+                    bucket: plan.reserved[draw].role.name().to_string(),
+                });
+            }
         }
         let tokens = plan.tokens;
         let lease = self.grant(connection, limit, (plan, origin), slot);
@@ -433,7 +457,68 @@ impl Service {
     }
 }
 
+/// How the wait for a reservation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reservation {
+    /// It is due: the call may go.
+    Due,
+    /// The client went away first.
+    Cancelled,
+    /// Feedback lowered its buckets so far since the grant that it would be
+    /// due only `retry_after_ms` after the acquire's deadline, for the
+    /// bucket of `draw`.
+    PastDeadline { retry_after_ms: u64, draw: usize },
+}
+
 impl Service {
+    /// Sleeps until the reservation is due: `due` (`wait_ms` from now), and
+    /// then for as long as provider feedback lowered its buckets since the
+    /// grant (through any sidecar: a lowering moves the bucket's whole
+    /// queue, and a call that went at its first time would meet a provider
+    /// without its tokens; see `limiter::lowered`), but not past `deadline`.
+    async fn wait_for_reservation(
+        &self,
+        wait_ms: u64,
+        due: Instant,
+        deadline: Instant,
+        marks: Option<&DrawMarks>,
+        cancel: &CancellationToken,
+    ) -> Reservation {
+        if !self.wait_until_due(wait_ms, due, cancel).await {
+            return Reservation::Cancelled;
+        }
+        let Some(marks) = marks else {
+            return Reservation::Due;
+        };
+        let mut postponed_ms = 0;
+        while let Some((ms, draw)) = marks.postponement() {
+            if ms <= postponed_ms {
+                break;
+            }
+            let later = due + Duration::from_millis(ms);
+            tracing::debug!(
+                wait_ms,
+                postponed_ms = ms,
+                "feedback lowered the buckets since the grant: the reservation is postponed"
+            );
+            if later > deadline {
+                let past = later.duration_since(deadline).as_millis() as u64;
+                return Reservation::PastDeadline {
+                    retry_after_ms: past.max(1),
+                    draw,
+                };
+            }
+            if postponed_ms == 0 && self.metered {
+                self.metrics.acquires_postponed.inc();
+            }
+            postponed_ms = ms;
+            if !self.wait_until_due(ms, later, cancel).await {
+                return Reservation::Cancelled;
+            }
+        }
+        Reservation::Due
+    }
+
     /// Sleeps until `due` (`wait_ms` from now) unless cancelled first; true
     /// when the wait completed.
     async fn wait_until_due(&self, wait_ms: u64, due: Instant, cancel: &CancellationToken) -> bool {

@@ -1,12 +1,13 @@
 //! Counting prompts off the socket loop, fairly and boundedly: counts run on
-//! tokio's blocking pool in two lanes — small prompts, one slot per CPU, and
-//! large ones, one slot — so a client's huge prompts never hold up another
-//! client's small one; each lane's queue is bounded, with its own error when
-//! full; what the waiting prompts hold in memory is bounded too, all lanes
-//! together (issue 27: 16,384 empty messages make a small frame but a
-//! 2-3 MiB prompt once decoded, so a bound by count alone let 260 of them
-//! hold 0.8 GB); and a count is abandoned, segment by segment, as soon as
-//! its request is cancelled or its client leaves.
+//! tokio's blocking pool below the loop's CPU priority ([`off_loop`], which
+//! the server's large decodes use too), in two lanes — small prompts, one
+//! slot per CPU, and large ones, one slot — so a client's huge prompts
+//! never hold up another client's small one; each lane's queue is bounded,
+//! with its own error when full; what the waiting prompts hold in memory is
+//! bounded too, all lanes together (issue 27: 16,384 empty messages make a
+//! small frame but a 2-3 MiB prompt once decoded, so a bound by count alone
+//! let 260 of them hold 0.8 GB); and a count is abandoned, segment by
+//! segment, as soon as its request is cancelled or its client leaves.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -82,13 +83,18 @@ impl Counting {
             return Ok(tokens::count_messages(counter, &request)?);
         }
         let lane = if large { &self.large } else { &self.small };
+        let held = held_bytes(&request);
+        // A prompt refused or abandoned before its count is freed off the
+        // loop too, when freeing it takes long (many allocations).
+        let mut request = DropOffLoop::new(request, held);
         let _slot = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Err(TokenError::Cancelled.into()),
-            slot = self.enter(lane, held_bytes(&request)) => slot?,
+            slot = self.enter(lane, held) => slot?,
         };
+        let request = request.take();
         let cancel = cancel.clone();
-        let counted = tokio::task::spawn_blocking(move || {
+        let counted = off_loop(move || {
             let cancelled = || cancel.is_cancelled();
             tokens::count_messages_until(counter, &request, &Bounds::DEFAULT, &cancelled)
         })
@@ -105,6 +111,83 @@ impl Counting {
             Err(failed) => Err(ServiceError::Internal(format!(
                 "counting the prompt failed: {failed}"
             ))),
+        }
+    }
+}
+
+/// Nice value of the threads that decode and count prompts: below the
+/// socket loop's, so that when the cores are busy the scheduler runs the
+/// loop (pings, small acquires, answers) first, and the counts take what is
+/// left. Within the daemon's own cgroup it only orders the daemon's threads.
+pub(crate) const OFF_LOOP_NICE: i32 = 10;
+
+/// Runs CPU-heavy work on a prompt — decoding a large frame, counting —
+/// on tokio's blocking pool at [`OFF_LOOP_NICE`], never on the socket loop
+/// (issue 27: decoding 4 MiB prompts on the loop delayed every other
+/// connection's pings, to a p99 of 23 ms in the issue). The blocking pool
+/// runs nothing else but the tokenizer preload and the Redis client's host
+/// name lookups, which wait more than they compute, so lowering a blocking
+/// thread's priority for good (an unprivileged thread cannot raise it back)
+/// slows nothing that matters.
+pub(crate) async fn off_loop<T, W>(work: W) -> Result<T, tokio::task::JoinError>
+where
+    T: Send + 'static,
+    W: FnOnce() -> T + Send + 'static,
+{
+    tokio::task::spawn_blocking(move || {
+        lower_thread_priority();
+        work()
+    })
+    .await
+}
+
+/// Lowers the calling thread's CPU priority to [`OFF_LOOP_NICE`], once per
+/// thread. Linux only: there `setpriority(PRIO_PROCESS, 0)` names the
+/// calling thread, elsewhere the whole process.
+fn lower_thread_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        use std::cell::Cell;
+        thread_local! {
+            static LOWERED: Cell<bool> = const { Cell::new(false) };
+        }
+        if !LOWERED.replace(true) {
+            if let Err(errno) = rustix::process::setpriority_process(None, OFF_LOOP_NICE) {
+                tracing::debug!(%errno, "could not lower a counting thread's priority");
+            }
+        }
+    }
+}
+
+/// Prompts that take at least this much memory are freed on the blocking
+/// pool when they are dropped unanswered: 65,536 parts take milliseconds to
+/// free.
+const FREE_OFF_LOOP_BYTES: usize = 1024 * 1024;
+
+/// A prompt waiting for its count; if it is dropped instead (refused,
+/// cancelled) and holds [`FREE_OFF_LOOP_BYTES`] or more, it is freed off
+/// the loop.
+struct DropOffLoop(Option<ChatRequest>, usize);
+
+impl DropOffLoop {
+    fn new(request: ChatRequest, held: usize) -> Self {
+        DropOffLoop(Some(request), held)
+    }
+
+    fn take(&mut self) -> ChatRequest {
+        self.0.take().expect("a prompt is taken once")
+    }
+}
+
+impl Drop for DropOffLoop {
+    fn drop(&mut self) {
+        if let Some(request) = self.0.take() {
+            if self.1 >= FREE_OFF_LOOP_BYTES && tokio::runtime::Handle::try_current().is_ok() {
+                tokio::task::spawn_blocking(move || {
+                    lower_thread_priority();
+                    drop(request)
+                });
+            }
         }
     }
 }
@@ -256,6 +339,26 @@ mod tests {
         assert!(held >= structs, "{held} < {structs}");
         // 64 KiB of text, but near 2 MiB held: the bound must see the latter.
         assert!(held > 25 * text_bytes(&request), "{held}");
+    }
+
+    /// Issue 27: counts (and large decodes) run on another thread than the
+    /// socket loop, at a lower priority, and the loop keeps its own.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn work_off_the_loop_runs_below_the_loop_s_priority() {
+        use rustix::process::getpriority_process;
+        let loop_nice = getpriority_process(None).unwrap();
+        let (nice, thread) = off_loop(|| {
+            (
+                getpriority_process(None).unwrap(),
+                std::thread::current().id(),
+            )
+        })
+        .await
+        .unwrap();
+        assert_ne!(thread, std::thread::current().id());
+        assert!(nice >= OFF_LOOP_NICE, "{nice}");
+        assert_eq!(getpriority_process(None).unwrap(), loop_nice);
     }
 
     /// Issue 27, item 7: prompts waiting for a counting slot were bounded by

@@ -72,6 +72,7 @@ impl ServiceError {
             ServiceError::Plan(plan) => match plan {
                 PlanError::NameTooLong { .. }
                 | PlanError::MaxWaitTooLong(_)
+                | PlanError::NotAllowed { .. }
                 | PlanError::ZeroCost => ErrorCode::InvalidRequest,
                 PlanError::UnknownLimit { .. } => ErrorCode::UnknownLimit,
                 PlanError::UnknownPriority(_) | PlanError::PriorityNotForLimit { .. } => {

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::{Service, ServiceError};
+use super::{Caller, Service, ServiceError};
 use crate::feedback::{self, Dimension};
 use crate::limiter::{BucketRole, DrawMarks, FleetView, Lowering};
 use crate::proto::{Feedback, Response};
@@ -307,6 +307,49 @@ pub(super) struct Warned(Mutex<HashMap<(String, Dimension), u64>>);
 /// Most entries [`Warned`] keeps before it forgets them all.
 const MAX_WARNED: usize = 1024;
 
+/// The provider pause this sidecar set last for each limit: when, and
+/// until when. While one is in force, a 429 does not pause the limit again
+/// (issue 27: a flood of `Feedback` frames with `retry-after` re-extended
+/// the pause with every frame); its counts still lower the buckets. So a
+/// limit has at most one pause in force per sidecar, at most
+/// [`feedback::MAX_PAUSE`] long.
+#[derive(Default)]
+pub(super) struct Pauses(Mutex<HashMap<String, (Instant, Instant)>>);
+
+impl Pauses {
+    /// Records a pause of `limit` for `length` from `now` unless one is in
+    /// force: then returns how long ago that one was set.
+    fn set(&self, limit: &str, now: Instant, length: Duration) -> Result<(), Duration> {
+        let mut pauses = self.lock();
+        if let Some(&(set_at, until)) = pauses.get(limit)
+            && now < until
+        {
+            return Err(now.saturating_duration_since(set_at));
+        }
+        if pauses.len() >= MAX_WARNED {
+            pauses.retain(|_, (_, until)| now < *until);
+        }
+        pauses.insert(limit.to_string(), (now, now + length));
+        Ok(())
+    }
+
+    /// Forgets the pause of `limit` set at `set_at`, which did not happen
+    /// after all (every bucket had room by the provider's count).
+    fn unset(&self, limit: &str, set_at: Instant) {
+        let mut pauses = self.lock();
+        if pauses.get(limit).is_some_and(|&(at, _)| at == set_at) {
+            pauses.remove(limit);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, Instant)>> {
+        // Entries are only inserted or removed whole.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
 impl Warned {
     /// True the first time `provider_limit` is seen for `limit`'s `dimension`.
     fn first(&self, limit: &str, dimension: Dimension, provider_limit: u64) -> bool {
@@ -324,15 +367,33 @@ impl Warned {
 impl Service {
     /// Applies `feedback`, placed by `lease` when the client named it and
     /// this sidecar still remembers it, else by its `since_grant_ms`.
+    /// `caller` is named in the log of a pause.
     pub(super) async fn feedback(
         &self,
         feedback: Feedback,
         lease: Option<u64>,
+        caller: &Caller,
     ) -> Result<Response, ServiceError> {
         check_headers(&feedback)?;
         let snapshot = self.snapshot();
         let limit = snapshot.planner.find_limit(&feedback.limit)?;
-        let view = feedback::read(feedback.status, &feedback.headers, SystemTime::now());
+        let mut view = feedback::read(feedback.status, &feedback.headers, SystemTime::now());
+        // One pause of a limit at a time: a 429 while it is in force
+        // neither extends nor stacks it.
+        let pause_set_at = Instant::now();
+        if let Some(pause) = view.pause
+            && let Err(ago) = self.pauses.set(&limit.name, pause_set_at, pause)
+        {
+            tracing::debug!(
+                limit = limit.name.as_str(),
+                client = &*caller.name,
+                uid = caller.uid,
+                pause_ms = pause.as_millis() as u64,
+                set_ms_ago = ago.as_millis() as u64,
+                "a 429 while the limit's pause is in force: not paused again"
+            );
+            view.pause = None;
+        }
         let recent = &snapshot.grants[&limit.name];
         let since_grant = Duration::from_millis(feedback.since_grant_ms);
         let placement = lease.and_then(|lease| recent.placement(lease));
@@ -472,11 +533,16 @@ impl Service {
                 0
             }
         };
+        if view.pause.is_some() && (!paused_any || lowered == 0) {
+            self.pauses.unset(&limit.name, pause_set_at);
+        }
         let pause = view.pause.filter(|_| paused_any);
         if let Some(pause) = pause {
             tracing::info!(
                 limit = limit.name.as_str(),
                 pause_ms = pause.as_millis() as u64,
+                client = &*caller.name,
+                uid = caller.uid,
                 "the provider answered 429: the limit is paused for every worker"
             );
         }
@@ -503,6 +569,33 @@ fn check_headers(feedback: &Feedback) -> Result<(), ServiceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_limit_has_one_pause_in_force_at_a_time() {
+        let pauses = Pauses::default();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let two_s = Duration::from_secs(2);
+        assert_eq!(pauses.set("gpt", at(0), two_s), Ok(()));
+        // In force: neither extended nor stacked, whatever it asks.
+        assert_eq!(
+            pauses.set("gpt", at(500), Duration::from_secs(60)),
+            Err(Duration::from_millis(500))
+        );
+        assert_eq!(
+            pauses.set("gpt", at(1999), two_s),
+            Err(Duration::from_millis(1999))
+        );
+        // Another limit has its own.
+        assert_eq!(pauses.set("claude", at(500), two_s), Ok(()));
+        // Ended: a new one may start.
+        assert_eq!(pauses.set("gpt", at(2000), two_s), Ok(()));
+        // A pause that did not happen is forgotten, but only that one.
+        pauses.unset("gpt", at(0));
+        assert!(pauses.set("gpt", at(2100), two_s).is_err());
+        pauses.unset("gpt", at(2000));
+        assert_eq!(pauses.set("gpt", at(2100), two_s), Ok(()));
+    }
 
     #[test]
     fn recent_grants_sum_the_window_asked_for() {

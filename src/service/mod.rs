@@ -16,6 +16,8 @@ mod observe;
 mod settle;
 mod status;
 
+pub(crate) use counting::off_loop;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -39,7 +41,8 @@ pub use crate::leases::ConnectionId;
 /// connection's own (`Hello`, `Ping`, `Cancel`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
-    Acquire(Acquire),
+    /// An acquire, and who sent it (its uid bounds what it may name).
+    Acquire(Acquire, Caller),
     Report {
         lease: u64,
         input_tokens: u64,
@@ -59,9 +62,20 @@ pub enum Call {
     Inspect {
         limit: Option<String>,
     },
-    /// Provider feedback, and the lease of the call it answers when the
-    /// client named it.
-    Feedback(Feedback, Option<u64>),
+    /// Provider feedback, the lease of the call it answers when the
+    /// client named it, and who sent it.
+    Feedback(Feedback, Option<u64>, Caller),
+}
+
+/// Who sent a call, for the log of calls that act on the whole fleet (a
+/// provider pause) and the `[[clients]]` policy of acquires: its `Hello`
+/// name and the uid the kernel gave for the connection's peer
+/// (`SO_PEERCRED`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// Shared: every call of a connection carries it.
+    pub name: Arc<str>,
+    pub uid: Option<u32>,
 }
 
 /// Answers calls against one configuration and one store.
@@ -86,6 +100,9 @@ pub struct Service {
     recent: observe::RecentTenants,
     /// Provider limits below a configured one, already warned about.
     warned: feedback::Warned,
+    /// The provider pause in force per limit, so that 429s do not extend
+    /// or stack it.
+    pauses: feedback::Pauses,
     /// Takes and gives back the concurrency slots of limits with
     /// `max_concurrent`.
     slots: Arc<SlotKeeper>,
@@ -137,6 +154,7 @@ impl Service {
             store_health,
             recent: observe::RecentTenants::default(),
             warned: feedback::Warned::default(),
+            pauses: feedback::Pauses::default(),
             due_timer: OnceLock::new(),
         }
     }
@@ -146,7 +164,8 @@ impl Service {
         self.snapshot().planner.config().clone()
     }
 
-    /// Takes a new configuration for limits, groups and priority classes.
+    /// Takes a new configuration for limits, groups, priority classes and
+    /// `[[clients]]`.
     /// The socket, the store and the lease settings are fixed at start:
     /// a change to them refuses the whole reload, and the old config stays.
     pub fn reload(&self, config: Config) -> Result<(), ReloadError> {
@@ -218,7 +237,9 @@ impl Service {
         let snapshot = self.snapshot();
         let observed = self.observe(&snapshot, &call);
         let answer = match call {
-            Call::Acquire(acquire) => self.acquire(connection, acquire, cancel).await,
+            Call::Acquire(acquire, caller) => {
+                self.acquire(connection, acquire, &caller, cancel).await
+            }
             Call::Report {
                 lease,
                 input_tokens,
@@ -229,7 +250,9 @@ impl Service {
             Call::Status { limit } => self.status(limit.as_deref()).await,
             Call::Health => Ok(Response::Health(self.health(true))),
             Call::Inspect { limit } => self.inspect(limit.as_deref()).await,
-            Call::Feedback(feedback, lease) => self.feedback(feedback, lease).await,
+            Call::Feedback(feedback, lease, caller) => {
+                self.feedback(feedback, lease, &caller).await
+            }
         };
         self.record(&snapshot, observed, &answer);
         answer

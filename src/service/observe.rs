@@ -96,7 +96,7 @@ impl Service {
     /// Takes note of `call` before it is answered.
     pub(super) fn observe<'a>(&self, snapshot: &'a Snapshot, call: &Call) -> Observed<'a> {
         match call {
-            Call::Acquire(acquire) => {
+            Call::Acquire(acquire, _) => {
                 let (limit, meters) = snapshot.labels.limit(&acquire.limit);
                 let tenant = acquire.tenant.as_deref();
                 if let Some(tenant) = tenant.filter(|t| t.len() <= MAX_NAME_LEN) {

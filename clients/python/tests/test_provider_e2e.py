@@ -29,9 +29,11 @@ limit).
 The foreign-traffic cases run against the one-second provider: against a
 minute's bucket a fleet that paces at the rate (the presets' default)
 leaves the provider's burst unspent for longer than a run, which hides the
-competition. The goal with feedback is measured over two runs (seeds 1 and
-2), since in one run of a few hundred requests one more 429 could decide
-the 0.5 % line.
+competition. The goal with feedback is measured over four runs (seeds 1 to
+4, about 780 requests), since in one run of a few hundred requests one more
+429 could decide the 0.5 % line; what holds today (429s only while the
+drain estimate is young, the other application's share) is asserted on the
+same runs.
 
 Request-bound runs use 1,200 requests a minute instead of the issue's 3,000:
 a Python fleet on 2 cores sends 110-150 requests a second, so a 3,000-request
@@ -81,6 +83,16 @@ MOST_429S = 0.001
 LEAST_UTILIZATION = 0.8
 #: The least share of the TPM the other application (asking for 20 %) must get.
 FOREIGN_LEAST_SHARE = 0.18
+#: The feedback runs under foreign traffic, one per seed: the goal of fewer
+#: than 0.5 % 429s is measured over all four (about 780 requests), so that
+#: one lucky run cannot decide it either way.
+FOREIGN_SEEDS = (1, 2, 3, 4)
+#: What the four runs hold today with forwarding under foreign traffic, far
+#: from what a limiter that ignores the provider's word gets: 1.5 % 429s
+#: over ten runs (2.6 % at most in one), where forwarding without exact
+#: placement got 7.9-9.8 %. The issue's goal, 0.5 %, is the strict xfail
+#: below.
+FOREIGN_MOST_429S = 0.05
 
 ZERO_429_CASES = [
     Scenario("tokens", "tokens", sidecars=1),
@@ -155,16 +167,36 @@ def test_without_forwarding_foreign_traffic_draws_429s_and_still_gets_its_share(
     assert outcome.foreign_share >= FOREIGN_LEAST_SHARE, outcome.summary()
 
 
+@pytest.fixture(scope="module")
+def forwarded_under_foreign_traffic():
+    """The feedback runs under foreign traffic, one per seed, shared by the
+    two tests below."""
+    return [measured(Scenario(**FOREIGN, feedback=True, seed=seed)) for seed in FOREIGN_SEEDS]
+
+
+def test_forwarded_headers_keep_429s_few_and_the_other_applications_share(
+    forwarded_under_foreign_traffic,
+):
+    outcomes = forwarded_under_foreign_traffic
+    summaries = "; ".join(outcome.summary() for outcome in outcomes)
+    rate_limited = sum(outcome.rate_limited for outcome in outcomes)
+    requests = sum(outcome.requests for outcome in outcomes)
+    assert rate_limited < FOREIGN_MOST_429S * requests, f"{rate_limited} 429s: {summaries}"
+    assert all(outcome.foreign_share >= FOREIGN_LEAST_SHARE for outcome in outcomes), summaries
+    assert all(outcome.utilization >= LEAST_UTILIZATION for outcome in outcomes), summaries
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="issue 26, not met yet: against the one-second provider with a real competing "
-    "application, forwarding keeps the other application's share (19.95-20.08 %) but our "
-    "calls got 2.96-3.59 % 429s in six runs with the drain fitted by least squares "
-    "(goal < 0.5 %; 5.3-5.5 % with its running mean the same day), all in the first 7 s, "
-    "most in the first 2.5 s: reservations queued before any count of the drain existed",
+    "application, forwarding keeps the other application's share (19.9-20.1 %) at 98.5-99.8 % "
+    "utilization, but our calls got 0-2.6 % 429s per run (1.5 % over ten runs) once waiting "
+    "reservations were postponed by later lowerings (2.96-3.59 % before; goal < 0.5 %), all "
+    "in the first 3 s: while the drain is young the bucket keeps no margin and foreign "
+    "arrivals find the provider at its edge",
 )
-def test_forwarded_headers_keep_429s_rare_under_foreign_traffic():
-    outcomes = [measured(Scenario(**FOREIGN, feedback=True, seed=seed)) for seed in (1, 2)]
+def test_forwarded_headers_keep_429s_rare_under_foreign_traffic(forwarded_under_foreign_traffic):
+    outcomes = forwarded_under_foreign_traffic
     summaries = "; ".join(outcome.summary() for outcome in outcomes)
     rate_limited = sum(outcome.rate_limited for outcome in outcomes)
     requests = sum(outcome.requests for outcome in outcomes)

@@ -3,6 +3,7 @@
 //! reported at its place. One module a section; a section that refers to
 //! another (a limit's group, a class's limits) is resolved after it.
 
+mod clients;
 mod groups;
 mod leases;
 mod limits;
@@ -53,5 +54,7 @@ pub(super) fn resolve(raw: RawFile, d: &mut Diagnostics) -> Config {
         }
         None => config.default_priority = config.priorities[0].name.clone(),
     }
+    let declared = (!raw.priorities.is_empty()).then_some(&class_names);
+    config.clients = clients::resolve_clients(&raw.clients, declared, d);
     config
 }

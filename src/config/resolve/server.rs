@@ -52,6 +52,12 @@ pub(super) fn resolve_server(server: RawServer, out: &mut ServerConfig, d: &mut 
             }
         }
     }
+    if let Some(per_uid) = server.max_connections_per_uid {
+        let field = "max_connections_per_uid";
+        if let Some(v) = check_int(d, "server", field, &per_uid, 1, MAX_CONNECTIONS) {
+            out.max_connections_per_uid = Some(v);
+        }
+    }
     if let Some(threads) = server.threads {
         if let Some(v) = check_int(d, "server", "threads", &threads, 1, MAX_THREADS) {
             out.threads = v as usize;

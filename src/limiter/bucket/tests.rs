@@ -187,6 +187,46 @@ fn adjustments_refund_and_debit_but_never_overfill() {
 }
 
 #[test]
+fn overruns_hold_a_bucket_at_most_one_capacity_below_its_reservations() {
+    let bucket = spec(1000);
+    let debt = |tokens: i64, at_ms: i64| OverrunDebt {
+        units: tokens * UNITS_PER_TOKEN,
+        at_ms,
+    };
+    let tokens = |units: i64| units / UNITS_PER_TOKEN;
+    // (level, debt then, overrun, now) → (level, debt, clipped), in tokens;
+    // one token refills (and pays back) per ms.
+    type After = (i64, i64, i64);
+    let cases: &[(i64, OverrunDebt, u64, i64, After)] = &[
+        // No debt: the overrun is taken whole, up to one capacity.
+        (500, debt(0, 0), 300, 0, (200, 300, 0)),
+        (500, debt(0, 0), 1_500, 0, (-500, 1_000, 500)),
+        // Reservations waiting deep below zero do not stop honest overruns.
+        (-3_000, debt(0, 0), 400, 0, (-3_400, 400, 0)),
+        // A full debt takes nothing more until refill pays some back.
+        (-500, debt(1_000, 0), 10, 0, (-500, 1_000, 10)),
+        (-400, debt(1_000, 0), 300, 100, (-500, 1_000, 200)),
+        // A refund pays the debt too: never more than the bucket is below full.
+        (900, debt(1_000, 0), 1_000, 0, (0, 1_000, 100)),
+        // A clock that stepped back pays nothing back.
+        (0, debt(600, 50), 500, 20, (-400, 1_000, 100)),
+    ];
+    for &(level, then, overrun, now, expected) in cases {
+        let (state, debt, clipped) = at(level).overrun(&bucket, then, overrun, now);
+        assert_eq!(
+            (tokens(state.level), tokens(debt.units), tokens(clipped)),
+            expected,
+            "level {level}, debt {then:?}, overrun {overrun} at {now}"
+        );
+        assert_eq!(debt.at_ms, now);
+    }
+    // Usage at u64::MAX stays exact: one capacity, no overflow.
+    let (state, debt, clipped) = at(0).overrun(&bucket, OverrunDebt::default(), u64::MAX, 0);
+    assert_eq!((state, debt.units), (at(-1_000), 1_000 * UNITS_PER_TOKEN));
+    assert!(clipped > 0);
+}
+
+#[test]
 fn negative_levels_report_whole_tokens_rounded_down() {
     let state = BucketState {
         level: -1,

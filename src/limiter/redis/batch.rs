@@ -9,8 +9,12 @@ use redis::{Cmd, Script};
 
 use super::keys::call_record_key;
 use crate::limiter::bucket::{BucketSpec, Draw, Plan};
+use crate::limiter::overrun;
 use crate::limiter::shapes::{self, Disagreement};
-use crate::limiter::{Adjustment, Decision, DrawMarks, Lowering, StoreError, decision_from_plan};
+use crate::limiter::{
+    Adjustment, Decision, DrawMark, DrawMarks, LoweredTotals, Lowering, StoreError,
+    decision_from_plan,
+};
 
 /// One operation of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,8 +281,13 @@ impl Call {
         cmd
     }
 
-    /// Reads the script's reply: one list of integers per element.
-    pub(super) fn read_reply(&self, reply: &[Vec<i64>]) -> Result<CallReply, StoreError> {
+    /// Reads the script's reply: one list of integers per element. The
+    /// counts of lowered units it gives go to `lowered`.
+    pub(super) fn read_reply(
+        &self,
+        reply: &[Vec<i64>],
+        lowered: &Arc<LoweredTotals>,
+    ) -> Result<CallReply, StoreError> {
         let (status, replies) = match reply.split_first() {
             Some((status, replies)) => (status.as_slice(), replies),
             None => return Err(unexpected_reply(&[])),
@@ -296,10 +305,37 @@ impl Call {
         let mut results = Vec::with_capacity(self.ops.len());
         for (op, reply) in self.ops.iter().zip(replies) {
             results.push(match (op, reply.as_slice()) {
-                (BatchOp::Settle(_), [2]) | (BatchOp::Lower(_), [3]) => Ok(None),
+                (BatchOp::Settle(adjustments), [2, clips @ ..]) if clips.len() % 2 == 0 => {
+                    // Overruns the bucket's overrun debt did not let it take.
+                    for clip in clips.chunks_exact(2) {
+                        let change = usize::try_from(clip[0] - 1).ok();
+                        match change.and_then(|change| adjustments.get(change)) {
+                            Some(adjustment) => overrun::clipped(&adjustment.bucket, clip[1]),
+                            None => return Err(unexpected_reply(reply)),
+                        }
+                    }
+                    Ok(None)
+                }
+                (BatchOp::Lower(lowerings), [3, counts @ ..]) => {
+                    for (lowering, count) in lowerings.iter().zip(counts) {
+                        lowered.note(&lowering.bucket.key, *count);
+                    }
+                    Ok(None)
+                }
                 (BatchOp::Acquire { draws, .. }, reply) => {
                     let decision = decision_from_plan(draws, acquire_plan(reply, draws.len())?);
-                    decision.map(|decision| Some(with_marks(decision, draws, reply)))
+                    decision.map(|decision| {
+                        let decision = with_marks(decision, draws, reply, lowered);
+                        if let Decision::Granted {
+                            marks: Some(marks), ..
+                        } = &decision
+                        {
+                            for mark in marks.draws.iter() {
+                                lowered.note(&mark.key, mark.lowered);
+                            }
+                        }
+                        Some(decision)
+                    })
                 }
                 (_, other) => return Err(unexpected_reply(other)),
             });
@@ -380,23 +416,39 @@ pub(super) fn evalsha<K: AsRef<str>>(script: &Script, keys: &[K]) -> Cmd {
     cmd
 }
 
-/// A grant with the marks its reply gave after the wait, one per draw
-/// (a script of before they were given sends none).
-fn with_marks(decision: Decision, draws: &[Draw], reply: &[i64]) -> Decision {
+/// A grant with the marks its reply gave after the wait, two per draw: its
+/// bucket's count of units drawn, then of units lowered (a script of before
+/// they were given sends none, or only the first).
+fn with_marks(
+    decision: Decision,
+    draws: &[Draw],
+    reply: &[i64],
+    lowered: &Arc<LoweredTotals>,
+) -> Decision {
     match decision {
         Decision::Granted {
             wait_ms, origin, ..
-        } if reply.len() == 2 + draws.len() => Decision::Granted {
-            wait_ms,
-            origin,
-            marks: Some(DrawMarks(
-                draws
-                    .iter()
-                    .zip(&reply[2..])
-                    .map(|(draw, mark)| (draw.bucket.key.clone(), *mark))
-                    .collect(),
-            )),
-        },
+        } if reply.len() >= 2 + draws.len() => {
+            let drawn = &reply[2..2 + draws.len()];
+            let lowered_then = reply.get(2 + draws.len()..).unwrap_or_default();
+            Decision::Granted {
+                wait_ms,
+                origin,
+                marks: Some(DrawMarks {
+                    draws: draws
+                        .iter()
+                        .enumerate()
+                        .map(|(at, draw)| DrawMark {
+                            key: draw.bucket.key.clone(),
+                            drawn: Some(drawn[at]),
+                            lowered: lowered_then.get(at).copied().unwrap_or(0),
+                            units_per_ms: draw.bucket.units_per_ms(),
+                        })
+                        .collect(),
+                    lowered: lowered.clone(),
+                }),
+            }
+        }
         other => other,
     }
 }
@@ -556,7 +608,7 @@ mod tests {
             1,
         );
         let reply = vec![vec![1], vec![1, 0], vec![0, 30, 2], vec![2], vec![-1, 1]];
-        let CallReply::Ran(results, _) = call.read_reply(&reply).unwrap() else {
+        let CallReply::Ran(results, _) = call.read_reply(&reply, &Arc::default()).unwrap() else {
             panic!("ran");
         };
         assert!(matches!(
@@ -576,13 +628,20 @@ mod tests {
             Err(StoreError::CostExceedsCapacity { .. })
         ));
         assert!(matches!(
-            call.read_reply(&[vec![0]]),
+            call.read_reply(&[vec![0]], &Arc::default()),
             Ok(CallReply::Cancelled)
         ));
-        assert!(call.read_reply(&[vec![1], vec![1, 0]]).is_err(), "too few");
         assert!(
-            call.read_reply(&[vec![1], vec![0, 1, 9], vec![0, 1, 1], vec![2], vec![2]])
+            call.read_reply(&[vec![1], vec![1, 0]], &Arc::default())
                 .is_err(),
+            "too few"
+        );
+        assert!(
+            call.read_reply(
+                &[vec![1], vec![0, 1, 9], vec![0, 1, 1], vec![2], vec![2]],
+                &Arc::default()
+            )
+            .is_err(),
             "a draw out of range, a settlement answered as an acquire"
         );
     }

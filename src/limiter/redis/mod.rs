@@ -31,6 +31,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::bucket::{BucketSpec, Draw};
+use super::lowered::LoweredTotals;
 use super::shapes::ShapeConflicts;
 use super::{Adjustment, Decision, Lowering, Origin, SlotSpec, Store, StoreError};
 pub use batch::{BatchOp, OpResult};
@@ -91,6 +92,8 @@ struct Inner {
     sidecar: String,
     /// Buckets other sidecars lately drew with another shape.
     shapes: Arc<ShapeConflicts>,
+    /// How far feedback lowered each bucket, as the latest reply said.
+    lowered: Arc<LoweredTotals>,
 }
 
 /// What the Redis store has counted since start.
@@ -121,6 +124,7 @@ impl RedisStore {
                 reconciler: Reconciler::default(),
                 sidecar: format!("{:016x}", rand::random::<u64>()),
                 shapes: Arc::default(),
+                lowered: Arc::default(),
             }),
         })
     }
@@ -354,7 +358,7 @@ impl Inner {
                 Err(second) => return Err(self.fail(call, clock, second)),
             },
         };
-        match call.read_reply(&reply)? {
+        match call.read_reply(&reply, &self.lowered)? {
             CallReply::Ran(results, disagreements) => {
                 for disagreement in disagreements {
                     self.shapes.note(disagreement);
