@@ -15,13 +15,14 @@ use crate::proto::Header;
 /// How long a 429 without any retry header pauses the limit.
 pub const DEFAULT_PAUSE: Duration = Duration::from_secs(1);
 
-/// The longest pause a provider's header may impose: a minute. The limits
-/// ratekeeper keeps are per-minute figures, which refill completely within
-/// a minute; a longer `retry-after` speaks of a limit it does not keep (a
-/// daily quota), and from a hostile or buggy client one `Feedback` frame
-/// would pause the limit for the whole fleet that long (issue 27: ten
-/// minutes, repeatably).
-pub const MAX_PAUSE: Duration = Duration::from_secs(60);
+/// The longest pause a provider's header is read as: an hour, the most a
+/// limit's `max_pause_ms` allows. Each limit then caps it at its own
+/// `max_pause_ms`, a minute by default: the limits ratekeeper keeps are
+/// per-minute figures, which refill completely within a minute; a longer
+/// `retry-after` speaks of a limit it does not keep (a daily quota), and
+/// from a hostile or buggy client one `Feedback` frame would pause the
+/// limit for the whole fleet that long (issue 27: ten minutes, repeatably).
+pub const MAX_PAUSE: Duration = Duration::from_secs(3600);
 
 /// What a provider counts, as its headers name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -175,16 +176,18 @@ mod tests {
             .collect()
     }
 
+    /// Read as at most an hour; each limit caps it again at its own
+    /// `max_pause_ms` (a minute by default, `service::feedback`).
     #[test]
-    fn a_retry_after_beyond_a_minute_pauses_a_minute() {
+    fn a_retry_after_beyond_an_hour_pauses_an_hour() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         for (name, value) in [
-            ("retry-after", "600"),
-            ("retry-after-ms", "600000"),
-            ("retry-after", "Tue, 14 Nov 2023 22:23:20 GMT"),
+            ("retry-after", "7200"),
+            ("retry-after-ms", "7200000"),
+            ("retry-after", "Wed, 15 Nov 2023 00:13:20 GMT"),
         ] {
             let view = read(429, &headers(&[(name, value)]), now);
-            assert_eq!(view.pause, Some(Duration::from_secs(60)), "{name}: {value}");
+            assert_eq!(view.pause, Some(MAX_PAUSE), "{name}: {value}");
         }
     }
 

@@ -553,6 +553,32 @@ async fn a_429_flood_does_not_extend_the_pause_in_force() {
     assert!(pauses[0].contains(&who), "{pauses:#?}");
 }
 
+/// Issue 27, item 5: a provider pause is at most the limit's `max_pause_ms`:
+/// a minute by default (one frame with `retry-after: 600` paused the fleet
+/// for ten minutes), less where the operator says so, and none at 0.
+#[tokio::test]
+async fn a_pause_is_at_most_the_limits_max_pause() {
+    let server = RedisServer::start();
+    let daemon = Daemon::start(&format!(
+        "[redis]\nurl = \"{}\"\n\n\
+         [[limits]]\nname = \"default\"\ntokens_per_minute = 60\n\n\
+         [[limits]]\nname = \"short\"\ntokens_per_minute = 60\nmax_pause_ms = 5000\n\n\
+         [[limits]]\nname = \"never\"\ntokens_per_minute = 60\nmax_pause_ms = 0\n",
+        server.url()
+    ));
+    let client = daemon.client().await;
+    for (limit, paused_ms) in [("default", 60_000), ("short", 5_000), ("never", 0)] {
+        let noted = client
+            .call(feedback(limit, 429, 0, &[("Retry-After", "600")]))
+            .await
+            .unwrap();
+        assert!(
+            matches!(noted, Response::Noted { paused_ms: p, .. } if p == paused_ms),
+            "{limit}: {noted:?}"
+        );
+    }
+}
+
 /// `x-ratelimit-remaining-*` lowers the buckets to the provider's count,
 /// less what was granted since the answered call, and never raises them.
 #[tokio::test]

@@ -60,6 +60,10 @@ pub struct LimitConfig {
     /// How much of each own bucket's burst is held back, in milliseconds
     /// of its refill (see [`LimitConfig::usable_burst`]).
     pub burst_headroom_ms: u64,
+    /// The longest pause a provider's 429 (`retry-after`, through
+    /// feedback) sets on the limit, in ms; 0: a 429 pauses nothing (its
+    /// counts still apply).
+    pub max_pause_ms: u64,
     /// The shortest window over which the provider may enforce the
     /// per-minute figures: the default bursts hold one of it, and a single
     /// request larger than that still passes once its bucket is full (see

@@ -48,6 +48,11 @@ pub const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 1024;
 pub const DEFAULT_BURST_HEADROOM_MS: u64 = 200;
 /// Largest `burst_headroom_ms`.
 pub const MAX_BURST_HEADROOM_MS: u64 = 60_000;
+/// The longest a 429's `retry-after` pauses a limit by default: a minute,
+/// in which a per-minute limit refills completely (see `crate::feedback`).
+pub const DEFAULT_MAX_PAUSE_MS: u64 = 60_000;
+/// Largest `max_pause_ms`: an hour.
+pub const MAX_MAX_PAUSE_MS: u64 = 3_600_000;
 
 /// Largest `max_concurrent`.
 pub const MAX_CONCURRENT: u64 = 1_000_000;

@@ -136,6 +136,7 @@ pub(super) struct RawLimit {
     pub settle: Option<Spanned<SettleRule>>,
     pub learn_max_output: Option<Spanned<bool>>,
     pub burst_headroom_ms: Option<Spanned<i64>>,
+    pub max_pause_ms: Option<Spanned<i64>>,
     pub enforcement_window: Option<Spanned<EnforcementWindow>>,
     pub mode: Option<Spanned<LimitMode>>,
     pub max_concurrent: Option<Spanned<i64>>,

@@ -312,7 +312,7 @@ const MAX_WARNED: usize = 1024;
 /// (issue 27: a flood of `Feedback` frames with `retry-after` re-extended
 /// the pause with every frame); its counts still lower the buckets. So a
 /// limit has at most one pause in force per sidecar, at most
-/// [`feedback::MAX_PAUSE`] long.
+/// the limit's `max_pause_ms` long.
 #[derive(Default)]
 pub(super) struct Pauses(Mutex<HashMap<String, (Instant, Instant)>>);
 
@@ -378,6 +378,12 @@ impl Service {
         let snapshot = self.snapshot();
         let limit = snapshot.planner.find_limit(&feedback.limit)?;
         let mut view = feedback::read(feedback.status, &feedback.headers, SystemTime::now());
+        // No longer than the limit allows (a minute by default); 0: none.
+        let longest = Duration::from_millis(limit.max_pause_ms);
+        view.pause = view
+            .pause
+            .map(|pause| pause.min(longest))
+            .filter(|pause| !pause.is_zero());
         // One pause of a limit at a time: a 429 while it is in force
         // neither extends nor stacks it.
         let pause_set_at = Instant::now();

@@ -12,8 +12,8 @@ use crate::config::diagnostics::{
 };
 use crate::config::model::{
     DEFAULT_BURST_HEADROOM_MS, DEFAULT_CONCURRENT_TIMEOUT_MS, DEFAULT_MAX_OUTPUT_TOKENS,
-    EnforcementWindow, GroupConfig, LimitConfig, MAX_BURST, MAX_BURST_HEADROOM_MS, MAX_CONCURRENT,
-    MAX_CONCURRENT_TIMEOUT_MS,
+    DEFAULT_MAX_PAUSE_MS, EnforcementWindow, GroupConfig, LimitConfig, MAX_BURST,
+    MAX_BURST_HEADROOM_MS, MAX_CONCURRENT, MAX_CONCURRENT_TIMEOUT_MS, MAX_MAX_PAUSE_MS,
 };
 use crate::config::raw::{RawGroup, RawLimit};
 use crate::tokens::Provider;
@@ -73,6 +73,10 @@ fn resolve_limit(
     let burst_headroom_ms = match &limit.burst_headroom_ms {
         Some(v) => check_int(d, context, "burst_headroom_ms", v, 0, MAX_BURST_HEADROOM_MS),
         None => Some(DEFAULT_BURST_HEADROOM_MS),
+    };
+    let max_pause_ms = match &limit.max_pause_ms {
+        Some(v) => check_int(d, context, "max_pause_ms", v, 0, MAX_MAX_PAUSE_MS),
+        None => Some(DEFAULT_MAX_PAUSE_MS),
     };
     let max_concurrent = limit
         .max_concurrent
@@ -136,6 +140,7 @@ fn resolve_limit(
             .as_ref()
             .is_some_and(|learn| *learn.get_ref()),
         burst_headroom_ms: burst_headroom_ms?,
+        max_pause_ms: max_pause_ms?,
         enforcement_window,
         mode: limit
             .mode
