@@ -8,7 +8,7 @@ SDK client, warning once for those that spend tokens unlimited.
 `WrappedNamespace` does the same for a namespace of it (`chat`, `beta`).
 `LimitedView` is one limited resource (`chat.completions`, `messages`, ...):
 the provider's subclass limits its calls; `with_raw_response` and
-`with_streaming_response` (`RawCalls`, `StreamingCalls`) limit the same
+`with_streaming_response` (`PrefixedCalls`) limit the same
 calls there and pass the rest through, warning the same way.
 
 Nothing here waits: the same classes serve the blocking and the asyncio
@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import sys
 import warnings
-from typing import Any, ClassVar, Optional, Protocol
+from typing import Any, Callable, ClassVar, Optional, Protocol
 
 
 class Endpoint(Protocol):
@@ -185,43 +185,32 @@ class LimitedView:
         return found
 
     @property
-    def with_raw_response(self) -> RawCalls:
+    def with_raw_response(self) -> PrefixedCalls:
         """The SDK's `with_raw_response`, with the same calls limited."""
-        return RawCalls(self)
+        return PrefixedCalls(self, "with_raw_response", self._raw)
 
     @property
-    def with_streaming_response(self) -> StreamingCalls:
+    def with_streaming_response(self) -> PrefixedCalls:
         """The SDK's `with_streaming_response`, with the same calls limited."""
-        return StreamingCalls(self)
+        return PrefixedCalls(self, "with_streaming_response", self._streaming)
 
 
-class RawCalls:
-    """`with_raw_response` of a limited resource: its limited calls answer the
-    SDK's raw response (`headers`, `parse()`), settled from the parsed usage."""
+class PrefixedCalls:
+    """`with_raw_response` or `with_streaming_response` of a limited resource
+    (the SDK attribute `prefix`): its limited calls go to `limited` (the
+    view's `_raw`, which answers the SDK's raw response settled from the
+    parsed usage, or its `_streaming`, a context manager that settles when
+    it is left); the rest pass through, warning once."""
 
-    def __init__(self, view: LimitedView) -> None:
+    def __init__(self, view: LimitedView, prefix: str, limited: Callable[..., Any]) -> None:
         self._view = view
+        self._prefix = prefix
+        self._limited = limited
 
     def __getattr__(self, name: str) -> Any:
         view = self._view
-        found = getattr(view._sdk(view._wrapped._client).with_raw_response, name)
+        found = getattr(getattr(view._sdk(view._wrapped._client), self._prefix), name)
         if name in view._endpoint.methods:
-            return functools.partial(view._raw, name)
-        view._unlimited(name, "with_raw_response.")
-        return found
-
-
-class StreamingCalls:
-    """`with_streaming_response` of a limited resource: its limited calls give a
-    context manager, as the SDK's do, that settles when it is left."""
-
-    def __init__(self, view: LimitedView) -> None:
-        self._view = view
-
-    def __getattr__(self, name: str) -> Any:
-        view = self._view
-        found = getattr(view._sdk(view._wrapped._client).with_streaming_response, name)
-        if name in view._endpoint.methods:
-            return functools.partial(view._streaming, name)
-        view._unlimited(name, "with_streaming_response.")
+            return functools.partial(self._limited, name)
+        view._unlimited(name, f"{self._prefix}.")
         return found
