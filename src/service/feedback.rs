@@ -307,6 +307,9 @@ pub(super) struct Warned(Mutex<HashMap<(String, Dimension), u64>>);
 /// Most entries [`Warned`] keeps before it forgets them all.
 const MAX_WARNED: usize = 1024;
 
+/// Most limits [`Pauses`] remembers before it forgets the pauses that ended.
+const MAX_PAUSES: usize = 1024;
+
 /// The provider pause this sidecar set last for each limit: when, and
 /// until when. While one is in force, a 429 does not pause the limit again
 /// (issue 27: a flood of `Feedback` frames with `retry-after` re-extended
@@ -326,7 +329,7 @@ impl Pauses {
         {
             return Err(now.saturating_duration_since(set_at));
         }
-        if pauses.len() >= MAX_WARNED {
+        if pauses.len() >= MAX_PAUSES {
             pauses.retain(|_, (_, until)| now < *until);
         }
         pauses.insert(limit.to_string(), (now, now + length));
