@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use ratekeeper::app::build_stores;
 use ratekeeper::config;
+use ratekeeper::limiter::health::StoreHealth;
 use ratekeeper::metrics::Metrics;
-use ratekeeper::metrics::health::StoreHealth;
 use ratekeeper::proto::{Acquire, Cost, Response};
 use ratekeeper::service::{Call, Caller, Service};
 use tokio_util::sync::CancellationToken;

@@ -15,13 +15,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, Config, ConfigError, RedisConfig};
+use crate::exporter::{self, Exporter};
+use crate::limiter::health::{self, StoreHealth};
 use crate::limiter::redis::{PrimaryAuth, RedisNodes, RedisSettings, RedisSetupError};
 use crate::limiter::{
-    EmbeddedStore, FailFastStore, FallbackStore, InstrumentedStore, RedisStore, Store,
+    EmbeddedStore, FailFastStore, FallbackStore, InstrumentedStore, RedisStore, Stores,
 };
-use crate::metrics::exporter::{self, Exporter};
-use crate::metrics::health::{self, StoreHealth};
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::server::{self, BindError, ServerSettings};
 use crate::service::{ReloadError, Service};
 use crate::systemd;
@@ -50,20 +50,6 @@ pub enum AppError {
         address: SocketAddr,
         source: std::io::Error,
     },
-}
-
-/// The stores one daemon answers from, each kept by its own type so that
-/// its counters stay readable.
-#[derive(Clone)]
-pub struct Stores {
-    /// What the service calls: the whole stack.
-    pub store: Arc<dyn Store>,
-    /// The Redis store itself, when Redis is configured.
-    pub redis: Option<Arc<RedisStore>>,
-    /// The failure policy over Redis, when Redis is configured.
-    pub fallback: Option<Arc<FallbackStore>>,
-    /// The local fail-fast layer under the policy, when Redis is configured.
-    pub fail_fast: Option<Arc<FailFastStore>>,
 }
 
 /// A daemon assembled from its configuration, ready to bind and serve.
@@ -364,7 +350,7 @@ impl App {
         if let Some(warming) = &self.warming {
             warming.abort();
         }
-        metrics::log_shutdown_summary(&self.service, &self.stores);
+        exporter::log_shutdown_summary(&self.service, &self.stores);
     }
 }
 

@@ -11,10 +11,11 @@
 //! | [`service`] | the request handlers: acquire, report, release, estimate, status, health, inspect, provider feedback; their typed error and wire codes |
 //! | [`plan`] | pure planning: limits → buckets, cost rules, priority floors, capacity |
 //! | [`leases`] | granted reservations awaiting their report, and settlement arithmetic |
-//! | [`limiter`] | the `Store` trait: Redis (the only module touching redis types), embedded, fail-fast, failure policy |
+//! | [`limiter`] | the `Store` trait: Redis (the only module touching redis types), embedded, fail-fast, failure policy; the stack one daemon answers from; store health and its watcher |
 //! | [`feedback`] | what a provider's rate-limit headers say: a pause after a 429, what remains |
 //! | [`tokens`] | token counting: tiktoken encoders, character estimates, the providers' image and tool-prompt rules, provider presets |
-//! | [`metrics`] | Prometheus metrics, the `/metrics` `/healthz` `/readyz` listener, readiness |
+//! | [`metrics`] | the Prometheus registry, the label sets a configuration allows, the counters a store records into (a leaf) |
+//! | [`exporter`] | the `/metrics` `/healthz` `/readyz` listener, what is read at scrape time, the shutdown summary |
 //! | [`systemd`] | the `Type=notify` readiness datagram |
 //! | [`logging`] | logs on stderr that a closed stderr cannot turn into a failure |
 //! | [`client`] | a small async client of the socket, for the CLI, `ratekeeper-loadgen` and tests |
@@ -34,6 +35,7 @@
 pub mod app;
 pub mod client;
 pub mod config;
+pub mod exporter;
 pub mod feedback;
 pub mod leases;
 pub mod limiter;
@@ -41,6 +43,8 @@ pub mod logging;
 pub mod metrics;
 pub mod plan;
 pub mod proto;
+#[cfg(test)]
+mod rooms;
 pub mod server;
 pub mod service;
 pub mod systemd;

@@ -347,7 +347,7 @@ pub struct MetricsConfig {
 
 impl MetricsConfig {
     /// The label every tenant not listed in `tenants` shares.
-    pub const OTHER_TENANTS: &'static str = "other";
+    pub const OTHER_TENANTS: &'static str = crate::metrics::OTHER_TENANTS;
     /// Most tenants `tenants` may list.
     pub const MAX_TENANTS: usize = 100;
 }

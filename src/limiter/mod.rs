@@ -10,6 +10,7 @@ pub mod drain;
 pub mod embedded;
 pub mod fail_fast;
 pub mod fallback;
+pub mod health;
 pub mod instrumented;
 pub mod lowered;
 pub mod overrun;
@@ -17,6 +18,7 @@ pub mod redis;
 pub mod replay;
 pub mod shapes;
 pub mod slots;
+mod stack;
 
 use std::sync::Arc;
 
@@ -30,6 +32,7 @@ pub use instrumented::InstrumentedStore;
 pub use lowered::{DrawMark, LoweredTotals};
 pub use redis::RedisStore;
 pub use slots::{SlotGuard, SlotKeeper, SlotSpec};
+pub use stack::Stores;
 
 /// The role of a bucket within a limit; its name is what `Denied` and
 /// `status` show.

@@ -10,8 +10,6 @@ use std::sync::OnceLock;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
-use crate::config::{Config, MetricsConfig};
-
 use super::registry::{AcquireLabels, LimitLabel, SettleLabels, TenantLabels};
 use super::{Metrics, Name};
 
@@ -82,6 +80,9 @@ impl LimitMeters {
 
 /// The `limit` label of a limit the configuration does not name.
 pub const UNKNOWN_LIMIT: &str = "(unknown)";
+/// The `tenant` label every tenant not listed shares (so `[metrics]
+/// tenants` cannot list it).
+pub const OTHER_TENANTS: &str = "other";
 
 /// The label values one configuration allows.
 #[derive(Debug)]
@@ -95,12 +96,15 @@ pub struct Labels {
 }
 
 impl Labels {
-    /// The limits and the `[metrics] tenants` of `config`, each limit's
-    /// series in `metrics`.
-    pub fn new(config: &Config, metrics: &Metrics) -> Self {
-        let tenants = &config.metrics.tenants;
-        let limits = config.limits.iter().map(|limit| {
-            let name = Name::from(limit.name.as_str());
+    /// The configured `limits` (by name) and the listed `tenants` (`[metrics]
+    /// tenants`), each limit's series in `metrics`.
+    pub fn new<'a>(
+        limits: impl IntoIterator<Item = &'a str>,
+        tenants: &[String],
+        metrics: &Metrics,
+    ) -> Self {
+        let limits = limits.into_iter().map(|limit| {
+            let name = Name::from(limit);
             let meters = LimitMeters::new(metrics, &name, tenants.len() + 2);
             (name, meters)
         });
@@ -111,7 +115,7 @@ impl Labels {
                 .map(|(index, tenant)| (Name::from(tenant.as_str()), index))
                 .collect(),
             unknown_limit: Name::from(UNKNOWN_LIMIT),
-            other_tenant: Name::from(MetricsConfig::OTHER_TENANTS),
+            other_tenant: Name::from(OTHER_TENANTS),
             no_tenant: Name::from(""),
         }
     }
@@ -145,15 +149,7 @@ mod tests {
 
     #[test]
     fn only_configured_names_become_labels() {
-        let mut config = Config::default();
-        config.limits = crate::config::from_toml_str(
-            "[[limits]]\nname = \"gpt\"\ntokens_per_minute = 10\n",
-            "t",
-        )
-        .unwrap()
-        .limits;
-        config.metrics.tenants = vec!["acme".into()];
-        let labels = Labels::new(&config, &Metrics::new());
+        let labels = Labels::new(["gpt"], &["acme".to_string()], &Metrics::new());
         assert_eq!(&*labels.limit("gpt").0, "gpt");
         assert!(labels.limit("gpt").1.is_some());
         assert_eq!(&*labels.limit("gpt\nforged").0, UNKNOWN_LIMIT);

@@ -8,9 +8,9 @@ use std::sync::atomic::Ordering;
 use super::acquire::CONCURRENT;
 use super::{Service, ServiceError};
 use crate::config::LimitConfig;
+use crate::limiter::health;
 use crate::limiter::shapes::ELSEWHERE;
 use crate::limiter::{BucketRole, BucketSpec};
-use crate::metrics::health;
 use crate::plan::Planner;
 use crate::proto::{BucketInspection, HealthStatus, Inspection, LimitInspection, Response};
 

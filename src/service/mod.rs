@@ -27,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::leases::{LeaseCounters, LeaseTable};
+use crate::limiter::health::StoreHealth;
 use crate::limiter::{SlotKeeper, Store};
-use crate::metrics::health::StoreHealth;
 use crate::metrics::{Labels, Metrics};
 use crate::plan::Planner;
 use crate::proto::{Acquire, Cost, Feedback, Response};
@@ -283,7 +283,11 @@ impl Snapshot {
         Snapshot {
             waiters: carried(&config, &previous.waiters, AtomicU64::default),
             grants: carried(&config, &previous.grants, feedback::RecentGrants::new),
-            labels: Labels::new(&config, metrics),
+            labels: Labels::new(
+                config.limits.iter().map(|limit| limit.name.as_str()),
+                &config.metrics.tenants,
+                metrics,
+            ),
             planner: Planner::new(config),
         }
     }
@@ -292,7 +296,7 @@ impl Snapshot {
     fn first(config: Arc<Config>, metrics: &Metrics) -> Self {
         let empty = Snapshot {
             planner: Planner::new(Arc::new(Config::default())),
-            labels: Labels::new(&Config::default(), metrics),
+            labels: Labels::new([], &[], metrics),
             waiters: HashMap::new(),
             grants: HashMap::new(),
         };

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::limiter::shapes::ShapeConflicts;
-use crate::limiter::{FailurePolicy, FallbackStore, Store};
+use crate::metrics::StoreCalls;
 use crate::proto::HealthStatus;
 
-use super::StoreCalls;
+use super::shapes::ShapeConflicts;
+use super::{FailurePolicy, FallbackStore, Store};
 
 /// How often the watch looks at the store.
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(250);

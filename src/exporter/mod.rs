@@ -1,8 +1,15 @@
 //! The HTTP listener of `[metrics] listen`: `/metrics` in the Prometheus
 //! text format, `/healthz` (the process answers) and `/readyz` (it can
-//! serve acquires, see [`super::health`]). What is read at scrape time —
-//! bucket levels from the store, waiters, leases, the store's state — is
-//! gathered here into a registry built for that one scrape.
+//! serve acquires, see [`crate::limiter::health`]). What is read at scrape
+//! time — bucket levels from the store, waiters, leases, the store's state
+//! — is gathered here into a registry built for that one scrape, next to
+//! what the daemon counted over its life ([`summary`]). A room above the
+//! service: it reads the service and the store stack; nothing below imports
+//! it.
+
+mod summary;
+
+pub use summary::{Counters, log_shutdown_summary};
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -24,10 +31,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::{Counters, Name};
-use crate::app::Stores;
-use crate::limiter::FailurePolicy;
 use crate::limiter::shapes::ELSEWHERE;
+use crate::limiter::{FailurePolicy, Stores};
+use crate::metrics::Name;
 use crate::proto::Inspection;
 use crate::service::Service;
 
