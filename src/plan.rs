@@ -12,7 +12,7 @@ use crate::config::{
     TokenRate,
 };
 use crate::leases::{Reserved, Settle};
-use crate::limiter::redis::{BucketOwner, bucket_key, slots_key};
+use crate::limiter::keys::{BucketOwner, bucket_key, slots_key};
 use crate::limiter::{BucketRole, BucketSpec, Draw, Refill, SlotSpec, Window};
 use crate::proto::MAX_NAME_LEN;
 use crate::tokens::SettleRule;

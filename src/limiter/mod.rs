@@ -12,6 +12,7 @@ pub mod fail_fast;
 pub mod fallback;
 pub mod health;
 pub mod instrumented;
+pub mod keys;
 pub mod lowered;
 pub mod overrun;
 pub mod redis;

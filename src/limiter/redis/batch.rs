@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use redis::{Cmd, Script};
 
-use super::keys::call_record_key;
 use crate::limiter::bucket::{BucketSpec, Draw, Plan};
+use crate::limiter::keys::call_record_key;
 use crate::limiter::overrun;
 use crate::limiter::shapes::{self, Disagreement};
 use crate::limiter::{

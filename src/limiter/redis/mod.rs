@@ -11,7 +11,6 @@
 //! restart, a failover), so callers never see it.
 
 mod batch;
-mod keys;
 mod lanes;
 mod pool;
 mod reconcile;
@@ -31,12 +30,12 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::bucket::{BucketSpec, Draw};
+use super::keys::slot_of;
 use super::lowered::LoweredTotals;
 use super::shapes::ShapeConflicts;
 use super::{Adjustment, Decision, Lowering, Origin, SlotSpec, Store, StoreError};
 pub use batch::{BatchOp, OpResult};
 use batch::{Call, CallReply};
-pub use keys::{BucketOwner, bucket_key, slot_of, slots_key};
 use lanes::{Lanes, Next, Pending};
 use pool::{Failure, Pool};
 pub use pool::{PrimaryAuth, RedisNodes, RedisSettings, RedisSetupError};

@@ -1,5 +1,6 @@
-//! The Redis key schema: the one place that turns a bucket's identity into
-//! a key.
+//! The key schema: the one place that turns a bucket's identity into a
+//! key, shared by the planner (which names every bucket of an acquire) and
+//! the stores (Redis keys; the embedded store's map keys).
 //!
 //! ```text
 //! PREFIX:{l:LIMIT}:LIMIT:ROLE             a limit's own bucket (no group)
