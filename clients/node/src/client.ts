@@ -11,6 +11,13 @@ import type { ChatMessage, Cost, Request, Response } from "./codec.js";
 import { MAX_NAME_LEN } from "./codec.js";
 import { Connection, ConnectionLost, errorCode } from "./connection.js";
 import {
+  type Api,
+  anthropicConversation,
+  hasItems,
+  openaiConversation,
+  shapeOf,
+} from "./content.js";
+import {
   ErrorCode,
   errorForCode,
   ProtocolError,
@@ -71,6 +78,17 @@ export interface CostOptions {
   messages?: readonly MessageLike[];
   /** The request's tool definitions (JSON-serialisable), counted with `messages`. */
   tools?: unknown;
+  /**
+   * Anthropic's top-level `system` prompt (a string or text blocks), counted
+   * with `messages` in Anthropic's shape.
+   */
+  system?: unknown;
+  /**
+   * Whose request shape `messages` are in: `"anthropic"` (the Messages API:
+   * content blocks, images, tool use) or `"openai"`. Default: OpenAI's, or
+   * Anthropic's when a `system` or an Anthropic block is given.
+   */
+  api?: Api;
 }
 
 /** Options of `acquire`. */
@@ -194,22 +212,41 @@ export function chatMessage(message: MessageLike): ChatMessage {
   };
 }
 
-/** The wire `Cost` of `tokens` + `maxTokens`, or of chat `messages` for the daemon to count. */
+/**
+ * The wire `Cost` of `tokens` + `maxTokens`, or of chat `messages` for the
+ * daemon to count: a `Messages` cost for OpenAI-style text messages (what
+ * every daemon counts), a `Conversation` (protocol revision 4) for
+ * Anthropic's shape or OpenAI messages with images.
+ */
 export function buildCost(options: CostOptions): Cost {
-  const { tokens, maxTokens, messages, tools } = options;
+  const { tokens, maxTokens, messages, tools, system, api } = options;
   if ((tokens === undefined) === (messages === undefined)) {
     throw new TypeError("give exactly one of tokens or messages");
   }
+  if (api !== undefined && api !== "anthropic" && api !== "openai") {
+    throw new RangeError(`api must be "anthropic", "openai" or undefined, got ${String(api)}`);
+  }
   const output = maxTokens === undefined ? undefined : tokenCount("maxTokens", maxTokens);
   if (messages !== undefined) {
-    const hasTools = tools != null && !(Array.isArray(tools) && tools.length === 0);
+    const shape = api ?? shapeOf(messages, system);
+    if (shape === "anthropic")
+      return anthropicConversation(messages, system, tools, output ?? null);
+    if (system != null) {
+      throw new TypeError("system is Anthropic's: OpenAI messages carry a system message");
+    }
+    const converted = messages.map(chatMessage);
+    const toolsJson = hasItems(tools) ? JSON.stringify(tools) : null;
+    if (shapeOf(messages, undefined) === "openai") {
+      return openaiConversation(converted, messages, toolsJson, output ?? null);
+    }
     return {
       type: "Messages",
-      messages: messages.map(chatMessage),
-      tools_json: hasTools ? JSON.stringify(tools) : null,
+      messages: converted,
+      tools_json: toolsJson,
       max_output_tokens: output ?? null,
     };
   }
+  if (system != null) throw new TypeError("system is counted with messages, not with tokens");
   return {
     type: "Tokens",
     input_tokens: tokenCount("tokens", tokens as number | bigint),

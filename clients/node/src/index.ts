@@ -6,6 +6,9 @@
  * - `lease`: `Lease` (report, release, `await using`);
  * - `errors`: one class per wire error code, `RateLimited`, `SidecarUnavailable`;
  * - `codec`: the sans-IO protocol codec (PROTOCOL.md), for tools and tests.
+ *
+ * The SDK wrappers are subpaths of their own, so that nothing here loads an
+ * SDK: `ratekeeper-client/openai` and `ratekeeper-client/anthropic`.
  */
 
 export {
@@ -32,5 +35,6 @@ export {
 } from "./client.js";
 export * as codec from "./codec.js";
 export type { ServerHello } from "./connection.js";
+export type { Api } from "./content.js";
 export * from "./errors.js";
-export { Lease, type Usage } from "./lease.js";
+export { failedCall, Lease, providerStatus, type Usage } from "./lease.js";

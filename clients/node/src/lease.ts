@@ -1,6 +1,8 @@
 /**
  * A granted reservation and its settlement: `report` the provider's usage, or
  * `release` it unused. Settled once, on the connection that acquired it.
+ * `failedCall` is the rule for a provider call that threw (a 429 is kept as
+ * rejected, a 529 or another 4xx released, the rest kept), as in Python.
  */
 
 import type { Client, HeadersLike, Noted } from "./client.js";
@@ -10,6 +12,38 @@ import { ErrorCode, errorForCode, ProtocolError, UnknownLease } from "./errors.j
 
 /** Pauses before each new attempt at a settlement the store could not apply, in ms. */
 const SETTLE_RETRY_DELAYS = [50, 100, 200];
+
+/** The HTTP status of the provider answer an SDK error reports (`status`, or
+ * `response.status`, or `statusCode`), if any. */
+export function providerStatus(error: unknown): number | undefined {
+  if (error === null || typeof error !== "object") return undefined;
+  const { status, statusCode, response } = error as {
+    status?: unknown;
+    statusCode?: unknown;
+    response?: { status?: unknown };
+  };
+  for (const value of [status, response?.status, statusCode]) {
+    if (Number.isInteger(value) && (value as number) >= 100 && (value as number) <= 599) {
+      return value as number;
+    }
+  }
+  return undefined;
+}
+
+/**
+ * What a provider call that threw `error` leaves of its lease: `"rejected"`
+ * for a 429 (the provider counts it), `"release"` for a 529 or another 4xx
+ * (refused, never processed), `"keep"` for any other status (it may have
+ * been processed); without a status `"keep"` when the call itself threw
+ * (`called`: a timeout may have been processed), else `"release"`.
+ */
+export function failedCall(error: unknown, called: boolean): "rejected" | "release" | "keep" {
+  const status = providerStatus(error);
+  if (status === 429) return "rejected";
+  if (status === undefined) return called ? "keep" : "release";
+  if (status === 529 || (status >= 400 && status < 500)) return "release";
+  return "keep";
+}
 
 /** What `report` takes: a total (counted as input tokens), or the two sides. */
 export type Usage =
@@ -96,16 +130,54 @@ export class Lease {
     return this.settle({ type: "Release", lease: this.id ?? 0n });
   }
 
-  /** Reports exactly what was reserved: keeps the reservation, closes the lease. */
-  settleAsReserved(): Promise<number | null> {
+  /**
+   * What was reserved on each side: a grant's tokens split into input and
+   * the output the request reserved (the daemon answers their sum).
+   */
+  get reserved(): { inputTokens: bigint; outputTokens: bigint } {
     const cost = this.cost;
     if (cost.type === "Tokens") {
-      return this.report({ inputTokens: cost.input_tokens, outputTokens: cost.output_tokens });
+      return { inputTokens: cost.input_tokens, outputTokens: cost.output_tokens };
     }
     const output = cost.max_output_tokens ?? 0n;
     const total = BigInt(this.tokens);
     const outputTokens = output < total ? output : total;
-    return this.report({ inputTokens: total - outputTokens, outputTokens });
+    return { inputTokens: total - outputTokens, outputTokens };
+  }
+
+  /** Reports exactly what was reserved: keeps the reservation, closes the lease. */
+  settleAsReserved(): Promise<number | null> {
+    return this.report(this.reserved);
+  }
+
+  /**
+   * Settles a call the provider refused but counts (a 429): the request and
+   * its input stay spent, the reserved output goes back. Providers count what
+   * their rate limiters refuse (OpenAI: "unsuccessful requests contribute to
+   * your per-minute limit"), so `release` would hand the fleet room the
+   * provider no longer has, and every retry would find it: a retry storm.
+   * Retry with a new acquire, which waits in the shared bucket.
+   */
+  settleAsRejected(): Promise<number | null> {
+    return this.report({ inputTokens: this.reserved.inputTokens, outputTokens: 0n });
+  }
+
+  /**
+   * Settles the lease after its provider call threw `error`, as the wrappers
+   * do: a 429 is `settleAsRejected`; a 529 (Anthropic's "overloaded") or
+   * another 4xx is `release` (refused, never processed); any other status
+   * keeps the reservation (`settleAsReserved`: it may have been processed),
+   * and so does an error without a status, unless `called` is false (the
+   * call may not have been made), which releases it.
+   */
+  settleFailed(
+    error: unknown,
+    { called = true }: { called?: boolean } = {},
+  ): Promise<number | null> {
+    const outcome = failedCall(error, called);
+    if (outcome === "rejected") return this.settleAsRejected();
+    if (outcome === "release") return this.release();
+    return this.settleAsReserved();
   }
 
   /**

@@ -20,3 +20,14 @@ test("import('ratekeeper-client') loads the ES module build", async () => {
     response: { type: "Pong" },
   });
 });
+
+test("the SDK wrappers load by their subpaths, in both builds", async () => {
+  for (const name of ["openai", "anthropic"]) {
+    const required = require(`ratekeeper-client/${name}`);
+    assert.equal(typeof required.wrap, "function");
+    assert.ok(require.resolve(`ratekeeper-client/${name}`).includes("dist/cjs"));
+    const imported = await import(`ratekeeper-client/${name}`);
+    assert.equal(typeof imported.wrap, "function");
+    assert.notEqual(imported.wrap, required.wrap);
+  }
+});
