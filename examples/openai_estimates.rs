@@ -35,7 +35,7 @@ const LICENSES: &[&str] = &[
     "/usr/share/common-licenses/Apache-2.0",
 ];
 
-/// Short messages in other scripts (the samples of `tests/tokens.rs`).
+/// Short messages in other scripts (the samples of `tests/it/tokens.rs`).
 const MESSAGES: &[(&str, &str)] = &[
     (
         "German",

@@ -221,7 +221,7 @@ mod tests {
         margin
     }
 
-    /// The same walk as `tests/redis_store.rs`'s drain test runs through the
+    /// The same walk as `tests/it/redis_store.rs`'s drain test runs through the
     /// Lua: 2 units a ms unseen become about a second of margin. A steady
     /// drain is a line the fit explains: no noise, so no fluctuation margin
     /// (the mean square of the shrinks, 200/√2, was one).

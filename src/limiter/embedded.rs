@@ -391,7 +391,7 @@ mod tests {
     }
 
     /// The embedded store keeps the same margin as `lua/batch.lua` below a
-    /// provider drained unseen (`tests/redis_store.rs` walks the Lua).
+    /// provider drained unseen (`tests/it/redis_store.rs` walks the Lua).
     #[tokio::test]
     async fn provider_counts_that_drain_unseen_leave_a_margin() {
         // 200 a step: a second of drain and the fluctuation margin of its

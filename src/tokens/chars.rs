@@ -17,7 +17,7 @@
 //! English, German, Russian, Chinese, Japanese and Hindi, but symbol-dense
 //! text tokenizes at 2–3 bytes per token: code and long numbers come out
 //! about 12 % low, JSON full of numbers and ids about a third low
-//! (`tests/tokens.rs` holds these floors). Limits whose prompts are mostly
+//! (`tests/it/tokens.rs` holds these floors). Limits whose prompts are mostly
 //! JSON should lower `chars_per_token` (2.5 covers every sample we measured);
 //! where the provider reconciles to actual usage, settlement corrects the
 //! rest after the call.

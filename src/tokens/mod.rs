@@ -33,7 +33,7 @@
 //!
 //! What is exact and what is an estimate: message counts with tiktoken follow
 //! OpenAI's cookbook and match the API's published `prompt_tokens` for the
-//! cookbook's examples (tested in `tests/tokens.rs`); tool definitions follow
+//! cookbook's examples (tested in `tests/it/tokens.rs`); tool definitions follow
 //! the cookbook's `num_tokens_for_tools`, exact for its example and an
 //! estimate beyond it; tool calls and the character estimator are estimates.
 

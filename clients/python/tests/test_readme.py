@@ -54,9 +54,9 @@ LINKED_PAGES = [ROOT / "bench" / "README.md", ROOT / "bench" / "provider" / "MEA
 NOT_RUN = {
     r"scripts/test": "the command that runs this test",
     r"sudo ": "installs into the machine's /etc and /usr/local and needs systemd as PID 1; "
-    "tests/deploy_examples.rs checks the unit and its config (systemd-analyze verify)",
+    "tests/it/deploy_examples.rs checks the unit and its config (systemd-analyze verify)",
     r"echo '[^']*' \| sudo ": "part of the systemd installation (see sudo)",
-    r"kubectl ": "needs a Kubernetes cluster; tests/deploy_examples.rs checks the manifests",
+    r"kubectl ": "needs a Kubernetes cluster; tests/it/deploy_examples.rs checks the manifests",
     r"RATEKEEPER_SOCKET=\$RK/[ab]\.sock ratekeeper ": "the quick start's two sidecars need a "
     "Redis at 127.0.0.1:6379; clients/python/tests/test_redis.py runs two sidecars on one Redis",
     r"export RK=": "the quick start's directory for its two sockets (see the lines after it)",

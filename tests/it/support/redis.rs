@@ -2,7 +2,6 @@
 //! three, each on free ports with no persistence, killed on drop.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -108,10 +107,6 @@ impl RedisServer {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
-    }
-
-    pub fn dir(&self) -> PathBuf {
-        self.dir.path().to_path_buf()
     }
 
     /// Starts the server again on the same port, after [`kill`](Self::kill).

@@ -2,7 +2,7 @@
 //! agree with the Rust arithmetic, reserve all-or-nothing, survive a script
 //! flush, expire keys at time-to-full and cost one call per operation.
 
-mod support;
+use crate::support;
 
 use proptest::prelude::*;
 use ratekeeper::app::redis_settings;

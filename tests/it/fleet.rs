@@ -6,7 +6,7 @@
 //! the declared burst less the default headroom (3,000 − 200 ms of refill =
 //! 1,800); bounded by the burst, an over-admission of 12 acquires passed.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Stdio};
 

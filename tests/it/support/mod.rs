@@ -1,8 +1,6 @@
 //! Shared helpers for the integration tests: the real daemon binary started
 //! on a socket in a temporary directory, and raw frame I/O for bad input.
 
-#![allow(dead_code)] // each test binary uses a different part
-
 pub mod redis;
 
 use std::path::{Path, PathBuf};

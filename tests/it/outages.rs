@@ -3,7 +3,7 @@
 //! answered "unavailable", no report lost. Each test reproduces a finding
 //! that cost exactly that before it was fixed.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! forged log lines, a closed stderr. Each test reproduces a finding that
 //! broke the daemon before it was fixed.
 
-mod support;
+use crate::support;
 
 use ratekeeper::proto::{PROTOCOL_VERSION, Request, Response};
 use support::{Daemon, acquire, granted, receive, send};

@@ -5,7 +5,7 @@
 //! future `serve` takes. Once with the embedded store, once with a real
 //! `redis-server`.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

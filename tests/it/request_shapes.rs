@@ -9,7 +9,7 @@
 //! (`clients/python/tests/test_request_shapes.py`, which also generates the
 //! fixture); here `count-tokens` must.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Output};
 

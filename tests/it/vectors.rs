@@ -7,7 +7,7 @@
 //! must be the ones `PROTOCOL.md` tabulates.
 //!
 //! The files are generated from [`catalogue`]; after changing it (or the
-//! messages) run `RATEKEEPER_WRITE_VECTORS=1 cargo test --test vectors` to
+//! messages) run `RATEKEEPER_WRITE_VECTORS=1 cargo test --test it vectors::` to
 //! rewrite them, and review the diff: a changed byte is a protocol change.
 
 use std::collections::BTreeSet;
@@ -2021,13 +2021,13 @@ fn files_are_what_the_generator_writes() {
     assert_eq!(
         names(&on_disk),
         expected_names,
-        "the vector files differ from the catalogue; run {WRITE_ENV}=1 cargo test --test vectors"
+        "the vector files differ from the catalogue; run {WRITE_ENV}=1 cargo test --test it vectors::"
     );
     for (name, text) in &generated {
         let stored = &on_disk.iter().find(|(file, _)| file == name).unwrap().1;
         assert!(
             stored == text,
-            "{name} differs from the catalogue; run {WRITE_ENV}=1 cargo test --test vectors"
+            "{name} differs from the catalogue; run {WRITE_ENV}=1 cargo test --test it vectors::"
         );
     }
 }

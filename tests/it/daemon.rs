@@ -1,7 +1,7 @@
 //! The real daemon over its real socket: reservations and their exact waits,
 //! settlement, cancellation, pipelining and shutdown, on the embedded store.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
@@ -529,7 +529,7 @@ async fn a_requests_only_limit_with_a_second_and_a_day_window() {
 /// figure can never be granted.
 #[tokio::test]
 async fn a_request_above_the_one_second_burst_passes_once_the_bucket_is_full() {
-    let daemon = Daemon::start(include_str!("../examples/ratekeeper.toml"));
+    let daemon = Daemon::start(include_str!("../../examples/ratekeeper.toml"));
     let client = daemon.client().await;
     let (_, tokens, waited) = granted(&client.call(acquire("gpt-4o", 300, 0)).await.unwrap());
     assert_eq!((tokens, waited), (300, 0));

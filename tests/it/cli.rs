@@ -2,7 +2,7 @@
 //! `check-config`, `acquire`, `status`, `health`, `ping` (against a real
 //! daemon, and through a Redis outage) and `count-tokens`.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};

@@ -7,7 +7,7 @@
 //! against the daemon before the policy: it took any tenant and class on
 //! the client's word, and any uid could fill every connection.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

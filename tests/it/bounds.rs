@@ -4,7 +4,7 @@
 //! memory that floods of connections do not ratchet up. Each test failed
 //! against the daemon before the bounds; RSS is read from /proc.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

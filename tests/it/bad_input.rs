@@ -1,7 +1,7 @@
 //! Hostile and broken input over the real socket: each case gets a clear
 //! error (or a clean close), and the daemon keeps serving other connections.
 
-mod support;
+use crate::support;
 
 use ratekeeper::proto::{
     Acquire, ClientFrame, Cost, ErrorCode, MAX_FRAME_LEN, MAX_IN_FLIGHT, Request, Response,

@@ -2,7 +2,7 @@
 //! shared buckets, the Redis cost of each operation, script flushes, and the
 //! failure policies through an outage and its recovery.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

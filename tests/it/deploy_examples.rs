@@ -8,7 +8,7 @@
 //! of its own (`key: value`, `Key=value`, or a one-line `["a", "b"]` list), and
 //! a missing line fails naming the file and what was looked for.
 
-mod support;
+use crate::support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! `/readyz` following Redis under each failure policy, the decision log,
 //! and the systemd readiness notification.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! cost and settlement rules, separate input and output buckets (embedded
 //! and on Redis), the bounds on what is counted, and the learned max output.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
