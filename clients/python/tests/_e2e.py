@@ -8,9 +8,10 @@ the example's commented Anthropic limit uncommented, with its rates
 replaced; and a `[redis]` URL appended); the fake provider of the scenario's
 shape as a process of its own (`_fake_openai.py` or the strict fake of
 `_fake_anthropic.py`), so its CPU does not compete inside the workers; and
-worker processes of several threads each (`_e2e_workers.work`), split
-evenly across the sidecars. Every process is stopped when the run ends,
-however it ends.
+worker processes of several threads each (`_e2e_workers.work`), or with
+`workers="node"` Node processes of as many concurrent calls through the
+Node client's OpenAI wrapper (`_e2e_node`), split evenly across the
+sidecars. Every process is stopped when the run ends, however it ends.
 
 `analyse` reads the provider's record of every request it received, ours
 and the foreign application's (`"foreign": true`): our 429s (every one,
@@ -73,6 +74,7 @@ import ratekeeper
 from ratekeeper.openai import wrap
 
 from _daemon import PACKAGE_ROOT, Daemon, RedisServer
+from _e2e_node import NodeFleet
 from _e2e_workers import MODELS, prose, work
 from _fake_openai import RECORDS_PATH
 
@@ -123,6 +125,16 @@ class Scenario:
     #: Anthropic's output tokens per minute; None: as many as input tokens, so
     #: that it never binds (the runs measure ITPM or RPM).
     output_tokens_per_minute: Optional[int] = None
+    #: "python": `processes` Python processes of `threads` threads; "node":
+    #: `processes` Node processes of `threads` concurrent calls, through the
+    #: Node client's OpenAI wrapper (by messages, the OpenAI shape only).
+    workers: str = "python"
+
+    def __post_init__(self) -> None:
+        if self.workers not in ("python", "node"):
+            raise ValueError(f"workers must be 'python' or 'node', not {self.workers!r}")
+        if self.workers == "node" and (self.acquire, self.provider) != ("messages", "openai"):
+            raise ValueError("Node workers acquire by messages against the OpenAI shape only")
 
     @property
     def label(self) -> str:
@@ -141,6 +153,8 @@ class Scenario:
             parts.append("429s cost a request")
         if self.foreign:
             parts.append(f"{self.foreign:.0%} foreign")
+        if self.workers != "python":
+            parts.append(f"{self.processes}x{self.threads} {self.workers} workers")
         parts.append("feedback" if self.feedback else "no feedback")
         return ", ".join(parts)
 
@@ -412,15 +426,13 @@ def run(scenario: Scenario, template: Path = SHIPPED_CONFIG) -> Outcome:
     daemons: list[Daemon] = []
     provider: Optional[ProviderProcess] = None
     workers: list = []
+    fleet: Optional[NodeFleet] = None
     try:
         for _ in range(scenario.sidecars):
             daemons.append(Daemon(config, redis_url=redis.url).start())
         provider = ProviderProcess(scenario, scratch / "provider.log")
-        spawn = multiprocessing.get_context("spawn")
-        barrier = spawn.Barrier(scenario.processes + 1)
-        results = spawn.Queue()
-        for index in range(scenario.processes):
-            spec = {
+        specs = [
+            {
                 "index": index,
                 "socket": daemons[index % len(daemons)].socket,
                 "provider": scenario.provider,
@@ -435,26 +447,41 @@ def run(scenario: Scenario, template: Path = SHIPPED_CONFIG) -> Outcome:
                 "seconds": scenario.seconds,
                 "seed": scenario.seed * 100 + index,
             }
-            process = spawn.Process(target=work, args=(spec, barrier, results))
-            process.start()
-            workers.append(process)
-        barrier.wait(timeout=GRACE)
-        start = time.monotonic()
-        tallies = [results.get(timeout=scenario.seconds + GRACE) for _ in workers]
-        for process in workers:
-            process.join(timeout=GRACE)
+            for index in range(scenario.processes)
+        ]
+        if scenario.workers == "node":
+            fleet = NodeFleet(specs, scratch)
+            start = fleet.start(timeout=GRACE)
+            tallies = fleet.tallies(timeout=scenario.seconds + GRACE)
+        else:
+            spawn = multiprocessing.get_context("spawn")
+            barrier = spawn.Barrier(scenario.processes + 1)
+            results = spawn.Queue()
+            for spec in specs:
+                process = spawn.Process(target=work, args=(spec, barrier, results))
+                process.start()
+                workers.append(process)
+            barrier.wait(timeout=GRACE)
+            start = time.monotonic()
+            tallies = [results.get(timeout=scenario.seconds + GRACE) for _ in workers]
+            for process in workers:
+                process.join(timeout=GRACE)
         records = provider.records()
     except BaseException:
         for daemon in daemons:
             print(f"\n--- daemon log (tail) ---\n{daemon.log()[-4000:]}")
         if provider is not None:
             print(f"\n--- provider log ---\n{provider.log_path.read_text()[-4000:]}")
+        if fleet is not None:
+            print(fleet.logs())
         raise
     finally:
         for process in workers:
             if process.is_alive():
                 process.kill()
                 process.join()
+        if fleet is not None:
+            fleet.close()
         if provider is not None:
             provider.close()
         for daemon in daemons:

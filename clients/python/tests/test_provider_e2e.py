@@ -63,6 +63,9 @@ import pytest
 
 from _e2e import MINUTE, ONE_SECOND, LargeRequest, Scenario, run, run_large_request
 
+#: Minutes of fleets against the fake provider: `scripts/test --quick` skips them.
+pytestmark = pytest.mark.slow
+
 #: The request limit of the request-bound runs (see the module's docs).
 REQUEST_BOUND_RPM = 1200
 #: The length of the runs against the one-second provider (see the module's docs).

@@ -227,6 +227,7 @@ def shell_env(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 # Its `cargo install` is a release build from scratch on a clean clone:
 # minutes on two cores, more on a busy machine, beyond the suite's 600 s.
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_readme_commands_run_as_written(shell_env: dict) -> None:
     """The pages' commands in their order, as a reader runs them: the `serve`

@@ -16,9 +16,13 @@ with the warm-up).
 
 from __future__ import annotations
 
-from test_provider_e2e import LEAST_UTILIZATION
+import pytest
 
 from _stack import StackRun, run, summary
+from test_provider_e2e import LEAST_UTILIZATION
+
+#: Minutes of fleets against the fake provider: `scripts/test --quick` skips them.
+pytestmark = pytest.mark.slow
 
 
 def test_through_ratekeeper_no_429_and_the_limit_used():

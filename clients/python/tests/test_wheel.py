@@ -81,6 +81,7 @@ def build_wheel(binary: Path, out_dir: Path) -> Path:
 
 
 # A release build, when the README's test has not made one yet, takes minutes.
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_wheel_installs_the_client_and_the_daemon(tmp_path: Path, monkeypatch) -> None:
     wheel = build_wheel(release_binary(), tmp_path / "wheels")
