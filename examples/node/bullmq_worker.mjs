@@ -90,18 +90,17 @@ async function summarise(job, token, signal) {
   return reply.choices[0].message.content;
 }
 
-// After a failed provider call: another 4xx than 429 was refused before any
-// work, so the reservation goes back; a 429, a 5xx or no answer at all may have
-// been counted by the provider, so it stays spent (and a 429 is forwarded: the
-// sidecar pauses the limit for every worker until its retry-after).
+// After a failed provider call, settled as the provider counts it
+// (`lease.settleFailed`): a 429 keeps the request and its input and gives the
+// output back; another 4xx (or Anthropic's 529) was refused before any work,
+// so the reservation goes back; a 5xx or no answer may have been processed,
+// so it stays spent. A 429 is also forwarded: the sidecar pauses the limit for
+// every worker until its retry-after.
 async function settleFailedCall(lease, error) {
-  const status = error instanceof OpenAI.APIError ? error.status : undefined;
-  if (status !== undefined && status >= 400 && status < 500 && status !== 429) {
-    await lease.release();
-  } else {
-    await lease.settleAsReserved();
+  await lease.settleFailed(error);
+  if (error instanceof OpenAI.APIError && error.status === 429) {
+    await lease.feedback(429, error.headers).catch(() => {});
   }
-  if (status === 429) await lease.feedback(status, error.headers).catch(() => {});
 }
 
 const worker = new Worker(

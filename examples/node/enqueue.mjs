@@ -11,9 +11,15 @@ if (texts.length === 0) {
 }
 const connection = { url: process.env.REDIS_URL ?? "redis://127.0.0.1:6379" };
 const queue = new Queue("llm", { connection });
-const events = new QueueEvents("llm", { connection });
+// The completions are read from the start of the queue's event stream
+// (BullMQ keeps the latest 10,000 events): with the default, "$", the reader
+// starts from whatever the stream holds when its first read reaches Redis,
+// which is after `waitUntilReady()`, and a job finishing in between was never
+// heard of (one run in twenty hung here). Old events name other jobs.
+const events = new QueueEvents("llm", { connection, lastEventId: "0-0" });
 queue.setMaxListeners(texts.length + 10); // each waitUntilFinished below listens on the queue
-await events.waitUntilReady(); // listen before adding, so no completion is missed
+events.setMaxListeners(2 * texts.length + 10); // and on the events: completed and failed
+await events.waitUntilReady();
 try {
   const jobs = await queue.addBulk(
     texts.map((text) => ({
