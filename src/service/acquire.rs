@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
@@ -223,7 +225,7 @@ impl Service {
             origin,
             tokens: plan.tokens,
             reserved: plan.reserved,
-            granted_at: Instant::now(),
+            granted_at: std::time::Instant::now(),
             learn_as: limit
                 .learn_max_output
                 .then(|| Arc::from(learning_key(limit))),

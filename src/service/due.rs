@@ -13,17 +13,17 @@
 //! deadline, whichever of the two ends it.
 
 use std::future::Future;
-use std::time::Instant;
 
 /// Sleeps until `due`: woken by `timer` when there is one, else by
-/// tokio's own timer.
-pub(super) async fn sleep_until(timer: Option<&DueTimer>, due: Instant) {
-    let coarse = tokio::time::sleep_until(due.into());
+/// tokio's own timer. (`due` is tokio's instant, so that a paused clock in
+/// tests holds it back as it holds back everything else.)
+pub(super) async fn sleep_until(timer: Option<&DueTimer>, due: tokio::time::Instant) {
+    let coarse = tokio::time::sleep_until(due);
     match timer {
         Some(timer) => {
             tokio::select! {
                 biased;
-                () = timer.sleep_until(due) => {}
+                () = timer.sleep_until(due.into_std()) => {}
                 () = coarse => {}
             }
         }
@@ -311,8 +311,8 @@ mod tests {
 
     #[tokio::test]
     async fn without_a_timer_tokio_ends_the_wait() {
-        let due = Instant::now() + Duration::from_millis(3);
+        let due = tokio::time::Instant::now() + Duration::from_millis(3);
         sleep_until(None, due).await;
-        assert!(Instant::now() >= due);
+        assert!(tokio::time::Instant::now() >= due);
     }
 }

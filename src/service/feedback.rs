@@ -10,7 +10,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use rustc_hash::FxHashMap;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
 
 use super::{Caller, Service, ServiceError};
 use crate::feedback::{self, Dimension};

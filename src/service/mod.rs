@@ -303,3 +303,6 @@ impl Snapshot {
         Snapshot::new(config, &empty, metrics)
     }
 }
+
+#[cfg(test)]
+mod tests;
