@@ -74,11 +74,30 @@ enum Step {
 
 use Step::*;
 
-fn caller() -> Caller {
-    Caller {
-        name: Arc::from("tests"),
-        uid: None,
-    }
+/// An acquire of `limit` by token counts, from a connection named `tests`.
+fn acquire(
+    limit: &str,
+    input_tokens: u64,
+    output_tokens: u64,
+    priority: Option<&str>,
+    max_wait_ms: Option<u64>,
+) -> Call {
+    Call::Acquire(
+        Acquire {
+            limit: limit.to_string(),
+            tenant: None,
+            priority: priority.map(str::to_string),
+            cost: Cost::Tokens {
+                input_tokens,
+                output_tokens,
+            },
+            max_wait_ms,
+        },
+        Caller {
+            name: Arc::from("tests"),
+            uid: None,
+        },
+    )
 }
 
 /// Runs `steps` on a fresh service; each answer as a line: `granted 500
@@ -91,19 +110,9 @@ async fn run(steps: &[Step]) -> Vec<String> {
     for step in steps {
         let started = tokio::time::Instant::now();
         let call = match *step {
-            Acquire(limit, input_tokens, output_tokens, priority, max_wait_ms) => Call::Acquire(
-                Acquire {
-                    limit: limit.to_string(),
-                    tenant: None,
-                    priority: priority.map(str::to_string),
-                    cost: Cost::Tokens {
-                        input_tokens,
-                        output_tokens,
-                    },
-                    max_wait_ms,
-                },
-                caller(),
-            ),
+            Acquire(limit, input_tokens, output_tokens, priority, max_wait_ms) => {
+                acquire(limit, input_tokens, output_tokens, priority, max_wait_ms)
+            }
             Report(nth, input_tokens, output_tokens) => Call::Report {
                 lease: leases[nth],
                 input_tokens,
@@ -312,21 +321,7 @@ async fn the_handlers_answer_as_the_tables_say() {
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_wait_returns_its_reservation() {
     let service = service();
-    let acquire = |tokens| {
-        Call::Acquire(
-            Acquire {
-                limit: "gpt".to_string(),
-                tenant: None,
-                priority: None,
-                cost: Cost::Tokens {
-                    input_tokens: tokens,
-                    output_tokens: 0,
-                },
-                max_wait_ms: None,
-            },
-            caller(),
-        )
-    };
+    let acquire = |tokens| acquire("gpt", tokens, 0, None, None);
     let first = service
         .handle(1, acquire(1000), CancellationToken::new())
         .await;
