@@ -63,12 +63,13 @@
 -- longer too, by the units lowered over the rate, or it reaches the
 -- provider when the provider's bucket does not have them (foreign traffic
 -- drains it while a queue of reservations waits). The bucket counts in p
--- the units lowerings took from it while the provider was short (its
--- count below half the capacity: one with room passes the next calls
--- anyway, and postponing them would let it fill up and waste its refill,
--- which the next count shows as a shortfall, to postpone them further);
--- every grant and every lowering answers p, and the sidecar holding a
--- reservation waits for what p grew since its grant
+-- the units lowerings took from it, each at most the provider's room when
+-- it counted (the capacity less its count, without the refill credited
+-- since): a provider that is full passes the next calls anyway, and
+-- postponing them further would let it overflow and waste its refill,
+-- which the next count shows as a shortfall, to postpone them further
+-- still. Every grant and every lowering answers p, and the sidecar holding
+-- a reservation waits for what p grew since its grant
 -- (src/limiter/lowered.rs).
 --
 -- Sidecars that disagree. A bucket that the call writes also keeps the two
@@ -450,11 +451,15 @@ for _ = 1, count do
         local down = units - level[index]
         if down < 0 then
           add(index, down)
-          -- The reservations waiting are postponed by it too, while the
-          -- provider is short (see "Reservations already promised").
-          if seen and reported < capacity[index] / 2 then
-            lowered[index] = lowered[index] - down
-            lowered_now[index] = true
+          -- The reservations waiting are postponed by it too, as far as
+          -- the provider had room (see "Reservations already promised").
+          if seen then
+            local room = capacity[index] - (reported - counted * rate[index])
+            local postponed = math.min(-down, math.max(0, room))
+            if postponed > 0 then
+              lowered[index] = lowered[index] + postponed
+              lowered_now[index] = true
+            end
           end
         end
         if seen then

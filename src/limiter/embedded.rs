@@ -42,7 +42,7 @@ struct Entry {
     drain: Drain,
     /// What overruns took that refill has not yet paid back.
     overrun: OverrunDebt,
-    /// The units lowerings took while the provider was short (see
+    /// The units lowerings took, as far as the provider had room (see
     /// [`super::lowered`]).
     lowered: i64,
 }
@@ -139,7 +139,7 @@ impl Buckets {
             });
     }
 
-    /// The units lowerings took from a bucket while the provider was short.
+    /// The units lowerings took from a bucket, as far as the provider had room.
     fn lowered(&self, spec: &BucketSpec) -> i64 {
         self.states.get(&spec.key).map_or(0, |entry| entry.lowered)
     }
@@ -258,19 +258,23 @@ impl Store for EmbeddedStore {
                 .fleet
                 .map_or(0, |fleet| fleet.counted_ms_ago.min(i64::MAX as u64) as i64);
             let refused = lowering.fleet.map_or(0, |fleet| spec.units(fleet.refused));
-            // The provider's own count, to tell whether it is short.
-            let provider = lowering
-                .fleet
-                .map_or(i64::MAX, |fleet| spec.signed_units(fleet.remaining));
+            // The provider's room when it counted: its capacity less its
+            // count, without the refill credited since.
+            let room = lowering.fleet.map_or(0, |fleet| {
+                let counted = spec
+                    .signed_units(fleet.remaining)
+                    .saturating_sub(counted_ms_ago.saturating_mul(spec.units_per_ms()));
+                spec.capacity_units().saturating_sub(counted).max(0)
+            });
             if let Some(entry) = buckets.states.get_mut(&spec.key) {
                 let level = entry
                     .drain
                     .correct(seen, current.level, now, counted_ms_ago, refused);
                 // As lua/batch.lua: the reservations waiting are postponed
-                // by the lowering while the provider is short.
-                let down = current.level.saturating_sub(level);
-                if down > 0 && provider.saturating_mul(2) < spec.capacity_units() {
-                    entry.lowered = entry.lowered.saturating_add(down);
+                // by the lowering, as far as the provider had room.
+                let postponed = current.level.saturating_sub(level).min(room);
+                if postponed > 0 {
+                    entry.lowered = entry.lowered.saturating_add(postponed);
                     self.lowered.note(&spec.key, entry.lowered);
                 }
                 buckets.store(spec, BucketState { level, ..current });
@@ -464,11 +468,14 @@ mod tests {
     }
 
     /// A reservation already waiting when feedback lowers its bucket is due
-    /// later by what was lowered, while the provider is short; with half
-    /// its bucket left the provider passes it anyway, and it is not.
+    /// later by what was lowered, as far as the provider has room to refill
+    /// meanwhile: with 200 of its 1,000 free, by 200; a full provider
+    /// passes it anyway, and it is not postponed.
     #[tokio::test]
-    async fn a_lowering_while_the_provider_is_short_postpones_the_waiting_reservations() {
-        for (provider_count, postponed) in [(0, Some((500, 0))), (500, None)] {
+    async fn a_lowering_postpones_the_waiting_reservations_as_far_as_the_provider_has_room() {
+        for (provider_count, postponed) in
+            [(0, Some((500, 0))), (800, Some((200, 0))), (1000, None)]
+        {
             let clock = Arc::new(ManualClock::default());
             let store = EmbeddedStore::with_clock(clock.clone());
             // 1,000 tokens, 1 a ms: the second grant waits 1 s.

@@ -4,19 +4,21 @@
 //!
 //! A lowering moves a bucket's whole future down, and with it the moment at
 //! which each reservation still waiting finds its units. Each bucket counts
-//! the units lowerings took from it while the provider was short (`p` in
-//! `lua/batch.lua`; the embedded store's entries alike); each grant carries
-//! that count as it drew (its [`DrawMark`]), and every store answer says
-//! where it stands now. A reservation then waits longer by what the count
-//! grew since its grant, over the bucket's rate, whichever sidecar's
-//! feedback lowered it.
+//! the units lowerings took from it (`p` in `lua/batch.lua`; the embedded
+//! store's entries alike); each grant carries that count as it drew (its
+//! [`DrawMark`]), and every store answer says where it stands now. A
+//! reservation then waits longer by what the count grew since its grant,
+//! over the bucket's rate, whichever sidecar's feedback lowered it.
 //!
-//! Only while the provider is short (its count below half its bucket): a
-//! provider with room passes the next calls anyway, and postponing them
-//! would only let its bucket fill up and waste refill, which the next count
-//! shows as a shortfall, to postpone them further (a first version that
-//! postponed by every lowering did that until the fleet used a third of
-//! the limit).
+//! Each lowering counts at most the provider's room when it counted (its
+//! capacity less its count): a full provider passes the next calls anyway,
+//! and postponing them further would only let its bucket overflow and waste
+//! refill, which the next count shows as a shortfall, to postpone them
+//! further still (a first version that postponed by every lowering did that
+//! until the fleet used a third of the limit). The rule before this one
+//! counted a lowering whole while the provider's count was below half its
+//! bucket and not at all above: the first burst's lowerings postponed
+//! nothing (issue 26).
 
 use std::sync::Arc;
 use std::sync::Mutex;

@@ -851,6 +851,67 @@ async fn a_drain_the_fleet_does_not_see_becomes_a_margin_below_the_provider() {
     assert_eq!((margin, postponed_ms), (0, 100));
 }
 
+/// A reservation already waiting when a count lowers its bucket is due
+/// later by what was lowered, as far as the provider had room to refill
+/// meanwhile (`src/limiter/embedded.rs` holds the embedded store to the
+/// same): with its bucket empty, by all 500; with 200 of its 1,000 free,
+/// by 200; full, not at all. Issue 26: postponing only while the
+/// provider's count was below half its bucket postponed nothing at a cold
+/// start, and the first queue met the other application's drain.
+#[tokio::test]
+async fn a_count_postpones_the_waiting_reservations_as_far_as_the_provider_has_room() {
+    let server = RedisServer::start();
+    let redis = store(&server);
+    let now = 1_800_000_000_000i64;
+    for (provider_count, postponed) in [(0, Some((500, 0))), (800, Some((200, 0))), (1_000, None)] {
+        // 1,000 tokens, 1 a ms: the second grant waits 1 s.
+        let tokens = bucket(&format!("room:{{x}}:{provider_count}"), 1_000, 60_000);
+        let acquire = || BatchOp::Acquire {
+            draws: vec![draw(&tokens, 1_000)],
+            max_wait_ms: 5_000,
+        };
+        redis.batch_at(vec![acquire()], now).await[0]
+            .clone()
+            .unwrap();
+        let Some(Decision::Granted {
+            wait_ms: 1_000,
+            marks: Some(waiting),
+            ..
+        }) = redis.batch_at(vec![acquire()], now).await[0]
+            .clone()
+            .unwrap()
+        else {
+            panic!("the second grant waits a second");
+        };
+        // The provider's count, placed exactly after the waiting grant, and
+        // its view 500 below the bucket's.
+        let lowering = BatchOp::Lower(vec![Lowering {
+            bucket: tokens.clone(),
+            level: -1_500,
+            fleet: Some(FleetView {
+                remaining: provider_count,
+                reserved_ms_ago: Some(0),
+                counted_ms_ago: 0,
+                drawn: waiting.of(&tokens.key),
+                refused: 0,
+            }),
+        }]);
+        redis.batch_at(vec![lowering], now).await[0]
+            .clone()
+            .unwrap();
+        assert_eq!(
+            waiting.postponement(),
+            postponed,
+            "provider count {provider_count}"
+        );
+        assert_eq!(
+            level_at(&redis, &tokens, now).await,
+            -1_500,
+            "lowered either way"
+        );
+    }
+}
+
 /// One script call carries the counts of several answers, all at the same
 /// Redis time (`src/limiter/drain.rs` holds its copy to the same). The
 /// rate skipped such a count but kept the gap it left, so the error of the

@@ -29,11 +29,12 @@ limit).
 The foreign-traffic cases run against the one-second provider: against a
 minute's bucket a fleet that paces at the rate (the presets' default)
 leaves the provider's burst unspent for longer than a run, which hides the
-competition. The goal with feedback is measured over four runs (seeds 1 to
-4, about 780 requests), since in one run of a few hundred requests one more
-429 could decide the 0.5 % line; what holds today (429s only while the
-drain estimate is young, the other application's share) is asserted on the
-same runs.
+competition. With feedback, the 429s are counted over four runs (seeds 1
+to 4, about 780 requests), since in one run of a few hundred requests one
+more 429 could decide a line. The issue's goal, fewer than 0.5 %, is a
+benchmark's figure (0.16 % over sixteen runs, `bench/provider`): four runs
+at that rate stay under 0.5 % only most of the time. The test holds 1 %,
+which the rule before (1.5 % over the same runs) broke nine runs in ten.
 
 Request-bound runs use 1,200 requests a minute instead of the issue's 3,000:
 a Python fleet on 2 cores sends 110-150 requests a second, so a 3,000-request
@@ -86,16 +87,15 @@ MOST_429S = 0.001
 LEAST_UTILIZATION = 0.8
 #: The least share of the TPM the other application (asking for 20 %) must get.
 FOREIGN_LEAST_SHARE = 0.18
-#: The feedback runs under foreign traffic, one per seed: the goal of fewer
-#: than 0.5 % 429s is measured over all four (about 780 requests), so that
-#: one lucky run cannot decide it either way.
+#: The feedback runs under foreign traffic, one per seed, counted together
+#: (about 780 requests), so that one lucky run cannot decide it either way.
 FOREIGN_SEEDS = (1, 2, 3, 4)
-#: What the four runs hold today with forwarding under foreign traffic, far
-#: from what a limiter that ignores the provider's word gets: 1.5 % 429s
-#: over ten runs (2.6 % at most in one), where forwarding without exact
-#: placement got 7.9-9.8 %. The issue's goal, 0.5 %, is the strict xfail
-#: below.
-FOREIGN_MOST_429S = 0.05
+#: The most 429s the four runs may have between them, as a share of their
+#: requests: 0.16 % over sixteen runs today (about 1.3 expected here, so 8
+#: happens about once in half a million runs), where postponing the waiting
+#: reservations only while the provider's count was below half its bucket
+#: got 1.5 % (about 12), and forwarding without exact placement 7.9-9.8 %.
+FOREIGN_MOST_429S = 0.01
 
 ZERO_429_CASES = [
     Scenario("tokens", "tokens", sidecars=1),
@@ -177,34 +177,18 @@ def forwarded_under_foreign_traffic():
     return [measured(Scenario(**FOREIGN, feedback=True, seed=seed)) for seed in FOREIGN_SEEDS]
 
 
-def test_forwarded_headers_keep_429s_few_and_the_other_applications_share(
+def test_forwarded_headers_keep_429s_rare_and_the_other_applications_share(
     forwarded_under_foreign_traffic,
 ):
     outcomes = forwarded_under_foreign_traffic
     summaries = "; ".join(outcome.summary() for outcome in outcomes)
     rate_limited = sum(outcome.rate_limited for outcome in outcomes)
     requests = sum(outcome.requests for outcome in outcomes)
-    assert rate_limited < FOREIGN_MOST_429S * requests, f"{rate_limited} 429s: {summaries}"
+    assert rate_limited < FOREIGN_MOST_429S * requests, (
+        f"{rate_limited} 429s in {requests}: {summaries}"
+    )
     assert all(outcome.foreign_share >= FOREIGN_LEAST_SHARE for outcome in outcomes), summaries
     assert all(outcome.utilization >= LEAST_UTILIZATION for outcome in outcomes), summaries
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 26, not met yet: against the one-second provider with a real competing "
-    "application, forwarding keeps the other application's share (19.9-20.1 %) at 98.5-99.8 % "
-    "utilization, but our calls got 0-2.6 % 429s per run (1.5 % over ten runs) once waiting "
-    "reservations were postponed by later lowerings (2.96-3.59 % before; goal < 0.5 %), all "
-    "in the first 3 s: while the drain is young the bucket keeps no margin and foreign "
-    "arrivals find the provider at its edge",
-)
-def test_forwarded_headers_keep_429s_rare_under_foreign_traffic(forwarded_under_foreign_traffic):
-    outcomes = forwarded_under_foreign_traffic
-    summaries = "; ".join(outcome.summary() for outcome in outcomes)
-    rate_limited = sum(outcome.rate_limited for outcome in outcomes)
-    requests = sum(outcome.requests for outcome in outcomes)
-    assert rate_limited < 0.005 * requests, f"{rate_limited} 429s in {requests}: {summaries}"
-    assert all(outcome.utilization >= 0.95 for outcome in outcomes), summaries
 
 
 @pytest.mark.parametrize("scenario", ONE_SECOND_CASES, ids=lambda scenario: scenario.label)
