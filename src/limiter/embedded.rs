@@ -468,14 +468,19 @@ mod tests {
     }
 
     /// A reservation already waiting when feedback lowers its bucket is due
-    /// later by what was lowered, as far as the provider has room to refill
-    /// meanwhile: with 200 of its 1,000 free, by 200; a full provider
-    /// passes it anyway, and it is not postponed.
+    /// later by what was lowered, as far as the provider had room to refill
+    /// when it counted: with 200 of its 1,000 free, by 200; a full provider
+    /// passes it anyway, and it is not postponed. A count of 1,000 that
+    /// credits 500 ms of refill was 500 when the provider counted: room
+    /// for all 500.
     #[tokio::test]
     async fn a_lowering_postpones_the_waiting_reservations_as_far_as_the_provider_has_room() {
-        for (provider_count, postponed) in
-            [(0, Some((500, 0))), (800, Some((200, 0))), (1000, None)]
-        {
+        for (provider_count, counted_ms_ago, postponed) in [
+            (0, 0, Some((500, 0))),
+            (800, 0, Some((200, 0))),
+            (1000, 0, None),
+            (1000, 500, Some((500, 0))),
+        ] {
             let clock = Arc::new(ManualClock::default());
             let store = EmbeddedStore::with_clock(clock.clone());
             // 1,000 tokens, 1 a ms: the second grant waits 1 s.
@@ -502,7 +507,7 @@ mod tests {
                 fleet: Some(FleetView {
                     remaining: provider_count,
                     reserved_ms_ago: Some(0),
-                    counted_ms_ago: 0,
+                    counted_ms_ago,
                     drawn: None,
                     refused: 0,
                 }),

@@ -855,17 +855,28 @@ async fn a_drain_the_fleet_does_not_see_becomes_a_margin_below_the_provider() {
 /// later by what was lowered, as far as the provider had room to refill
 /// meanwhile (`src/limiter/embedded.rs` holds the embedded store to the
 /// same): with its bucket empty, by all 500; with 200 of its 1,000 free,
-/// by 200; full, not at all. Issue 26: postponing only while the
-/// provider's count was below half its bucket postponed nothing at a cold
-/// start, and the first queue met the other application's drain.
+/// by 200; full, not at all; a count of 1,000 crediting 500 ms of refill
+/// was 500 when the provider counted, room for all 500. Issue 26:
+/// postponing only while the provider's count was below half its bucket
+/// postponed nothing at a cold start, and the first queue met the other
+/// application's drain.
 #[tokio::test]
 async fn a_count_postpones_the_waiting_reservations_as_far_as_the_provider_has_room() {
     let server = RedisServer::start();
     let redis = store(&server);
     let now = 1_800_000_000_000i64;
-    for (provider_count, postponed) in [(0, Some((500, 0))), (800, Some((200, 0))), (1_000, None)] {
+    for (provider_count, counted_ms_ago, postponed) in [
+        (0, 0, Some((500, 0))),
+        (800, 0, Some((200, 0))),
+        (1_000, 0, None),
+        (1_000, 500, Some((500, 0))),
+    ] {
         // 1,000 tokens, 1 a ms: the second grant waits 1 s.
-        let tokens = bucket(&format!("room:{{x}}:{provider_count}"), 1_000, 60_000);
+        let tokens = bucket(
+            &format!("room:{{x}}:{provider_count}:{counted_ms_ago}"),
+            1_000,
+            60_000,
+        );
         let acquire = || BatchOp::Acquire {
             draws: vec![draw(&tokens, 1_000)],
             max_wait_ms: 5_000,
@@ -891,7 +902,7 @@ async fn a_count_postpones_the_waiting_reservations_as_far_as_the_provider_has_r
             fleet: Some(FleetView {
                 remaining: provider_count,
                 reserved_ms_ago: Some(0),
-                counted_ms_ago: 0,
+                counted_ms_ago,
                 drawn: waiting.of(&tokens.key),
                 refused: 0,
             }),
