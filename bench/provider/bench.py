@@ -51,6 +51,15 @@ def print_table(outcomes: list[dict]) -> None:
             f"{outcome['rate_limited_fraction']:.2%} | "
             f"{outcome['utilization']:.2%} ({outcome['binding']}) | {foreign} | {window} |"
         )
+    if len(outcomes) > 1:
+        requests = sum(outcome["requests"] for outcome in outcomes)
+        rate_limited = sum(outcome["rate_limited"] for outcome in outcomes)
+        utilization = [outcome["utilization"] for outcome in outcomes]
+        print(
+            f"\nAll {len(outcomes)} runs: {rate_limited} 429s in {requests} requests "
+            f"({rate_limited / requests:.2%}); utilization {min(utilization):.2%} to "
+            f"{max(utilization):.2%}"
+        )
 
 
 def main() -> None:
