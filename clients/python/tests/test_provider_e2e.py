@@ -33,8 +33,9 @@ competition. With feedback, the 429s are counted over four runs (seeds 1
 to 4, about 780 requests), since in one run of a few hundred requests one
 more 429 could decide a line. The issue's goal, fewer than 0.5 %, is a
 benchmark's figure (0.16 % over sixteen runs, `bench/provider`): four runs
-at that rate stay under 0.5 % only most of the time. The test holds 1 %,
-which the rule before (1.5 % over the same runs) broke nine runs in ten.
+at that rate stay under 0.5 % only most of the time. The test holds
+1.25 %, which the rule before (1.5 % over the same runs) broke three runs
+in four.
 
 Request-bound runs use 1,200 requests a minute instead of the issue's 3,000:
 a Python fleet on 2 cores sends 110-150 requests a second, so a 3,000-request
@@ -93,11 +94,13 @@ FOREIGN_LEAST_SHARE = 0.18
 #: (about 780 requests), so that one lucky run cannot decide it either way.
 FOREIGN_SEEDS = (1, 2, 3, 4)
 #: The most 429s the four runs may have between them, as a share of their
-#: requests: 0.16 % over sixteen runs today (about 1.3 expected here, so 8
-#: happens about once in half a million runs), where postponing the waiting
-#: reservations only while the provider's count was below half its bucket
-#: got 1.5 % (about 12), and forwarding without exact placement 7.9-9.8 %.
-FOREIGN_MOST_429S = 0.01
+#: requests (10 or more of about 780 fail): 0.16 % over sixteen runs today,
+#: about 1.3 expected here, so 10 happen about once in a million runs (once
+#: in a thousand at 0.37 %, the most that 5 in 3,120 makes likely); where
+#: postponing the waiting reservations only while the provider's count was
+#: below half its bucket got 1.5 % (about 12: it fails three times in four),
+#: and forwarding without exact placement 7.9-9.8 %.
+FOREIGN_MOST_429S = 0.0125
 
 ZERO_429_CASES = [
     Scenario("tokens", "tokens", sidecars=1),
