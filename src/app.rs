@@ -18,9 +18,7 @@ use crate::config::{self, Config, ConfigError, RedisConfig};
 use crate::exporter::{self, Exporter};
 use crate::limiter::health::{self, StoreHealth};
 use crate::limiter::redis::{PrimaryAuth, RedisNodes, RedisSettings, RedisSetupError};
-use crate::limiter::{
-    EmbeddedStore, FailFastStore, FallbackStore, InstrumentedStore, RedisStore, Stores,
-};
+use crate::limiter::{RedisStore, Stores};
 use crate::metrics::Metrics;
 use crate::server::{self, BindError, ServerSettings};
 use crate::service::{ReloadError, Service};
@@ -101,17 +99,10 @@ pub fn build_stores(config: &Config, metrics: &Metrics) -> Result<Stores, AppErr
             "no [redis] configured: using the embedded store, so limits hold for this \
              process only; configure redis.url to share them across sidecars"
         );
-        let embedded = Arc::new(EmbeddedStore::new());
-        return Ok(Stores {
-            store: Arc::new(InstrumentedStore::new(embedded, calls, Duration::MAX)),
-            redis: None,
-            fallback: None,
-            fail_fast: None,
-        });
+        return Ok(Stores::embedded(calls));
     };
     let timeout = Duration::from_millis(redis.timeout_ms);
     let shared = Arc::new(RedisStore::new(&redis_settings(redis))?);
-    let instrumented = Arc::new(InstrumentedStore::new(shared.clone(), calls, timeout));
     tracing::info!(
         nodes = %redis.masked_nodes(),
         topology = redis.topology(),
@@ -120,21 +111,13 @@ pub fn build_stores(config: &Config, metrics: &Metrics) -> Result<Stores, AppErr
         on_failure = redis.on_failure.name(),
         "buckets are shared through Redis"
     );
-    // Denials this sidecar can prove from Redis's last answer are repeated
-    // locally instead of costing a script call; the failure policy wraps
-    // both, so only Redis's own answers teach it.
-    let fail_fast = Arc::new(FailFastStore::new(instrumented));
-    let fallback = Arc::new(FallbackStore::new(
-        fail_fast.clone(),
+    Ok(Stores::over_redis(
+        shared,
+        calls,
+        timeout,
         redis.on_failure,
         redis.local_share.unwrap_or(1.0),
-    ));
-    Ok(Stores {
-        store: fallback.clone(),
-        redis: Some(shared),
-        fallback: Some(fallback),
-        fail_fast: Some(fail_fast),
-    })
+    ))
 }
 
 /// Builds the tiktoken encoders the limits count with, so that no request

@@ -11,7 +11,7 @@
 //! | [`service`] | the request handlers: acquire, report, release, estimate, status, health, inspect, provider feedback; their typed error and wire codes |
 //! | [`plan`] | pure planning: limits → buckets, cost rules, priority floors, capacity |
 //! | [`leases`] | granted reservations awaiting their report, and settlement arithmetic |
-//! | [`limiter`] | the `Store` trait and the key schema: Redis (the only module touching redis types), embedded, fail-fast, failure policy; the stack one daemon answers from; store health and its watcher |
+//! | [`limiter`] | the store interface (one `Op` enum, `Store::call`, `Lifecycle`) and the key schema: Redis (the only module touching redis types), embedded, fail-fast, failure policy; the stack one daemon answers from; store health and its watcher |
 //! | [`feedback`] | what a provider's rate-limit headers say: a pause after a 429, what remains |
 //! | [`tokens`] | token counting: tiktoken encoders, character estimates, the providers' image and tool-prompt rules, provider presets |
 //! | [`metrics`] | the Prometheus registry, the label sets a configuration allows, the counters a store records into (a leaf) |

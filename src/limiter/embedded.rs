@@ -11,8 +11,8 @@ use super::bucket::{self, BucketSpec, BucketState, Draw, OverrunDebt};
 use super::drain::Drain;
 use super::slots::{Holders, SlotSpec};
 use super::{
-    Adjustment, Decision, DrawMark, DrawMarks, LoweredTotals, Lowering, Origin, Store, StoreError,
-    decision_from_plan,
+    Adjustment, Answer, Decision, DrawMark, DrawMarks, Lifecycle, LoweredTotals, Lowering, Op,
+    Origin, Store, StoreError, decision_from_plan,
 };
 
 /// Milliseconds on some monotonic clock.
@@ -156,13 +156,8 @@ impl Buckets {
     }
 }
 
-#[async_trait]
-impl Store for EmbeddedStore {
-    fn kind(&self) -> &'static str {
-        "embedded"
-    }
-
-    async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError> {
+impl EmbeddedStore {
+    fn reserve(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError> {
         let now = self.clock.now_ms();
         let mut buckets = self.lock();
         let states: Vec<BucketState> = draws
@@ -208,7 +203,7 @@ impl Store for EmbeddedStore {
         })
     }
 
-    async fn adjust(&self, adjustments: &[Adjustment], _origin: Origin) -> Result<(), StoreError> {
+    fn adjust_levels(&self, adjustments: &[Adjustment]) {
         let now = self.clock.now_ms();
         let mut buckets = self.lock();
         for adjustment in adjustments {
@@ -233,10 +228,9 @@ impl Store for EmbeddedStore {
                 super::overrun::clipped(spec, clipped);
             }
         }
-        Ok(())
     }
 
-    async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError> {
+    fn lower_levels(&self, lowerings: &[Lowering]) {
         let now = self.clock.now_ms();
         let mut buckets = self.lock();
         for lowering in lowerings {
@@ -280,35 +274,25 @@ impl Store for EmbeddedStore {
                 buckets.store(spec, BucketState { level, ..current });
             }
         }
-        Ok(())
     }
 
-    async fn levels(&self, specs: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
+    fn levels_now(&self, specs: &[BucketSpec]) -> Vec<i64> {
         let now = self.clock.now_ms();
         let buckets = self.lock();
-        Ok(specs
+        specs
             .iter()
             .map(|spec| buckets.current(spec, now).tokens(spec))
-            .collect())
+            .collect()
     }
 
-    async fn take_slot(
-        &self,
-        slots: &SlotSpec,
-        holder: &str,
-    ) -> Result<Option<Origin>, StoreError> {
+    fn take_slot_for(&self, slots: &SlotSpec, holder: &str) -> bool {
         let now = self.clock.now_ms();
         let mut all = self.lock_slots();
         let holders = all.entry(slots.key.clone()).or_default();
-        Ok(holders.take(slots, holder, now).then_some(Origin::Store))
+        holders.take(slots, holder, now)
     }
 
-    async fn give_slot(
-        &self,
-        slots: &SlotSpec,
-        holder: &str,
-        _origin: Origin,
-    ) -> Result<(), StoreError> {
+    fn give_slot_of(&self, slots: &SlotSpec, holder: &str) {
         let mut all = self.lock_slots();
         if let Some(holders) = all.get_mut(&slots.key) {
             holders.give(holder);
@@ -316,15 +300,48 @@ impl Store for EmbeddedStore {
                 all.remove(&slots.key);
             }
         }
-        Ok(())
     }
 
-    async fn slots_held(&self, slots: &SlotSpec) -> Result<u64, StoreError> {
+    fn slots_held_now(&self, slots: &SlotSpec) -> u64 {
         let now = self.clock.now_ms();
         let mut all = self.lock_slots();
-        Ok(all
-            .get_mut(&slots.key)
-            .map_or(0, |holders| holders.held(now)))
+        all.get_mut(&slots.key)
+            .map_or(0, |holders| holders.held(now))
+    }
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    async fn call(&self, op: Op<'_>) -> Result<Answer, StoreError> {
+        Ok(match op {
+            Op::Acquire { draws, max_wait_ms } => {
+                Answer::Decision(self.reserve(draws, max_wait_ms)?)
+            }
+            Op::Adjust { adjustments, .. } => {
+                self.adjust_levels(adjustments);
+                Answer::Done
+            }
+            Op::Lower(lowerings) => {
+                self.lower_levels(lowerings);
+                Answer::Done
+            }
+            Op::Levels(buckets) => Answer::Levels(self.levels_now(buckets)),
+            Op::TakeSlot { slots, holder } => {
+                Answer::Slot(self.take_slot_for(slots, holder).then_some(Origin::Store))
+            }
+            Op::GiveSlot { slots, holder, .. } => {
+                self.give_slot_of(slots, holder);
+                Answer::Done
+            }
+            Op::SlotsHeld(slots) => Answer::Held(self.slots_held_now(slots)),
+        })
+    }
+}
+
+#[async_trait]
+impl Lifecycle for EmbeddedStore {
+    fn kind(&self) -> &'static str {
+        "embedded"
     }
 
     /// Nothing to prepare: the buckets are in this process.
@@ -345,7 +362,7 @@ mod tests {
     use std::sync::atomic::{AtomicI64, Ordering};
 
     use super::*;
-    use crate::limiter::FleetView;
+    use crate::limiter::{FleetView, StoreOps};
 
     #[derive(Default)]
     struct ManualClock(AtomicI64);

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::bucket::{BucketSpec, Draw};
-use super::{Adjustment, Decision, Lowering, Origin, SlotSpec, Store, StoreError};
+use super::bucket::Draw;
+use super::{Answer, Decision, Lifecycle, Op, Store, StoreError};
 
 /// Notes kept before expired ones are pruned.
 const PRUNE_AT: usize = 1024;
@@ -89,22 +89,23 @@ impl FailFastStore {
             blocked.remove(key.as_ref());
         }
     }
-}
 
-#[async_trait]
-impl Store for FailFastStore {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError> {
+    /// Repeats a denial the notes prove, else asks the store and notes
+    /// what its answer teaches.
+    async fn acquire_or_repeat(
+        &self,
+        draws: &[Draw],
+        max_wait_ms: u64,
+    ) -> Result<Answer, StoreError> {
         let asked = Instant::now();
         if let Some(denial) = self.known_denial(draws, max_wait_ms, asked) {
             self.local_denials.fetch_add(1, Ordering::Relaxed);
-            return Ok(denial);
+            return Ok(Answer::Decision(denial));
         }
-        let decision = match self.inner.acquire(draws, max_wait_ms).await {
-            Ok(decision) => decision,
+        let answer = self.inner.call(Op::Acquire { draws, max_wait_ms }).await;
+        let decision = match answer {
+            Ok(Answer::Decision(decision)) => decision,
+            Ok(other) => return Ok(other),
             Err(failure) => {
                 // What the store said before it failed may not hold after it
                 // recovers (a restart empties it): start afresh.
@@ -138,53 +139,36 @@ impl Store for FailFastStore {
             }
             Decision::Granted { .. } => self.forget(draws.iter().map(|draw| &draw.bucket.key)),
         }
-        Ok(decision)
+        Ok(Answer::Decision(decision))
     }
+}
 
-    async fn adjust(&self, adjustments: &[Adjustment], origin: Origin) -> Result<(), StoreError> {
-        let result = self.inner.adjust(adjustments, origin).await;
-        // A refund may have made room: let the next request ask the store.
-        self.forget(
-            adjustments
-                .iter()
-                .filter(|adjustment| adjustment.tokens > 0)
-                .map(|adjustment| &adjustment.bucket.key),
-        );
-        result
+#[async_trait]
+impl Store for FailFastStore {
+    /// A lower level only lengthens waits, so lowerings leave the notes
+    /// true; a refund may make room, so it lets the next request ask.
+    async fn call(&self, op: Op<'_>) -> Result<Answer, StoreError> {
+        match op {
+            Op::Acquire { draws, max_wait_ms } => self.acquire_or_repeat(draws, max_wait_ms).await,
+            Op::Adjust { adjustments, .. } => {
+                let answer = self.inner.call(op).await;
+                self.forget(
+                    adjustments
+                        .iter()
+                        .filter(|adjustment| adjustment.tokens > 0)
+                        .map(|adjustment| &adjustment.bucket.key),
+                );
+                answer
+            }
+            _ => self.inner.call(op).await,
+        }
     }
+}
 
-    async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
-        self.inner.levels(buckets).await
-    }
-
-    async fn reconciled(&self) {
-        self.inner.reconciled().await
-    }
-
-    /// A lower level only lengthens waits: the notes stay true.
-    async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError> {
-        self.inner.lower(lowerings).await
-    }
-
-    async fn take_slot(
-        &self,
-        slots: &SlotSpec,
-        holder: &str,
-    ) -> Result<Option<Origin>, StoreError> {
-        self.inner.take_slot(slots, holder).await
-    }
-
-    async fn give_slot(
-        &self,
-        slots: &SlotSpec,
-        holder: &str,
-        origin: Origin,
-    ) -> Result<(), StoreError> {
-        self.inner.give_slot(slots, holder, origin).await
-    }
-
-    async fn slots_held(&self, slots: &SlotSpec) -> Result<u64, StoreError> {
-        self.inner.slots_held(slots).await
+#[async_trait]
+impl Lifecycle for FailFastStore {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
     }
 
     async fn warm_up(&self) -> Result<(), StoreError> {
@@ -194,6 +178,10 @@ impl Store for FailFastStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
     }
+
+    async fn reconciled(&self) {
+        self.inner.reconciled().await
+    }
 }
 
 #[cfg(test)]
@@ -202,8 +190,9 @@ mod tests {
     use std::sync::atomic::AtomicI64;
 
     use super::*;
-    use crate::limiter::EmbeddedStore;
+    use crate::limiter::bucket::BucketSpec;
     use crate::limiter::embedded::Clock;
+    use crate::limiter::{Adjustment, EmbeddedStore, Origin, StoreOps};
 
     struct FrozenClock(AtomicI64);
 

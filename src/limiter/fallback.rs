@@ -16,7 +16,10 @@ use async_trait::async_trait;
 
 use super::bucket::{BucketSpec, Draw};
 use super::replay::Replay;
-use super::{Adjustment, Decision, EmbeddedStore, Lowering, Origin, SlotSpec, Store, StoreError};
+use super::{
+    Adjustment, Answer, Decision, EmbeddedStore, Lifecycle, Op, Origin, SlotSpec, Store,
+    StoreError, StoreOps,
+};
 use serde::{Deserialize, Serialize};
 
 /// What acquires get while the shared store is failing or too slow.
@@ -117,9 +120,9 @@ impl FallbackStore {
     }
 
     /// Notes what a call to the shared store said about its health.
-    fn note(&self, outcome: Result<(), StoreError>) -> Result<(), StoreError> {
+    fn note<T>(&self, outcome: Result<T, StoreError>) -> Result<T, StoreError> {
         match &outcome {
-            Ok(()) => self.note_success(),
+            Ok(_) => self.note_success(),
             Err(cause) => self.note_failure(cause),
         }
         outcome
@@ -189,16 +192,14 @@ impl FallbackStore {
             floor: scaled(draw.floor).min(draw.floor),
         }
     }
-}
 
-#[async_trait]
-impl Store for FallbackStore {
-    fn kind(&self) -> &'static str {
-        self.shared.kind()
-    }
-
-    async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError> {
-        let cause = match self.shared.acquire(draws, max_wait_ms).await {
+    /// Asks the shared store, and the policy while it fails.
+    async fn acquire_or_apply_policy(
+        &self,
+        draws: &[Draw],
+        max_wait_ms: u64,
+    ) -> Result<Answer, StoreError> {
+        let cause = match self.shared.call(Op::Acquire { draws, max_wait_ms }).await {
             Err(cause @ StoreError::Unavailable(_)) => cause,
             answer => {
                 self.note_success();
@@ -207,45 +208,54 @@ impl Store for FallbackStore {
         };
         self.note_failure(&cause);
         self.policy_decisions.fetch_add(1, Ordering::Relaxed);
-        match self.policy {
-            FailurePolicy::FailClosed => Err(cause),
-            FailurePolicy::FailOpen => Ok(Decision::Granted {
+        let decision = match self.policy {
+            FailurePolicy::FailClosed => return Err(cause),
+            FailurePolicy::FailOpen => Decision::Granted {
                 wait_ms: 0,
                 origin: Origin::Unlimited,
                 marks: None,
-            }),
+            },
             FailurePolicy::Local => {
                 let local: Vec<Draw> = draws.iter().map(|draw| self.local_draw(draw)).collect();
                 match self.local.acquire(&local, max_wait_ms).await {
-                    Ok(Decision::Granted { wait_ms, .. }) => Ok(Decision::Granted {
+                    Ok(Decision::Granted { wait_ms, .. }) => Decision::Granted {
                         wait_ms,
                         origin: Origin::Local,
                         marks: None,
-                    }),
-                    Ok(denied) => Ok(denied),
+                    },
+                    Ok(denied) => denied,
                     // Fits the real limit but not this sidecar's share of it:
                     // an outage problem, not the client's.
-                    Err(StoreError::CostExceedsCapacity { .. }) => Err(StoreError::Unavailable(
-                        format!("{cause}; the cost exceeds this sidecar's local share"),
-                    )),
-                    Err(other) => Err(other),
+                    Err(StoreError::CostExceedsCapacity { .. }) => {
+                        return Err(StoreError::Unavailable(format!(
+                            "{cause}; the cost exceeds this sidecar's local share"
+                        )));
+                    }
+                    Err(other) => return Err(other),
                 }
             }
-        }
+        };
+        Ok(Answer::Decision(decision))
     }
 
-    async fn adjust(&self, adjustments: &[Adjustment], origin: Origin) -> Result<(), StoreError> {
+    /// Settles where the grant was made; a settlement the shared store
+    /// cannot take now is replayed when it answers again.
+    async fn adjust_where_granted(
+        &self,
+        adjustments: &[Adjustment],
+        origin: Origin,
+    ) -> Result<Answer, StoreError> {
         match origin {
             Origin::Store => match self.shared.adjust(adjustments, origin).await {
                 Err(cause @ StoreError::Unavailable(_)) => {
                     // Settled later: the failed call changed nothing.
                     self.note_failure(&cause);
                     self.replay.push(adjustments.to_vec());
-                    Ok(())
+                    Ok(Answer::Done)
                 }
                 answer => {
                     self.note_success();
-                    answer
+                    answer.map(|()| Answer::Done)
                 }
             },
             Origin::Local => {
@@ -256,30 +266,21 @@ impl Store for FallbackStore {
                         tokens: adjustment.tokens,
                     })
                     .collect();
-                self.local.adjust(&local, Origin::Store).await
+                self.local.adjust(&local, Origin::Store).await?;
+                Ok(Answer::Done)
             }
-            Origin::Unlimited => Ok(()),
+            Origin::Unlimited => Ok(Answer::Done),
         }
-    }
-
-    /// Feedback is advice: while the shared store fails it is dropped (the
-    /// local buckets hold only this sidecar's share anyway).
-    async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError> {
-        self.note(self.shared.lower(lowerings).await)
-    }
-
-    async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
-        self.shared.levels(buckets).await
     }
 
     /// While the shared store fails, the policy answers as for acquires;
     /// `local` holds this sidecar's share of the slots (at least one).
-    async fn take_slot(
+    async fn take_slot_or_apply_policy(
         &self,
         slots: &SlotSpec,
         holder: &str,
-    ) -> Result<Option<Origin>, StoreError> {
-        let cause = match self.shared.take_slot(slots, holder).await {
+    ) -> Result<Answer, StoreError> {
+        let cause = match self.shared.call(Op::TakeSlot { slots, holder }).await {
             Err(cause @ StoreError::Unavailable(_)) => cause,
             answer => {
                 self.note_success();
@@ -287,37 +288,78 @@ impl Store for FallbackStore {
             }
         };
         self.note_failure(&cause);
-        match self.policy {
-            FailurePolicy::FailClosed => Err(cause),
-            FailurePolicy::FailOpen => Ok(Some(Origin::Unlimited)),
+        let taken = match self.policy {
+            FailurePolicy::FailClosed => return Err(cause),
+            FailurePolicy::FailOpen => Some(Origin::Unlimited),
             FailurePolicy::Local => {
                 let local = self.local_slots(slots);
                 let taken = self.local.take_slot(&local, holder).await?;
-                Ok(taken.map(|_| Origin::Local))
+                taken.map(|_| Origin::Local)
             }
-        }
+        };
+        Ok(Answer::Slot(taken))
     }
 
     /// A slot the shared store could not take back now stays held there
     /// until its timeout; the caller may try again.
-    async fn give_slot(
+    async fn give_slot_where_taken(
         &self,
         slots: &SlotSpec,
         holder: &str,
         origin: Origin,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Answer, StoreError> {
         match origin {
-            Origin::Store => self.note(self.shared.give_slot(slots, holder, origin).await),
+            Origin::Store => {
+                let op = Op::GiveSlot {
+                    slots,
+                    holder,
+                    origin,
+                };
+                self.note(self.shared.call(op).await)
+            }
             Origin::Local => {
                 let local = self.local_slots(slots);
-                self.local.give_slot(&local, holder, origin).await
+                self.local.give_slot(&local, holder, origin).await?;
+                Ok(Answer::Done)
             }
-            Origin::Unlimited => Ok(()),
+            Origin::Unlimited => Ok(Answer::Done),
         }
     }
+}
 
-    async fn slots_held(&self, slots: &SlotSpec) -> Result<u64, StoreError> {
-        self.shared.slots_held(slots).await
+#[async_trait]
+impl Store for FallbackStore {
+    async fn call(&self, op: Op<'_>) -> Result<Answer, StoreError> {
+        match op {
+            Op::Acquire { draws, max_wait_ms } => {
+                self.acquire_or_apply_policy(draws, max_wait_ms).await
+            }
+            Op::Adjust {
+                adjustments,
+                origin,
+            } => self.adjust_where_granted(adjustments, origin).await,
+            Op::TakeSlot { slots, holder } => self.take_slot_or_apply_policy(slots, holder).await,
+            Op::GiveSlot {
+                slots,
+                holder,
+                origin,
+            } => self.give_slot_where_taken(slots, holder, origin).await,
+            // Feedback is advice: while the shared store fails it is dropped
+            // (the local buckets hold only this sidecar's share anyway).
+            Op::Lower(_) => self.note(self.shared.call(op).await),
+            _ => self.shared.call(op).await,
+        }
+    }
+}
+
+#[async_trait]
+impl Lifecycle for FallbackStore {
+    fn kind(&self) -> &'static str {
+        self.shared.kind()
+    }
+
+    async fn warm_up(&self) -> Result<(), StoreError> {
+        self.note(self.shared.warm_up().await)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -326,10 +368,6 @@ impl Store for FallbackStore {
 
     async fn reconciled(&self) {
         self.shared.reconciled().await
-    }
-
-    async fn warm_up(&self) -> Result<(), StoreError> {
-        self.note(self.shared.warm_up().await)
     }
 }
 

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::bucket::{BucketSpec, Draw};
-use super::{Adjustment, Decision, Lowering, Origin, SlotSpec, Store, StoreError};
+use super::{Answer, Lifecycle, Op, Store, StoreError};
 use crate::metrics::StoreCalls;
 
 /// Times and counts the calls of `inner`.
@@ -51,68 +50,35 @@ impl InstrumentedStore {
 
 #[async_trait]
 impl Store for InstrumentedStore {
+    async fn call(&self, op: Op<'_>) -> Result<Answer, StoreError> {
+        self.timed(op.name(), self.inner.call(op)).await
+    }
+}
+
+#[async_trait]
+impl Lifecycle for InstrumentedStore {
     fn kind(&self) -> &'static str {
         self.inner.kind()
-    }
-
-    async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError> {
-        self.timed("acquire", self.inner.acquire(draws, max_wait_ms))
-            .await
-    }
-
-    async fn adjust(&self, adjustments: &[Adjustment], origin: Origin) -> Result<(), StoreError> {
-        self.timed("adjust", self.inner.adjust(adjustments, origin))
-            .await
-    }
-
-    async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError> {
-        self.timed("lower", self.inner.lower(lowerings)).await
-    }
-
-    async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
-        self.timed("levels", self.inner.levels(buckets)).await
-    }
-
-    async fn take_slot(
-        &self,
-        slots: &SlotSpec,
-        holder: &str,
-    ) -> Result<Option<Origin>, StoreError> {
-        self.timed("take_slot", self.inner.take_slot(slots, holder))
-            .await
-    }
-
-    async fn give_slot(
-        &self,
-        slots: &SlotSpec,
-        holder: &str,
-        origin: Origin,
-    ) -> Result<(), StoreError> {
-        self.timed("give_slot", self.inner.give_slot(slots, holder, origin))
-            .await
-    }
-
-    async fn slots_held(&self, slots: &SlotSpec) -> Result<u64, StoreError> {
-        self.timed("slots_held", self.inner.slots_held(slots)).await
     }
 
     async fn warm_up(&self) -> Result<(), StoreError> {
         self.timed("warm_up", self.inner.warm_up()).await
     }
 
-    async fn reconciled(&self) {
-        self.inner.reconciled().await
-    }
-
     async fn ping(&self) -> Result<(), StoreError> {
         self.timed("ping", self.inner.ping()).await
+    }
+
+    async fn reconciled(&self) {
+        self.inner.reconciled().await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::EmbeddedStore;
+    use crate::limiter::bucket::{BucketSpec, Draw};
+    use crate::limiter::{EmbeddedStore, StoreOps};
 
     #[tokio::test]
     async fn every_call_is_timed_and_a_success_is_remembered() {

@@ -3,6 +3,12 @@
 //!
 //! A store knows buckets, not limits: the dispatcher turns an acquire into one
 //! [`Draw`] per bucket, and a store reserves in all of them or in none.
+//!
+//! Every store answers one call, [`Store::call`], for each [`Op`]; callers
+//! use [`StoreOps`], which gives each operation its own method and answer
+//! type. A decorator changes the operations it is about and forwards the
+//! rest in one arm (`tests/it/store_contract.rs` holds every store and
+//! decorator to the same answers).
 
 pub mod backlog;
 pub mod bucket;
@@ -21,6 +27,7 @@ pub mod shapes;
 pub mod slots;
 mod stack;
 
+use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -259,42 +266,81 @@ pub enum StoreError {
     Unavailable(String),
 }
 
-/// Bucket levels shared by whoever uses the same store.
+/// One operation on a store's buckets or slots: what [`Store::call`] takes.
+///
+/// A decorator matches the operations it changes and forwards the rest in
+/// one arm, so adding an operation touches this enum, [`Answer`] if it
+/// answers something new, and the stores that keep state (the embedded
+/// store, and the Redis store with its Lua) — nothing that merely forwards.
+#[derive(Debug, Clone, Copy)]
+pub enum Op<'a> {
+    /// Reserves every draw's cost if all fit within `max_wait_ms`, else
+    /// none; answers [`Answer::Decision`].
+    Acquire { draws: &'a [Draw], max_wait_ms: u64 },
+    /// Applies refunds and debits (settling or releasing a lease) to the
+    /// buckets its grant came from; answers [`Answer::Done`].
+    Adjust {
+        adjustments: &'a [Adjustment],
+        origin: Origin,
+    },
+    /// Lowers buckets to what the provider says they hold (feedback); a
+    /// bucket already lower is left alone. Answers [`Answer::Done`].
+    Lower(&'a [Lowering]),
+    /// Whole tokens available now in each bucket, in order; answers
+    /// [`Answer::Levels`].
+    Levels(&'a [BucketSpec]),
+    /// Takes one of `slots` for `holder` unless every one is held; a holder
+    /// that has one already keeps it, so a take can be retried. Answers
+    /// [`Answer::Slot`]: where to give it back, or `None`.
+    TakeSlot {
+        slots: &'a SlotSpec,
+        holder: &'a str,
+    },
+    /// Gives `holder`'s slot back to where it was taken; answers
+    /// [`Answer::Done`].
+    GiveSlot {
+        slots: &'a SlotSpec,
+        holder: &'a str,
+        origin: Origin,
+    },
+    /// How many of `slots` are held now; answers [`Answer::Held`].
+    SlotsHeld(&'a SlotSpec),
+}
+
+impl Op<'_> {
+    /// The operation's name in metrics and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Acquire { .. } => "acquire",
+            Op::Adjust { .. } => "adjust",
+            Op::Lower(_) => "lower",
+            Op::Levels(_) => "levels",
+            Op::TakeSlot { .. } => "take_slot",
+            Op::GiveSlot { .. } => "give_slot",
+            Op::SlotsHeld(_) => "slots_held",
+        }
+    }
+}
+
+/// A store's answer to an [`Op`]; each operation says which it gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Decision(Decision),
+    Done,
+    Levels(Vec<i64>),
+    /// A slot taken, and where to give it back; `None` when all are held.
+    Slot(Option<Origin>),
+    Held(u64),
+}
+
+/// What every store does besides operations: name itself, prepare, answer
+/// health checks, and settle what it lost.
+///
+/// No defaults: a store that wraps another must pass each of these on.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Lifecycle: Send + Sync + 'static {
     /// `"embedded"` or `"redis"`, as shown by `status`.
     fn kind(&self) -> &'static str;
-
-    /// Reserves every draw's cost if all fit within `max_wait_ms`, else none.
-    async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError>;
-
-    /// Applies refunds and debits (settling or releasing a lease) to the
-    /// buckets its grant came from.
-    async fn adjust(&self, adjustments: &[Adjustment], origin: Origin) -> Result<(), StoreError>;
-
-    /// Lowers buckets to what the provider says they hold (feedback); a
-    /// bucket already lower is left alone.
-    async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError>;
-
-    /// Whole tokens available now in each bucket, in order.
-    async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError>;
-
-    /// Takes one of `slots` for `holder` unless every one is held (then
-    /// `None`); a holder that has one already keeps it, so a take can be
-    /// retried. The origin says where to give it back.
-    async fn take_slot(&self, slots: &SlotSpec, holder: &str)
-    -> Result<Option<Origin>, StoreError>;
-
-    /// Gives `holder`'s slot back to where it was taken.
-    async fn give_slot(
-        &self,
-        slots: &SlotSpec,
-        holder: &str,
-        origin: Origin,
-    ) -> Result<(), StoreError>;
-
-    /// How many of `slots` are held now.
-    async fn slots_held(&self, slots: &SlotSpec) -> Result<u64, StoreError>;
 
     /// Connects and prepares whatever the first request would otherwise
     /// wait for (connections, authentication, scripts).
@@ -307,9 +353,140 @@ pub trait Store: Send + Sync + 'static {
     /// been undone or kept from running, so that what comes next is not
     /// changed by an undo that lands after it (a refund replayed before the
     /// undo of a lost refund would meet a full bucket and be lost).
-    ///
-    /// No default: a store that wraps another must pass each of these on.
     async fn reconciled(&self);
+}
+
+/// Bucket levels and slots shared by whoever uses the same store.
+#[async_trait]
+pub trait Store: Lifecycle {
+    /// Runs one operation; the answer is the variant the operation names.
+    async fn call(&self, op: Op<'_>) -> Result<Answer, StoreError>;
+}
+
+/// Each [`Op`] as a method with its own answer type: what callers use.
+pub trait StoreOps: Store {
+    /// See [`Op::Acquire`].
+    fn acquire<'a>(
+        &'a self,
+        draws: &'a [Draw],
+        max_wait_ms: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send + 'a {
+        ask(
+            self,
+            Op::Acquire { draws, max_wait_ms },
+            |answer| match answer {
+                Answer::Decision(decision) => Ok(decision),
+                other => Err(other),
+            },
+        )
+    }
+
+    /// See [`Op::Adjust`].
+    fn adjust<'a>(
+        &'a self,
+        adjustments: &'a [Adjustment],
+        origin: Origin,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        let op = Op::Adjust {
+            adjustments,
+            origin,
+        };
+        ask(self, op, done)
+    }
+
+    /// See [`Op::Lower`].
+    fn lower<'a>(
+        &'a self,
+        lowerings: &'a [Lowering],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        ask(self, Op::Lower(lowerings), done)
+    }
+
+    /// See [`Op::Levels`].
+    fn levels<'a>(
+        &'a self,
+        buckets: &'a [BucketSpec],
+    ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + Send + 'a {
+        ask(self, Op::Levels(buckets), |answer| match answer {
+            Answer::Levels(levels) => Ok(levels),
+            other => Err(other),
+        })
+    }
+
+    /// See [`Op::TakeSlot`].
+    fn take_slot<'a>(
+        &'a self,
+        slots: &'a SlotSpec,
+        holder: &'a str,
+    ) -> impl Future<Output = Result<Option<Origin>, StoreError>> + Send + 'a {
+        ask(
+            self,
+            Op::TakeSlot { slots, holder },
+            |answer| match answer {
+                Answer::Slot(taken) => Ok(taken),
+                other => Err(other),
+            },
+        )
+    }
+
+    /// See [`Op::GiveSlot`].
+    fn give_slot<'a>(
+        &'a self,
+        slots: &'a SlotSpec,
+        holder: &'a str,
+        origin: Origin,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        let op = Op::GiveSlot {
+            slots,
+            holder,
+            origin,
+        };
+        ask(self, op, done)
+    }
+
+    /// See [`Op::SlotsHeld`].
+    fn slots_held<'a>(
+        &'a self,
+        slots: &'a SlotSpec,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a {
+        ask(self, Op::SlotsHeld(slots), |answer| match answer {
+            Answer::Held(held) => Ok(held),
+            other => Err(other),
+        })
+    }
+}
+
+impl<S: Store + ?Sized> StoreOps for S {}
+
+/// Runs `op` and takes its answer apart with `unpack`, which hands back an
+/// answer of the wrong kind.
+async fn ask<S: Store + ?Sized, T>(
+    store: &S,
+    op: Op<'_>,
+    unpack: fn(Answer) -> Result<T, Answer>,
+) -> Result<T, StoreError> {
+    let answer = store.call(op).await?;
+    unpack(answer).map_err(|other| wrong_answer(op, other))
+}
+
+/// Unpacks [`Answer::Done`].
+fn done(answer: Answer) -> Result<(), Answer> {
+    match answer {
+        Answer::Done => Ok(()),
+        other => Err(other),
+    }
+}
+
+/// A store that answered an operation with another's answer: a bug in that
+/// store, reported as a failed call rather than a panic (the contract test
+/// in `tests/it/store_contract.rs` holds every store to the right ones).
+fn wrong_answer(op: Op<'_>, answer: Answer) -> StoreError {
+    tracing::error!(
+        op = op.name(),
+        ?answer,
+        "a store answered the wrong kind of answer"
+    );
+    StoreError::Unavailable(format!("the store answered {answer:?} to {}", op.name()))
 }
 
 /// Turns a [`Plan`] into the store's answer.

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::backlog::Backlog;
-use super::{Adjustment, Origin, Store};
+use super::{Adjustment, Origin, Store, StoreOps};
 
 /// Settlements kept while the shared store fails.
 const MAX_PENDING: usize = 100_000;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::{Origin, Store};
+use super::{Origin, Store, StoreOps};
 
 /// Pauses between attempts to give a slot back while the store fails.
 const GIVE_RETRY: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(30));

@@ -15,7 +15,7 @@ use super::feedback::Granted;
 use super::{Caller, ConnectionId, Service, ServiceError, Snapshot};
 use crate::config::{LimitConfig, LimitMode};
 use crate::leases::{Lease, refund_all};
-use crate::limiter::{Decision, DrawMarks, Origin, SlotGuard, SlotSpec};
+use crate::limiter::{Decision, DrawMarks, Origin, SlotGuard, SlotSpec, StoreOps};
 use crate::plan::{AcquirePlan, PlanError, check_name};
 use crate::proto::{Acquire, ChatRequest, Cost, Response};
 use crate::tokens::{self, Counter, PromptCount};

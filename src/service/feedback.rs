@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::{Caller, Service, ServiceError};
 use crate::feedback::{self, Dimension};
-use crate::limiter::{BucketRole, DrawMarks, FleetView, Lowering};
+use crate::limiter::{BucketRole, DrawMarks, FleetView, Lowering, StoreOps};
 use crate::proto::{Feedback, Response};
 
 /// Most headers one `Feedback` may carry.

@@ -10,7 +10,7 @@ use super::{Service, ServiceError};
 use crate::config::LimitConfig;
 use crate::limiter::health;
 use crate::limiter::shapes::ELSEWHERE;
-use crate::limiter::{BucketRole, BucketSpec};
+use crate::limiter::{BucketRole, BucketSpec, StoreOps};
 use crate::plan::Planner;
 use crate::proto::{BucketInspection, HealthStatus, Inspection, LimitInspection, Response};
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::{ConnectionId, Service, ServiceError};
 use crate::config::DisconnectRule;
 use crate::leases::{refund_all, refund_fraction, settle_usage};
+use crate::limiter::StoreOps;
 use crate::proto::Response;
 
 impl Service {

@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 use super::acquire::CONCURRENT;
 use super::{Service, ServiceError};
 use crate::config::LimitConfig;
-use crate::limiter::BucketSpec;
 use crate::limiter::shapes::ELSEWHERE;
+use crate::limiter::{BucketSpec, StoreOps};
 use crate::proto::{BucketStatus, LimitStatus, Response};
 
 impl Service {

@@ -23,6 +23,7 @@ mod outages;
 mod redis_daemon;
 mod redis_store;
 mod request_shapes;
+mod store_contract;
 mod tokens;
 mod tokens_daemon;
 mod uid_policy;

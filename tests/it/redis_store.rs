@@ -12,7 +12,7 @@ use ratekeeper::limiter::embedded::Clock;
 use ratekeeper::limiter::overrun;
 use ratekeeper::limiter::redis::{BATCH_LUA, BatchOp, CANCEL_LUA};
 use ratekeeper::limiter::{
-    Adjustment, Decision, EmbeddedStore, FleetView, Lowering, Origin, RedisStore, Store,
+    Adjustment, Decision, EmbeddedStore, FleetView, Lowering, Origin, RedisStore, StoreOps,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -29,11 +29,11 @@ use redis::Script;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::bucket::{BucketSpec, Draw};
+use super::bucket::BucketSpec;
 use super::keys::slot_of;
 use super::lowered::LoweredTotals;
 use super::shapes::ShapeConflicts;
-use super::{Adjustment, Decision, Lowering, Origin, SlotSpec, Store, StoreError};
+use super::{Answer, Lifecycle, Op, Origin, SlotSpec, Store, StoreError};
 pub use batch::{BatchOp, OpResult};
 use batch::{Call, CallReply};
 use lanes::{Lanes, Next, Pending};
@@ -109,7 +109,7 @@ pub struct RedisCounters {
 }
 
 impl RedisStore {
-    /// Builds the pool; connections open in [`Store::warm_up`] or on first use.
+    /// Builds the pool; connections open in [`Lifecycle::warm_up`] or on first use.
     pub fn new(settings: &RedisSettings) -> Result<Self, RedisSetupError> {
         Ok(RedisStore {
             inner: Arc::new(Inner {
@@ -176,7 +176,7 @@ impl RedisStore {
         Ok(taken == 1)
     }
 
-    /// [`Store::levels`] at a given script time (tests; see [`Self::batch_at`]).
+    /// [`super::StoreOps::levels`] at a given script time (tests; see [`Self::batch_at`]).
     pub async fn levels_at(
         &self,
         buckets: &[BucketSpec],
@@ -418,71 +418,55 @@ impl Inner {
 
 #[async_trait]
 impl Store for RedisStore {
+    async fn call(&self, op: Op<'_>) -> Result<Answer, StoreError> {
+        let inner = &self.inner;
+        Ok(match op {
+            Op::Acquire { draws, max_wait_ms } => {
+                let op = BatchOp::Acquire {
+                    draws: draws.to_vec(),
+                    max_wait_ms,
+                };
+                match inner.submit(op).await? {
+                    Some(decision) => Answer::Decision(decision),
+                    None => return Err(batch::unexpected_reply(&[])),
+                }
+            }
+            Op::Adjust { adjustments, .. } => {
+                if !adjustments.is_empty() {
+                    inner.submit(BatchOp::Settle(adjustments.to_vec())).await?;
+                }
+                Answer::Done
+            }
+            Op::Lower(lowerings) => {
+                if !lowerings.is_empty() {
+                    inner.submit(BatchOp::Lower(lowerings.to_vec())).await?;
+                }
+                Answer::Done
+            }
+            Op::Levels(buckets) => Answer::Levels(self.levels_at(buckets, None).await?),
+            Op::TakeSlot { slots, holder } => {
+                let taken = inner
+                    .slots(slots, SlotOp::Take(holder), REDIS_CLOCK)
+                    .await?;
+                Answer::Slot((taken == 1).then_some(Origin::Store))
+            }
+            Op::GiveSlot { slots, holder, .. } => {
+                inner
+                    .slots(slots, SlotOp::Give(holder), REDIS_CLOCK)
+                    .await?;
+                Answer::Done
+            }
+            Op::SlotsHeld(slots) => {
+                Answer::Held(inner.slots(slots, SlotOp::Held, REDIS_CLOCK).await?)
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl Lifecycle for RedisStore {
     fn kind(&self) -> &'static str {
         "redis"
-    }
-
-    async fn acquire(&self, draws: &[Draw], max_wait_ms: u64) -> Result<Decision, StoreError> {
-        let op = BatchOp::Acquire {
-            draws: draws.to_vec(),
-            max_wait_ms,
-        };
-        match self.inner.submit(op).await? {
-            Some(decision) => Ok(decision),
-            None => Err(batch::unexpected_reply(&[])),
-        }
-    }
-
-    async fn adjust(&self, adjustments: &[Adjustment], _origin: Origin) -> Result<(), StoreError> {
-        if adjustments.is_empty() {
-            return Ok(());
-        }
-        self.inner
-            .submit(BatchOp::Settle(adjustments.to_vec()))
-            .await
-            .map(drop)
-    }
-
-    async fn lower(&self, lowerings: &[Lowering]) -> Result<(), StoreError> {
-        if lowerings.is_empty() {
-            return Ok(());
-        }
-        self.inner
-            .submit(BatchOp::Lower(lowerings.to_vec()))
-            .await
-            .map(drop)
-    }
-
-    async fn levels(&self, buckets: &[BucketSpec]) -> Result<Vec<i64>, StoreError> {
-        self.levels_at(buckets, None).await
-    }
-
-    async fn take_slot(
-        &self,
-        slots: &SlotSpec,
-        holder: &str,
-    ) -> Result<Option<Origin>, StoreError> {
-        let taken = self
-            .inner
-            .slots(slots, SlotOp::Take(holder), REDIS_CLOCK)
-            .await?;
-        Ok((taken == 1).then_some(Origin::Store))
-    }
-
-    async fn give_slot(
-        &self,
-        slots: &SlotSpec,
-        holder: &str,
-        _origin: Origin,
-    ) -> Result<(), StoreError> {
-        self.inner
-            .slots(slots, SlotOp::Give(holder), REDIS_CLOCK)
-            .await
-            .map(drop)
-    }
-
-    async fn slots_held(&self, slots: &SlotSpec) -> Result<u64, StoreError> {
-        self.inner.slots(slots, SlotOp::Held, REDIS_CLOCK).await
     }
 
     async fn warm_up(&self) -> Result<(), StoreError> {
