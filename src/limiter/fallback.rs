@@ -17,10 +17,26 @@ use async_trait::async_trait;
 use super::bucket::{BucketSpec, Draw};
 use super::replay::Replay;
 use super::{
-    Adjustment, Answer, Decision, EmbeddedStore, Lifecycle, Op, Origin, SlotSpec, Store,
-    StoreError, StoreOps,
+    Adjustment, Answer, Decision, EmbeddedStore, Lifecycle, Op, SlotSpec, Store, StoreError,
+    StoreOps,
 };
 use serde::{Deserialize, Serialize};
+
+/// Which buckets a grant was reserved in, so that settling it adjusts the
+/// same buckets (a lease granted locally during a Redis outage must not be
+/// refunded into Redis): the failure policy's mark on a grant or a slot,
+/// which the service keeps with the lease and hands back with
+/// [`Op::Adjust`] and [`Op::GiveSlot`]. Every other store grants from its
+/// own buckets ([`Origin::Store`]) and ignores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The store's own buckets.
+    Store,
+    /// The in-memory fallback buckets of the `local` failure policy.
+    Local,
+    /// Nothing was reserved: the `fail_open` policy let it through.
+    Unlimited,
+}
 
 /// What acquires get while the shared store is failing or too slow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

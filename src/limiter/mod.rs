@@ -35,7 +35,7 @@ use async_trait::async_trait;
 pub use bucket::{BucketSpec, BucketState, Draw, Plan, Refill, Window};
 pub use embedded::EmbeddedStore;
 pub use fail_fast::FailFastStore;
-pub use fallback::{FailurePolicy, FallbackStore};
+pub use fallback::{FailurePolicy, FallbackStore, Origin};
 pub use instrumented::InstrumentedStore;
 pub use lowered::{DrawMark, LoweredTotals};
 pub use redis::RedisStore;
@@ -138,19 +138,6 @@ impl BucketRole {
             BucketRole::Tenant | BucketRole::GroupTokens | BucketRole::GroupRequests
         )
     }
-}
-
-/// Which buckets a grant was reserved in, so that settling it adjusts the
-/// same buckets (a lease granted locally during a Redis outage must not be
-/// refunded into Redis).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    /// The store's own buckets.
-    Store,
-    /// The in-memory fallback buckets of the `local` failure policy.
-    Local,
-    /// Nothing was reserved: the `fail_open` policy let it through.
-    Unlimited,
 }
 
 /// A store's verdict on one acquire.
