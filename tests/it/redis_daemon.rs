@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use ratekeeper::client::Client;
 use ratekeeper::proto::{ErrorCode, Request, Response};
 use support::redis::{RedisCluster, RedisServer};
-use support::{Daemon, acquire, error_code, granted, report, status_of};
+use support::{Daemon, SpawnedDaemon, acquire, error_code, granted, report, status_of};
 
 fn config(redis: &str, extra_redis: &str) -> String {
     format!(
@@ -411,7 +411,7 @@ async fn an_unreachable_redis_at_start_is_reported_and_retried() {
     let mut server = RedisServer::start();
     server.kill();
     let url = format!("redis://:hunter2@127.0.0.1:{}/0", server.port);
-    let daemon = Daemon::start(&config(&format!("url = \"{url}\""), ""));
+    let daemon = SpawnedDaemon::start(&config(&format!("url = \"{url}\""), ""));
     // The warning comes before the socket is bound; wait for both lines.
     daemon.wait_for_log("listening").await;
     let log = daemon.log();
@@ -927,7 +927,7 @@ async fn sidecars_with_different_shapes_warn_show_it_and_draw_the_smaller() {
     let (_, buckets) = status_of(&large_client, "gpt").await;
     let names: Vec<&str> = buckets.iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(names, ["tokens", "tokens:elsewhere"], "{buckets:?}");
-    let (_, exposition) = support::http_get(&large.metrics_address().await, "/metrics");
+    let (_, exposition) = support::http_get(&large.metrics_address(), "/metrics");
     assert_eq!(
         support::metric(
             &exposition,
@@ -1030,7 +1030,7 @@ async fn the_documented_acl_is_all_the_daemon_needs() {
 #[tokio::test]
 async fn hostile_overrun_reports_leave_at_most_one_capacity_of_debt() {
     let server = RedisServer::start();
-    let daemon = Daemon::start(&format!(
+    let daemon = SpawnedDaemon::start(&format!(
         r#"
 [redis]
 url = "{}"
