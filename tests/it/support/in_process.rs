@@ -72,7 +72,8 @@ impl Daemon {
         let socket = dir.path().join("ratekeeper.sock");
         let config_path = dir.path().join("ratekeeper.toml");
         std::fs::write(&config_path, with_socket(config, &socket)).expect("write config");
-        let loaded = app::load_config(Some(&config_path)).expect("a valid config");
+        let loaded = app::load_config(Some(&config_path))
+            .unwrap_or_else(|problem| panic!("the test's config is invalid: {problem}"));
         let drain_timeout = Duration::from_millis(loaded.server.drain_timeout_ms);
 
         let log = LogBuffer::default();
@@ -108,16 +109,14 @@ impl Daemon {
             finished,
             thread: Some(thread),
         };
+        // A panic here drops `daemon`, which prints its log.
         match started.recv_timeout(START_TIMEOUT) {
             Ok(Ok(metrics_address)) => daemon.metrics_address = metrics_address,
-            Ok(Err(failure)) => panic!("the daemon did not start: {failure}\n{}", daemon.log()),
-            Err(std_mpsc::RecvTimeoutError::Disconnected) => {
-                panic!("the daemon's thread panicked:\n{}", daemon.log())
+            Ok(Err(failure)) => panic!("the daemon did not start: {failure}"),
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => panic!("the daemon's thread panicked"),
+            Err(std_mpsc::RecvTimeoutError::Timeout) => {
+                panic!("the daemon did not bind its socket within {START_TIMEOUT:?}")
             }
-            Err(std_mpsc::RecvTimeoutError::Timeout) => panic!(
-                "the daemon did not bind its socket within {START_TIMEOUT:?}:\n{}",
-                daemon.log()
-            ),
         }
         daemon
     }
@@ -189,10 +188,10 @@ impl Daemon {
                     .lines()
                     .rfind(|line| line.contains(DONE) || line.contains(REFUSED))
                     .expect("the line just counted");
-                return match last.contains(REFUSED) {
-                    true => Err(last.to_string()),
-                    false => Ok(()),
-                };
+                if last.contains(REFUSED) {
+                    return Err(last.to_string());
+                }
+                return Ok(());
             }
             assert!(Instant::now() < deadline, "no reload logged:\n{log}");
             tokio::time::sleep(Duration::from_millis(10)).await;
