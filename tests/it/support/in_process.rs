@@ -22,7 +22,7 @@ use std::cell::RefCell;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Once, mpsc as std_mpsc};
+use std::sync::{Arc, Mutex, Once, OnceLock, mpsc as std_mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,8 @@ use ratekeeper::config;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 use tracing::dispatcher::{DefaultGuard, Dispatch};
+use tracing::span;
+use tracing::subscriber::Interest;
 
 /// How long a daemon may take to assemble and bind its socket.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,7 +69,7 @@ impl Daemon {
     /// bound.
     pub fn start(config: &str) -> Daemon {
         refuse_environment_overrides();
-        forward_log_records();
+        prepare_log_capture();
         let dir = tempfile::tempdir().expect("temporary directory");
         let socket = dir.path().join("ratekeeper.sock");
         let config_path = dir.path().join("ratekeeper.toml");
@@ -362,13 +364,53 @@ fn refuse_environment_overrides() {
     }
 }
 
-/// The binary's subscriber forwards the `log` crate's records (the redis
-/// crate's) to tracing; here they go to the daemon whose thread made them.
-fn forward_log_records() {
-    static FORWARD: Once = Once::new();
-    FORWARD.call_once(|| {
+/// Sets up, once per process, what every daemon's log capture needs:
+///
+/// - the binary's subscriber forwards the `log` crate's records (the redis
+///   crate's) to tracing; here they go to the daemon whose thread made them;
+/// - a dispatcher that lives as long as the process and answers "sometimes"
+///   for every callsite. While one dispatcher alone is registered,
+///   tracing-core 0.1 asks the *calling thread's* default whether a callsite
+///   it meets for the first time is of interest (tokio-rs/tracing#3611):
+///   a test thread without a subscriber (`tests/it/in_process.rs`, the
+///   store tests) would cache "never" and silence that line in every daemon.
+///   With two registered, interest is asked of both, and "sometimes" makes
+///   each event ask the dispatcher of the thread it happens on.
+fn prepare_log_capture() {
+    static PREPARED: Once = Once::new();
+    static ANCHOR: OnceLock<Dispatch> = OnceLock::new();
+    PREPARED.call_once(|| {
         let _ = tracing_log::LogTracer::init();
+        ANCHOR.get_or_init(|| Dispatch::new(AskEveryTime));
     });
+}
+
+/// A subscriber that records nothing and keeps every callsite's interest at
+/// "sometimes" (see [`prepare_log_capture`]).
+struct AskEveryTime;
+
+impl tracing::Subscriber for AskEveryTime {
+    fn register_callsite(&self, _: &'static tracing::Metadata<'static>) -> Interest {
+        Interest::sometimes()
+    }
+
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+
+    fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+        span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+
+    fn event(&self, _: &tracing::Event<'_>) {}
+
+    fn enter(&self, _: &span::Id) {}
+
+    fn exit(&self, _: &span::Id) {}
 }
 
 /// One daemon's log lines, kept in memory.
