@@ -405,7 +405,8 @@ async fn connections_and_scripts_are_ready_before_the_socket_appears() {
 }
 
 /// Issue: with Redis unreachable (or a wrong password) the daemon said
-/// nothing until the first acquire failed.
+/// nothing until the first acquire failed. The binary, because what is
+/// checked is what it writes: the warning, and no password in it.
 #[tokio::test]
 async fn an_unreachable_redis_at_start_is_reported_and_retried() {
     let mut server = RedisServer::start();
@@ -1026,7 +1027,8 @@ async fn the_documented_acl_is_all_the_daemon_needs() {
 /// took one capacity each (500 capacities: hours of debt for the whole
 /// fleet). Overruns together now hold a bucket, and a tenant's share, at
 /// most one capacity below where its reservations put it; the rest is
-/// counted and warned about.
+/// counted and warned about. The binary, because the count and the
+/// warning's once-per-10-s throttle are process-wide.
 #[tokio::test]
 async fn hostile_overrun_reports_leave_at_most_one_capacity_of_debt() {
     let server = RedisServer::start();

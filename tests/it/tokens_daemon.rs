@@ -571,6 +571,8 @@ async fn learned_max_output_replaces_the_default_after_min_samples() {
     assert_eq!(output, 500);
 }
 
+/// The binary, because encoders are built once per process: in the test
+/// process another daemon may have built them already.
 #[tokio::test]
 async fn encoders_are_built_at_start_and_for_new_models_on_reload() {
     let start = "[[limits]]\nname = \"gpt\"\nmodel = \"gpt-4o\"\ntokens_per_minute = 6000\n";

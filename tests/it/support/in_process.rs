@@ -16,7 +16,9 @@
 //! What stays process-wide, so that tests of it keep a process of their
 //! own ([`super::SpawnedDaemon`]): the tokenizers (built once per process,
 //! so "tokenizer ready" is logged by the first daemon only), the overrun
-//! warning's once-per-10-s throttle, the stderr writer and the signals.
+//! warning's once-per-10-s throttle, the stderr writer, the signals, and
+//! the environment (`NOTIFY_SOCKET` for systemd's notify; the config's
+//! overrides, refused here).
 
 use std::cell::RefCell;
 use std::io::Write;
