@@ -6,10 +6,11 @@
 
 use crate::support;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ratekeeper::proto::{CONNECTION_REQUEST_ID, ErrorCode, MAX_FRAME_LEN, Response};
-use support::{Daemon, acquire, error_code, hello, receive, send};
+use support::{Daemon, SpawnedDaemon, acquire, error_code, hello, receive, send};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
@@ -38,10 +39,10 @@ fn allow_open_files(files: u64) {
 }
 
 /// A raw connection, retried while the daemon's accept queue is full.
-async fn connect(daemon: &Daemon) -> UnixStream {
+async fn connect(socket: &Path) -> UnixStream {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match UnixStream::connect(&daemon.socket).await {
+        match UnixStream::connect(socket).await {
             Ok(stream) => return stream,
             Err(error) => assert!(Instant::now() < deadline, "cannot connect: {error}"),
         }
@@ -50,10 +51,10 @@ async fn connect(daemon: &Daemon) -> UnixStream {
 }
 
 /// Polls until a new connection is served a ping (room under the cap).
-async fn served_again(daemon: &Daemon) {
+async fn served_again(socket: &Path) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let mut stream = connect(daemon).await;
+        let mut stream = connect(socket).await;
         let greeted = say_hello(&mut stream).await;
         if greeted.is_some_and(|answer| matches!(answer.response, Response::Hello { .. })) {
             send(&mut stream, 2, ratekeeper::proto::Request::Ping).await;
@@ -108,12 +109,12 @@ async fn refused_with(stream: &mut UnixStream) -> (ErrorCode, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_half_frames_stay_within_the_buffer_budget() {
     allow_open_files(4096);
-    let daemon = Daemon::start(LIMIT);
+    let daemon = SpawnedDaemon::start(LIMIT);
     daemon.assert_serving().await;
     let before = rss_mib(daemon.pid());
     let mut senders = tokio::task::JoinSet::new();
     for _ in 0..1000 {
-        let mut stream = connect(&daemon).await;
+        let mut stream = connect(&daemon.socket).await;
         senders.spawn(async move {
             let _ = stream.write_all(&MAX_FRAME_LEN.to_le_bytes()).await;
             // A refused connection breaks the write; a held one takes it all.
@@ -144,7 +145,7 @@ async fn a_thousand_half_frames_stay_within_the_buffer_budget() {
     // 64 MiB hold sixteen 4 MiB frames, less their read chunks.
     assert!(refused >= 1000 - 16, "only {refused} refused");
     drop(streams);
-    served_again(&daemon).await;
+    served_again(&daemon.socket).await;
 }
 
 /// Issue: a connection that never said anything stayed open for ever
@@ -220,7 +221,7 @@ async fn at_the_cap_the_connection_idle_longest_makes_room() {
     ));
     let evicted =
         |exposition: &str| support::metric(exposition, "ratekeeper_connections_evicted_total");
-    let address = daemon.metrics_address().await;
+    let address = daemon.metrics_address();
     let (_, before) = support::http_get(&address, "/metrics");
     assert_eq!(evicted(&before), Some(0.0));
     let mut open = Vec::new();
@@ -281,12 +282,12 @@ async fn connections_beyond_the_cap_are_refused_when_every_one_is_busy() {
         assert_eq!(pong.response, Response::Pong);
     }
 
-    let mut beyond = connect(&daemon).await;
+    let mut beyond = connect(&daemon.socket).await;
     let (code, message) = refused_with(&mut beyond).await;
     assert_eq!(code, ErrorCode::Overloaded);
     assert!(message.contains("max_connections"), "{message}");
     drop(open.pop());
-    served_again(&daemon).await;
+    served_again(&daemon.socket).await;
 }
 
 /// Issue: after ten floods of 6,000 idle connections the RSS after closing
@@ -297,22 +298,22 @@ async fn connections_beyond_the_cap_are_refused_when_every_one_is_busy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn floods_of_idle_connections_do_not_ratchet_memory_up() {
     allow_open_files(8192);
-    let daemon = Daemon::start(LIMIT);
+    let daemon = SpawnedDaemon::start(LIMIT);
     daemon.assert_serving().await;
     let baseline = rss_mib(daemon.pid());
     let mut after = Vec::new();
     for _ in 0..10 {
         let mut flood = Vec::new();
         for _ in 0..3000 {
-            flood.push(connect(&daemon).await);
+            flood.push(connect(&daemon.socket).await);
         }
         // Accepted in order: once a connection made after the flood is
         // answered (greeted, or refused at the cap), the flood is in.
-        let mut probe = connect(&daemon).await;
+        let mut probe = connect(&daemon.socket).await;
         say_hello(&mut probe).await;
         drop(flood);
         drop(probe);
-        served_again(&daemon).await;
+        served_again(&daemon.socket).await;
         after.push(rss_mib(daemon.pid()));
     }
     eprintln!("RSS {baseline:.0} MiB at start; after each flood: {after:.0?}");

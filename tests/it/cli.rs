@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use support::redis::RedisServer;
-use support::{Daemon, count_tokens};
+use support::{Daemon, SpawnedDaemon, count_tokens};
 
 fn ratekeeper(args: &[&str], socket: Option<&std::path::Path>) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
@@ -370,7 +370,7 @@ fn count_tokens_prints_the_prompt_and_the_reservation() {
 /// nothing left behind is routine, logged at DEBUG.
 #[tokio::test]
 async fn probes_leave_no_info_line() {
-    let daemon = Daemon::start_with_env(
+    let daemon = SpawnedDaemon::start_with_env(
         "[[limits]]\nname = \"gpt\"\ntokens_per_minute = 6000\n",
         &[("RUST_LOG", "info")],
     );
@@ -934,7 +934,7 @@ async fn log_level_comes_from_rust_log_then_the_flag_then_the_variable() {
         debug,
     } in cases
     {
-        let mut daemon = Daemon::start_with_log_settings(CONFIG, args, env);
+        let mut daemon = SpawnedDaemon::start_with_log_settings(CONFIG, args, env);
         let ping = ratekeeper(&["ping"], Some(&daemon.socket));
         assert_eq!(ping.status.code(), Some(0));
         assert!(daemon.terminate().success());

@@ -6,7 +6,7 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use ratekeeper::proto::{ErrorCode, Request, Response};
-use support::{Daemon, acquire, error_code, granted, level, report};
+use support::{Daemon, SpawnedDaemon, acquire, error_code, granted, level, report};
 
 /// Waits may differ from the prediction by scheduling and the few
 /// milliseconds of refill between the requests.
@@ -334,7 +334,7 @@ async fn a_disconnect_returns_waiting_reservations() {
 
 #[tokio::test]
 async fn sigterm_drains_and_removes_the_socket() {
-    let mut daemon = Daemon::start(CONFIG);
+    let mut daemon = SpawnedDaemon::start(CONFIG);
     let client = daemon.client().await;
     granted(&client.call(acquire("fast", 3000, 0)).await.unwrap());
     // A reservation due in 300 ms is in flight when SIGTERM arrives; the
@@ -357,6 +357,25 @@ async fn sigterm_drains_and_removes_the_socket() {
     granted(&waited.unwrap());
     let status = daemon.wait_exit();
     assert!(status.success(), "exit status {status}\n{}", daemon.log());
+    assert!(!daemon.socket.exists(), "socket file left behind");
+}
+
+/// The same drain started in-process, as the tests' harness stops a daemon:
+/// `serve` returns only after the reservation in flight was granted.
+#[tokio::test]
+async fn a_shutdown_drains_in_flight_acquires_and_removes_the_socket() {
+    let mut daemon = Daemon::start(CONFIG);
+    let client = daemon.client().await;
+    granted(&client.call(acquire("fast", 3000, 0)).await.unwrap());
+    let waiting = client.call(acquire("fast", 3000, 5000));
+    let shut_down = async {
+        // Frames are read in order: once the ping is answered the acquire
+        // is in flight.
+        let _ = client.call(Request::Ping).await;
+        daemon.shut_down().await;
+    };
+    let (waited, ()) = tokio::join!(waiting, shut_down);
+    granted(&waited.unwrap());
     assert!(!daemon.socket.exists(), "socket file left behind");
 }
 
@@ -434,7 +453,7 @@ async fn unreported_leases_expire() {
 
 #[tokio::test]
 async fn sighup_reloads_the_config_and_keeps_the_old_one_when_the_new_is_bad() {
-    let daemon = Daemon::start(CONFIG);
+    let daemon = SpawnedDaemon::start(CONFIG);
     let client = daemon.client().await;
     let with_new_limit =
         format!("{CONFIG}\n[[limits]]\nname = \"added\"\ntokens_per_minute = 600\n");

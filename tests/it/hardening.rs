@@ -5,7 +5,7 @@
 use crate::support;
 
 use ratekeeper::proto::{PROTOCOL_VERSION, Request, Response};
-use support::{Daemon, acquire, granted, receive, send};
+use support::{Daemon, SpawnedDaemon, acquire, granted, receive, send};
 
 const CONFIG: &str = r#"
 [[limits]]
@@ -16,7 +16,7 @@ tokens_per_minute = 600000
 /// A client name with a newline and a fake log line after it.
 const FORGED: &str = "worker\n2099-01-01T00:00:00.000000Z  INFO ratekeeper: forged line";
 
-async fn hello_as(daemon: &Daemon, client_name: &str) {
+async fn hello_as(daemon: &SpawnedDaemon, client_name: &str) {
     let mut stream = daemon.raw().await;
     let hello = Request::Hello {
         protocol_version: PROTOCOL_VERSION,
@@ -29,7 +29,7 @@ async fn hello_as(daemon: &Daemon, client_name: &str) {
 
 #[tokio::test]
 async fn a_client_name_cannot_forge_a_text_log_line() {
-    let daemon = Daemon::start(CONFIG);
+    let daemon = SpawnedDaemon::start(CONFIG);
     hello_as(&daemon, FORGED).await;
     daemon.wait_for_log("client said hello").await;
     let log = daemon.log();
@@ -44,7 +44,7 @@ async fn a_client_name_cannot_forge_a_text_log_line() {
 /// tenant or priority cannot forge a line either.
 #[tokio::test]
 async fn an_acquire_cannot_forge_a_decision_line() {
-    let daemon = Daemon::start(CONFIG);
+    let daemon = SpawnedDaemon::start(CONFIG);
     let client = daemon.client().await;
     let mut forged = match acquire(FORGED, 10, 0) {
         Request::Acquire(fields) => fields,
@@ -67,7 +67,7 @@ async fn an_acquire_cannot_forge_a_decision_line() {
 
 #[tokio::test]
 async fn a_client_name_cannot_forge_a_json_log_line() {
-    let daemon = Daemon::start_with_env(CONFIG, &[("RATEKEEPER_LOG_FORMAT", "json")]);
+    let daemon = SpawnedDaemon::start_with_env(CONFIG, &[("RATEKEEPER_LOG_FORMAT", "json")]);
     hello_as(&daemon, FORGED).await;
     daemon.wait_for_log("client said hello").await;
     for line in daemon.log().lines() {
@@ -83,7 +83,7 @@ async fn a_client_name_cannot_forge_a_json_log_line() {
 /// its first log line, and SIGTERM exited 101 leaving the socket behind.
 #[tokio::test]
 async fn a_closed_stderr_breaks_nothing() {
-    let mut daemon = Daemon::start_with_closed_stderr(CONFIG);
+    let mut daemon = SpawnedDaemon::start_with_closed_stderr(CONFIG);
     for _ in 0..5 {
         let client = daemon.client().await;
         let (lease, _, _) = granted(&client.call(acquire("gpt", 10, 0)).await.unwrap());

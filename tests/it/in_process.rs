@@ -3,7 +3,8 @@
 //! Unix socket in a temporary directory on the test's own runtime, used
 //! through the real socket by the Rust client, and shut down through the
 //! future `serve` takes. Once with the embedded store, once with a real
-//! `redis-server`.
+//! `redis-server`. `support::Daemon`, the other tests' harness, is built
+//! the same way; here each step is checked on its own.
 
 use crate::support;
 

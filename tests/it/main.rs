@@ -1,9 +1,13 @@
 //! The integration tests, one binary with a module per subject, so that the
 //! crate and its dependencies are linked once (`tests/decode_memory.rs`
 //! stays a binary of its own: it replaces the global allocator). Most start
-//! the real daemon binary (`support::Daemon`) or an in-process one
-//! (`in_process`), talk to it over its Unix socket, and start real
-//! `redis-server`s on free ports (`support::redis`).
+//! a daemon in this process (`support::Daemon`, assembled through
+//! `ratekeeper::app::App` as `main.rs` assembles it), talk to it over its
+//! Unix socket, and start real `redis-server`s on free ports
+//! (`support::redis`). Tests about the process itself (the CLI's exit
+//! codes, signals, stderr and log levels, systemd's notify, RSS) start the
+//! real binary (`support::SpawnedDaemon`); `in_process` drives `App` by
+//! hand.
 //!
 //! `cargo test --test it daemon::` runs one module's tests.
 

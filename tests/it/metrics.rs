@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use ratekeeper::proto::{ErrorCode, Request, Response};
 use support::redis::RedisServer;
-use support::{Daemon, acquire, error_code, granted, http_get, level, metric, report};
+use support::{
+    Daemon, SpawnedDaemon, acquire, error_code, granted, http_get, level, metric, report,
+};
 
 /// A limit with tenant shares; `acme` gets labels of its own.
 fn config(redis: Option<(&RedisServer, &str)>) -> String {
@@ -84,7 +86,7 @@ fn run(args: &[&str], socket: &std::path::Path) -> std::process::Output {
 async fn counters_move_with_grants_denials_reports_and_an_outage() {
     let mut redis = RedisServer::start();
     let daemon = Daemon::start(&config(Some((&redis, "on_failure = \"fail_closed\""))));
-    let address = daemon.metrics_address().await;
+    let address = daemon.metrics_address();
     let client = daemon.client().await;
 
     let (lease, tokens, _) = granted(&client.call(tenant_acquire("acme", 100)).await.unwrap());
@@ -206,7 +208,7 @@ async fn counters_move_with_grants_denials_reports_and_an_outage() {
 async fn scrapes_within_a_second_read_the_levels_once() {
     let redis = RedisServer::start();
     let daemon = Daemon::start(&config(Some((&redis, ""))));
-    let address = daemon.metrics_address().await;
+    let address = daemon.metrics_address();
     let client = daemon.client().await;
     granted(&client.call(acquire("gpt", 100, 0)).await.unwrap());
     let levels_read = |text: &str| {
@@ -245,7 +247,7 @@ async fn readyz_reports_serving_on_the_local_policy() {
         &redis,
         "on_failure = \"local\"\nlocal_share = 0.5",
     ))));
-    let address = daemon.metrics_address().await;
+    let address = daemon.metrics_address();
     await_readyz(&address, 200, Duration::from_secs(1));
     redis.kill();
     // Still ready, and saying why.
@@ -280,7 +282,7 @@ async fn readyz_reports_serving_on_the_local_policy() {
 #[tokio::test]
 async fn the_listener_serves_probes_and_nothing_else() {
     let daemon = Daemon::start(&config(None));
-    let address = daemon.metrics_address().await;
+    let address = daemon.metrics_address();
     assert_eq!(http_get(&address, "/healthz"), (200, "alive\n".into()));
     let (status, body) = http_get(&address, "/readyz");
     assert_eq!(
@@ -311,7 +313,7 @@ async fn the_listener_serves_probes_and_nothing_else() {
 #[tokio::test]
 async fn decisions_are_logged_at_debug_as_fields() {
     let unmetered = "[[limits]]\nname = \"gpt\"\ntokens_per_minute = 600\ntenant_share = 0.5\n";
-    let daemon = Daemon::start_with_env(unmetered, &[("RATEKEEPER_LOG_FORMAT", "json")]);
+    let daemon = SpawnedDaemon::start_with_env(unmetered, &[("RATEKEEPER_LOG_FORMAT", "json")]);
     let client = daemon.client().await;
     let (lease, _, _) = granted(
         &client
@@ -352,7 +354,7 @@ async fn systemd_hears_ready_once_the_socket_listens() {
     listener
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    let daemon = Daemon::start_with_env(
+    let daemon = SpawnedDaemon::start_with_env(
         "[[limits]]\nname = \"gpt\"\ntokens_per_minute = 60\n",
         &[("NOTIFY_SOCKET", notify.to_str().unwrap())],
     );
@@ -404,11 +406,12 @@ async fn every_metric_is_documented_and_the_dashboard_uses_only_those() {
     let mut redis = RedisServer::start();
     // A shadow limit too, and an outage at the end: families without a
     // sample are not exported, and every documented one must be.
-    let daemon = Daemon::start(&format!(
+    let with_shadow = format!(
         "{}\n[[limits]]\nname = \"watch\"\nmode = \"shadow\"\ntokens_per_minute = 60\n",
         config(Some((&redis, "")))
-    ));
-    let address = daemon.metrics_address().await;
+    );
+    let daemon = Daemon::start(&with_shadow);
+    let address = daemon.metrics_address();
     let client = daemon.client().await;
     let (lease, _, _) = granted(&client.call(tenant_acquire("acme", 10)).await.unwrap());
     client.call(report(lease, 5)).await.unwrap();
@@ -416,8 +419,10 @@ async fn every_metric_is_documented_and_the_dashboard_uses_only_those() {
     client.call(Request::Release { lease }).await.unwrap();
     client.call(acquire("gpt", 100_000, 0)).await.unwrap();
     client.call(acquire("watch", 10, 0)).await.unwrap();
-    daemon.send_signal("HUP");
-    daemon.wait_for_log("configuration reloaded").await;
+    daemon
+        .reload_with(&with_shadow)
+        .await
+        .expect("the reload applies");
     // Levels are read from the store at scrape time: scrape before the outage too.
     let before_the_outage = scrape(&address);
     redis.kill();
@@ -496,7 +501,7 @@ async fn a_shadow_limit_grants_at_once_and_counts_what_it_would_have_done() {
     assert_eq!(released, Response::Released { tokens_returned: 0 });
     assert!(level(&client, "watch", "tokens").await <= -49);
 
-    let (_, text) = http_get(&daemon.metrics_address().await, "/metrics");
+    let (_, text) = http_get(&daemon.metrics_address(), "/metrics");
     let decisions = |decision: &str| {
         value(
             &text,

@@ -339,7 +339,7 @@ burst_tokens = {BURST}
         sentinels.join(", ")
     );
     let daemon = Daemon::start(&config);
-    let metrics = daemon.metrics_address().await;
+    let metrics = daemon.metrics_address();
     let client = daemon.client().await;
     let started = Instant::now();
     // A lease open across the kill, reported while no primary answers.

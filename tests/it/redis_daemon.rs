@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use ratekeeper::client::Client;
 use ratekeeper::proto::{ErrorCode, Request, Response};
 use support::redis::{RedisCluster, RedisServer};
-use support::{Daemon, acquire, error_code, granted, report, status_of};
+use support::{Daemon, SpawnedDaemon, acquire, error_code, granted, report, status_of};
 
 fn config(redis: &str, extra_redis: &str) -> String {
     format!(
@@ -405,13 +405,14 @@ async fn connections_and_scripts_are_ready_before_the_socket_appears() {
 }
 
 /// Issue: with Redis unreachable (or a wrong password) the daemon said
-/// nothing until the first acquire failed.
+/// nothing until the first acquire failed. The binary, because what is
+/// checked is what it writes: the warning, and no password in it.
 #[tokio::test]
 async fn an_unreachable_redis_at_start_is_reported_and_retried() {
     let mut server = RedisServer::start();
     server.kill();
     let url = format!("redis://:hunter2@127.0.0.1:{}/0", server.port);
-    let daemon = Daemon::start(&config(&format!("url = \"{url}\""), ""));
+    let daemon = SpawnedDaemon::start(&config(&format!("url = \"{url}\""), ""));
     // The warning comes before the socket is bound; wait for both lines.
     daemon.wait_for_log("listening").await;
     let log = daemon.log();
@@ -927,7 +928,7 @@ async fn sidecars_with_different_shapes_warn_show_it_and_draw_the_smaller() {
     let (_, buckets) = status_of(&large_client, "gpt").await;
     let names: Vec<&str> = buckets.iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(names, ["tokens", "tokens:elsewhere"], "{buckets:?}");
-    let (_, exposition) = support::http_get(&large.metrics_address().await, "/metrics");
+    let (_, exposition) = support::http_get(&large.metrics_address(), "/metrics");
     assert_eq!(
         support::metric(
             &exposition,
@@ -1026,11 +1027,12 @@ async fn the_documented_acl_is_all_the_daemon_needs() {
 /// took one capacity each (500 capacities: hours of debt for the whole
 /// fleet). Overruns together now hold a bucket, and a tenant's share, at
 /// most one capacity below where its reservations put it; the rest is
-/// counted and warned about.
+/// counted and warned about. The binary, because the count and the
+/// warning's once-per-10-s throttle are process-wide.
 #[tokio::test]
 async fn hostile_overrun_reports_leave_at_most_one_capacity_of_debt() {
     let server = RedisServer::start();
-    let daemon = Daemon::start(&format!(
+    let daemon = SpawnedDaemon::start(&format!(
         r#"
 [redis]
 url = "{}"

@@ -14,7 +14,7 @@ use ratekeeper::proto::{
 };
 use ratekeeper::tokens::{self, CharEstimator, Counter, OpenaiChars, PromptCount};
 use support::redis::RedisServer;
-use support::{Daemon, error_code, granted, level};
+use support::{Daemon, SpawnedDaemon, error_code, granted, level};
 
 /// Every token bucket refills one token per second, so levels read by
 /// `status` move by at most a token or two while a test looks at them.
@@ -571,10 +571,12 @@ async fn learned_max_output_replaces_the_default_after_min_samples() {
     assert_eq!(output, 500);
 }
 
+/// The binary, because encoders are built once per process: in the test
+/// process another daemon may have built them already.
 #[tokio::test]
 async fn encoders_are_built_at_start_and_for_new_models_on_reload() {
     let start = "[[limits]]\nname = \"gpt\"\nmodel = \"gpt-4o\"\ntokens_per_minute = 6000\n";
-    let daemon = Daemon::start(start);
+    let daemon = SpawnedDaemon::start(start);
     // Built before the socket appeared, and only the one the limits need.
     let log = daemon.log();
     assert!(

@@ -145,8 +145,8 @@ async fn a_uid_no_entry_lists_is_unrestricted_unless_other_uids_says_otherwise()
     assert!(refused(&interactive).contains("priority class \"interactive\""));
 }
 
-/// The policy sits outside `[server]`, so `SIGHUP` applies it as it does
-/// limits, without a restart.
+/// The policy sits outside `[server]`, so a reload (`SIGHUP`) applies it as
+/// it does limits, without a restart.
 #[tokio::test]
 async fn the_policy_is_applied_by_a_reload() {
     let daemon = Daemon::start(&config_with(""));
@@ -157,9 +157,10 @@ async fn the_policy_is_applied_by_a_reload() {
     let restricted = config_with(&format!(
         "[[clients]]\nuids = [{uid}]\ntenants = [\"acme\"]\n"
     ));
-    std::fs::write(daemon.config_path(), restricted).expect("rewrite config");
-    daemon.send_signal("HUP");
-    daemon.wait_for_log("configuration reloaded").await;
+    daemon
+        .reload_with(&restricted)
+        .await
+        .expect("the reload applies");
 
     let answer = call(&mut stream, 3, acquire_as(Some("globex"), None)).await;
     assert!(refused(&answer).contains("tenant \"globex\""));

@@ -1,10 +1,20 @@
-//! Shared helpers for the integration tests: the real daemon binary started
-//! on a socket in a temporary directory, and raw frame I/O for bad input.
+//! Shared helpers for the integration tests. A test's daemon runs in this
+//! process ([`Daemon`], through `ratekeeper::app::App`, as `main.rs`
+//! assembles it) unless the test is about the process itself: then it is
+//! the real binary ([`SpawnedDaemon`]). Both serve a Unix socket in a
+//! temporary directory and are used through it; the helpers below speak
+//! the protocol raw (for bad input), read the metrics listener, and start
+//! real `redis-server`s on free ports ([`redis`]).
 
+mod in_process;
 pub mod redis;
+mod spawned;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+pub use in_process::Daemon;
+pub use spawned::SpawnedDaemon;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ratekeeper::client::Client;
@@ -12,189 +22,49 @@ use ratekeeper::proto::{self, ClientFrame, PROTOCOL_VERSION, Request, Response, 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-/// How long a daemon may take to create its socket.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a log line, a reload or a connection may take to appear.
+const WAIT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A running `ratekeeper serve`, killed (and its log printed if the test
-/// failed) on drop.
-pub struct Daemon {
-    child: Child,
-    dir: tempfile::TempDir,
-    pub socket: PathBuf,
+/// A client that has said hello to the daemon at `socket`.
+pub async fn connect_client(socket: &Path) -> Client {
+    Client::connect(socket, "integration-test")
+        .await
+        .expect("connect to daemon")
 }
 
-impl Daemon {
-    /// Starts the daemon with `config` (TOML without a `[server]` socket,
-    /// which is set to a path in a fresh temporary directory).
-    pub fn start(config: &str) -> Daemon {
-        Daemon::start_with_env(config, &[])
-    }
+/// A raw connection to `socket`, nothing sent yet.
+pub async fn connect_raw(socket: &Path) -> UnixStream {
+    UnixStream::connect(socket).await.expect("connect")
+}
 
-    /// As [`Daemon::start`], with these environment variables set.
-    pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> Daemon {
-        Daemon::spawn(config, env, None)
-    }
+/// A raw connection to `socket` that has exchanged Hello.
+pub async fn connect_after_hello(socket: &Path) -> UnixStream {
+    let mut stream = connect_raw(socket).await;
+    send(&mut stream, 1, hello()).await;
+    let answer = receive(&mut stream).await.expect("hello answer");
+    assert!(
+        matches!(answer.response, Response::Hello { .. }),
+        "{answer:?}"
+    );
+    stream
+}
 
-    /// As [`Daemon::start`], with `args` after `serve` instead of
-    /// `--log-level debug`, and `RUST_LOG` and `RATEKEEPER_LOG_LEVEL` only
-    /// as `env` gives them: for tests of how the log level is chosen.
-    pub fn start_with_log_settings(config: &str, args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        Daemon::spawn_with(config, args, env, None, true)
-    }
+/// Asserts that the daemon at `socket` answers a ping on a new connection.
+pub async fn assert_serving_at(socket: &Path) {
+    let client = connect_client(socket).await;
+    assert_eq!(client.call(Request::Ping).await.unwrap(), Response::Pong);
+}
 
-    /// As [`Daemon::start`], but its stderr is a pipe whose reading end is
-    /// already closed, as when the log shipper behind it died.
-    pub fn start_with_closed_stderr(config: &str) -> Daemon {
-        Daemon::spawn(config, &[], Some(Stdio::piped()))
-    }
-
-    fn spawn(config: &str, env: &[(&str, &str)], stderr: Option<Stdio>) -> Daemon {
-        Daemon::spawn_with(config, &["--log-level", "debug"], env, stderr, false)
-    }
-
-    fn spawn_with(
-        config: &str,
-        args: &[&str],
-        env: &[(&str, &str)],
-        stderr: Option<Stdio>,
-        clean_log_env: bool,
-    ) -> Daemon {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let socket = dir.path().join("ratekeeper.sock");
-        let config_path = dir.path().join("ratekeeper.toml");
-        std::fs::write(&config_path, config).expect("write config");
-        let log = std::fs::File::create(dir.path().join("daemon.log")).expect("log file");
-        let closed_stderr = stderr.is_some();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
-        if clean_log_env {
-            command
-                .env_remove("RUST_LOG")
-                .env_remove("RATEKEEPER_LOG_LEVEL");
-        }
-        let mut child = command
-            .arg("serve")
-            .arg("--config")
-            .arg(&config_path)
-            .args(args)
-            .env(ratekeeper::config::ENV_SOCKET, &socket)
-            .env_remove("RATEKEEPER_REDIS_URL")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(stderr.unwrap_or_else(|| log.into()))
-            .spawn()
-            .expect("spawn ratekeeper");
-        if closed_stderr {
-            drop(child.stderr.take());
-        }
-        let mut daemon = Daemon { child, dir, socket };
-        daemon.wait_until_listening();
-        daemon
-    }
-
-    fn wait_until_listening(&mut self) {
-        let deadline = Instant::now() + START_TIMEOUT;
-        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
-            if let Some(status) = self.child.try_wait().expect("poll daemon") {
-                panic!(
-                    "daemon exited with {status} before listening:\n{}",
-                    self.log()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "daemon did not listen in time:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// A client that has said hello.
-    pub async fn client(&self) -> Client {
-        Client::connect(&self.socket, "integration-test")
-            .await
-            .expect("connect to daemon")
-    }
-
-    /// A raw connection, nothing sent yet.
-    pub async fn raw(&self) -> UnixStream {
-        UnixStream::connect(&self.socket).await.expect("connect")
-    }
-
-    /// A raw connection that has exchanged Hello.
-    pub async fn raw_after_hello(&self) -> UnixStream {
-        let mut stream = self.raw().await;
-        send(&mut stream, 1, hello()).await;
-        let answer = receive(&mut stream).await.expect("hello answer");
+/// Waits (bounded) until `log()` shows `needle`.
+async fn wait_until_logged(log: impl Fn() -> String, needle: &str) {
+    let deadline = Instant::now() + WAIT_TIMEOUT;
+    while !log().contains(needle) {
         assert!(
-            matches!(answer.response, Response::Hello { .. }),
-            "{answer:?}"
+            Instant::now() < deadline,
+            "log never showed {needle:?}:\n{}",
+            log()
         );
-        stream
-    }
-
-    /// Whether the daemon still answers a ping on a new connection.
-    pub async fn assert_serving(&self) {
-        let client = self.client().await;
-        assert_eq!(client.call(Request::Ping).await.unwrap(), Response::Pong);
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
-    }
-
-    /// Sends SIGTERM and waits for the exit status.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
-        signal(&self.child, "TERM");
-        self.wait_exit()
-    }
-
-    /// Waits (bounded) until the log shows `needle`.
-    pub async fn wait_for_log(&self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.log().contains(needle) {
-            assert!(
-                Instant::now() < deadline,
-                "log never showed {needle:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Sends a signal by name (`"HUP"`, `"TERM"`).
-    pub fn send_signal(&self, name: &str) {
-        signal(&self.child, name);
-    }
-
-    /// The config file the daemon was started with.
-    pub fn config_path(&self) -> PathBuf {
-        self.dir.path().join("ratekeeper.toml")
-    }
-
-    /// Waits for the daemon to exit by itself.
-    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
-        self.child.wait().expect("wait for daemon")
-    }
-
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// The address of the metrics listener (`[metrics] listen`), as the
-    /// daemon logged it once it listens.
-    pub async fn metrics_address(&self) -> String {
-        self.wait_for_log("serving /metrics").await;
-        let log = self.log();
-        let line = log
-            .lines()
-            .find(|line| line.contains("serving /metrics"))
-            .expect("the line just seen");
-        listen_address(line)
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -246,28 +116,6 @@ pub fn metric(exposition: &str, series: &str) -> Option<f64> {
         let value = line.strip_prefix(series)?.strip_prefix(' ')?;
         value.trim().parse().ok()
     })
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!(
-                "--- daemon log ---\n{}--- end of daemon log ---",
-                self.log()
-            );
-        }
-    }
-}
-
-fn signal(child: &Child, name: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(child.id().to_string())
-        .status()
-        .expect("run kill");
-    assert!(status.success());
 }
 
 pub fn hello() -> Request {
