@@ -27,22 +27,21 @@ fn main() {
     println!("cargo:rustc-env=RATEKEEPER_VERSION={version}");
 }
 
-/// Asks cargo to run this again when HEAD moves in `root`'s own `.git`,
-/// read without git: a run whose `git` failed (not installed yet, a lock
-/// held by a commit under way) must not leave the version without its
+/// Asks cargo to run this again when HEAD moves in `root`'s own git
+/// directory, read without git: a run whose `git` failed (not installed yet,
+/// a lock held by a commit under way) must not leave the version without its
 /// commit for every build after it.
 fn watch_git(root: &Path) {
-    let git_dir = root.join(".git");
-    if !git_dir.is_dir() {
+    let Some((git_dir, common_dir)) = git_dirs(root) else {
         return;
-    }
+    };
     let head = std::fs::read_to_string(git_dir.join("HEAD")).unwrap_or_default();
     let head_ref = head
         .strip_prefix("ref:")
-        .map(|name| git_dir.join(name.trim()));
-    let watched = ["HEAD", "logs/HEAD", "packed-refs"]
+        .map(|name| common_dir.join(name.trim()));
+    let watched = [git_dir.join("HEAD"), git_dir.join("logs/HEAD")]
         .into_iter()
-        .map(|name| git_dir.join(name))
+        .chain([common_dir.join("packed-refs")])
         .chain(head_ref);
     for path in watched {
         // A path that does not exist would make cargo rerun this every build.
@@ -50,6 +49,22 @@ fn watch_git(root: &Path) {
             println!("cargo:rerun-if-changed={}", path.display());
         }
     }
+}
+
+/// The git directory of `root`'s checkout (its HEAD) and the one holding
+/// its branches: both `.git` in a plain clone; in a `git worktree`, `.git`
+/// is a file naming the worktree's own directory, whose `commondir` names
+/// the repository's.
+fn git_dirs(root: &Path) -> Option<(PathBuf, PathBuf)> {
+    let dot_git = root.join(".git");
+    if dot_git.is_dir() {
+        return Some((dot_git.clone(), dot_git));
+    }
+    let pointer = std::fs::read_to_string(&dot_git).ok()?;
+    let git_dir = root.join(pointer.strip_prefix("gitdir:")?.trim());
+    let common_dir = std::fs::read_to_string(git_dir.join("commondir"))
+        .map_or_else(|_| git_dir.clone(), |common| git_dir.join(common.trim()));
+    Some((git_dir, common_dir))
 }
 
 /// HEAD's short hash, if `root` is the top of a git work tree.
