@@ -24,8 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "clients", "python", "src"))
 
 from ratekeeper import _core as core  # noqa: E402 (after the path is set)
-from ratekeeper import _protocol as p  # noqa: E402 (after the path is set)
-from ratekeeper._messages import ChatMessage, ChatRequest  # noqa: E402 (after the path is set)
+from ratekeeper import _proto as p  # noqa: E402 (after the path is set)
+from ratekeeper._proto.messages import ChatMessage, ChatRequest  # noqa: E402 (after the path is set)
 
 CONFIG = """[[limits]]
 name = "gpt"

@@ -385,7 +385,7 @@ def test_a_call_takes_the_lone_path_only_with_nothing_else_unanswered(client, mo
     instead of taking the reading (the next reader would be woken for
     nothing: 0.85x the acquires/s with 8 threads in each of 4 processes)."""
     from ratekeeper import _io_sync
-    from ratekeeper import _protocol as p
+    from ratekeeper import _proto as p
 
     client.ping()
     conn = client._slot.conn
@@ -482,7 +482,7 @@ def test_a_long_client_name_is_cut_to_the_bound_in_bytes(make_daemon, name, sent
     daemon = make_daemon()
     with Client(daemon.socket, name=name, timeout=5.0) as client:
         assert client.ping() < 1  # said Hello: the daemon took the name
-    assert len(sent.encode()) <= ratekeeper._protocol.MAX_NAME_LEN
+    assert len(sent.encode()) <= ratekeeper._proto.MAX_NAME_LEN
     assert f'client="{sent}"' in daemon.log()
 
 

@@ -17,8 +17,8 @@ import pytest
 
 import ratekeeper
 from ratekeeper import _core as core
-from ratekeeper import _protocol as p
-from ratekeeper._errors import ERROR_CLASSES, ErrorCode
+from ratekeeper import _proto as p
+from ratekeeper._proto.errors import ERROR_CLASSES, ErrorCode
 
 from _daemon import wait_for
 

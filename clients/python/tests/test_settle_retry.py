@@ -26,8 +26,8 @@ import pytest
 
 from ratekeeper import AsyncClient, AsyncLease, Client, StoreUnavailable, UnknownLease
 from ratekeeper import _core as core
-from ratekeeper import _protocol as p
-from ratekeeper._errors import ErrorCode
+from ratekeeper import _proto as p
+from ratekeeper._proto.errors import ErrorCode
 
 from _daemon import RedisServer, wait_for
 

@@ -15,7 +15,9 @@ error code has its own exception class (see `ERROR_CLASSES`).
 
 from ._async import AsyncClient, AsyncLease
 from ._core import DEFAULT_SOCKET, ENV_SOCKET
-from ._errors import (
+from ._openai_core import estimate_prompt_tokens
+from ._proto import BucketStatus, ChatMessage, Estimated, LimitStatus, StatusReply
+from ._proto.errors import (
     ERROR_CLASSES,
     Cancelled,
     CostExceedsCapacity,
@@ -42,8 +44,6 @@ from ._errors import (
     Unsupported,
     UnsupportedVersion,
 )
-from ._openai_core import estimate_prompt_tokens
-from ._protocol import BucketStatus, ChatMessage, Estimated, LimitStatus, StatusReply
 from ._sync import Client, Lease
 
 __version__ = "0.1.0"

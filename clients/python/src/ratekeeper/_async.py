@@ -25,16 +25,16 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from . import _core as core
-from . import _protocol as p
+from . import _proto as p
 from . import _requests as req
 from ._core import ConnectionLost
-from ._errors import (
+from ._io_async import COROUTINES, Connection, Future, Slot, Timeout, sleep
+from ._lease_async import AsyncLease
+from ._proto.errors import (
     ErrorCode,
     SidecarUnavailable,
     SidecarUnavailableWarning,
 )
-from ._io_async import COROUTINES, Connection, Future, Slot, Timeout, sleep
-from ._lease_async import AsyncLease
 
 log = logging.getLogger("ratekeeper")
 

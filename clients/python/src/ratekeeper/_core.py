@@ -21,8 +21,8 @@ import urllib.error
 from collections.abc import Iterator
 from typing import Any, Callable, Literal, Optional, Union
 
-from . import _protocol as p
-from ._errors import (
+from . import _proto as p
+from ._proto.errors import (
     ErrorCode,
     ProtocolError,
     RatekeeperError,

@@ -26,7 +26,7 @@ from collections.abc import Awaitable
 from typing import Callable, Optional
 
 from . import _core as core
-from . import _protocol as p
+from . import _proto as p
 from ._core import ConnectionLost
 
 log = logging.getLogger("ratekeeper")

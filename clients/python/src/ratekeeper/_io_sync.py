@@ -30,9 +30,9 @@ from collections.abc import Iterable
 from typing import Callable, Optional
 
 from . import _core as core
-from . import _protocol as p
+from . import _proto as p
 from ._core import ConnectionLost
-from ._errors import ProtocolError, RatekeeperError, TooManyInFlight
+from ._proto.errors import ProtocolError, RatekeeperError, TooManyInFlight
 from ._slot_sync import Slot as Slot  # the policy takes it from here, as from `_io_async`
 
 log = logging.getLogger("ratekeeper")

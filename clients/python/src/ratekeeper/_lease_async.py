@@ -9,11 +9,11 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import _core as core
-from . import _protocol as p
+from . import _proto as p
 from . import _requests as req
 from ._core import ConnectionLost
-from ._errors import ErrorCode, RatekeeperError
 from ._io_async import Connection, sleep
+from ._proto.errors import ErrorCode, RatekeeperError
 
 if TYPE_CHECKING:
     from ._async import AsyncClient

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 from . import _openai_calls as calls
 from . import _openai_core as core
 from ._core import provider_status
-from ._errors import ErrorCode, RatekeeperError, Unsupported
 from ._io_async import sleep
+from ._proto.errors import ErrorCode, RatekeeperError, Unsupported
 
 if TYPE_CHECKING:
     from ._async import AsyncClient, AsyncLease

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ._async import AsyncClient
-from ._errors import RatekeeperError
+from ._proto.errors import RatekeeperError
 from ._requests import MessageLike, _json_text, chat_message
 
 log = logging.getLogger("ratekeeper.openai")

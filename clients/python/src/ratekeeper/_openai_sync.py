@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 from . import _openai_calls as calls
 from . import _openai_core as core
 from ._core import provider_status
-from ._errors import ErrorCode, RatekeeperError, Unsupported
 from ._io_sync import sleep
+from ._proto.errors import ErrorCode, RatekeeperError, Unsupported
 
 if TYPE_CHECKING:
     from ._sync import Client, Lease

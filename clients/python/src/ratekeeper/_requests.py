@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from . import _content as content
-from . import _protocol as p
+from . import _proto as p
 from ._content import as_mapping, compact_json
-from ._errors import ErrorCode
-from ._token_acquire import encode_token_acquire
+from ._proto.errors import ErrorCode
+from ._proto.token_acquire import encode_token_acquire
 
 if TYPE_CHECKING:
     from ._core import Deadline
@@ -197,8 +197,9 @@ class AcquireRequest:
     """An acquire as the policy holds it across attempts: its checked arguments.
 
     Not a message: a token cost (the common case) is packed straight from
-    these fields by `encode_token_acquire` (`_token_acquire.py`), with no dataclass built on the
-    way; a message cost keeps its `p.ChatRequest` and goes through `p.Acquire`.
+    these fields by `encode_token_acquire` (`_proto/token_acquire.py`), with
+    no dataclass built on the way; a message cost keeps its `p.ChatRequest`
+    and goes through `p.Acquire`.
     """
 
     __slots__ = (

@@ -27,16 +27,16 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from . import _core as core
-from . import _protocol as p
+from . import _proto as p
 from . import _requests as req
 from ._core import ConnectionLost
-from ._errors import (
+from ._io_sync import COROUTINES, Connection, Future, Slot, Timeout, sleep
+from ._lease_sync import Lease
+from ._proto.errors import (
     ErrorCode,
     SidecarUnavailable,
     SidecarUnavailableWarning,
 )
-from ._io_sync import COROUTINES, Connection, Future, Slot, Timeout, sleep
-from ._lease_sync import Lease
 
 log = logging.getLogger("ratekeeper")
 

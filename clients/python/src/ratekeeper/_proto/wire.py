@@ -5,7 +5,7 @@ Integers, `bool`, `String`, `Option<T>`, `Vec<T>`, structs and enums, each a
 struct is any class whose attribute `WIRE` lists its fields in wire order with
 their wire types; `encode_fields` and `decode_fields` walk that list, compiled
 once per class into a `_Plan` that packs runs of integers with one
-`struct.Struct`. This module knows no message: `_messages` declares them.
+`struct.Struct`. This module knows no message: `messages` declares them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import dataclasses
 import struct
 from typing import Any, ClassVar, Optional
 
-from ._errors import MalformedMessage
+from .errors import MalformedMessage
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")

@@ -1,9 +1,9 @@
 """Precompiled layouts of the messages made of integers only.
 
 The hot path packs these requests and unpacks these answers with one
-`struct` each, without building a dataclass on the way (`_protocol`'s
+`struct` each, without building a dataclass on the way (`framing`'s
 `encode_request` and `next_answer`); the answers it makes are still the
-frozen dataclasses of `_messages`, checked at import against their own
+frozen dataclasses of `messages`, checked at import against their own
 constructors.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Callable
 
-from ._messages import REQUEST, RESPONSE, ServerFrame
-from ._wire import U64, _Int
+from .messages import REQUEST, RESPONSE, ServerFrame
+from .wire import U64, _Int
 
 
 def _answer_maker(cls: type) -> Callable[[tuple], Any]:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import struct
 from typing import Any, Optional
 
-from ._errors import FrameTooLarge
-from ._messages import COST, REQUEST, Acquire, ClientFrame, TokenCost
-from ._protocol import LENGTH_PREFIX_LEN, MAX_FRAME_LEN, MAX_NAME_LEN, encode_frame
-from ._wire import _U32, U64
+from .errors import FrameTooLarge
+from .framing import LENGTH_PREFIX_LEN, MAX_FRAME_LEN, MAX_NAME_LEN, encode_frame
+from .messages import COST, REQUEST, Acquire, ClientFrame, TokenCost
+from .wire import _U32, U64
 
 
 def encode_token_acquire(

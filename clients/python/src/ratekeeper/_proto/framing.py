@@ -1,15 +1,10 @@
-"""The wire protocol, sans I/O: framing, and the one namespace of the codec.
+"""Framing, sans I/O: the length-prefixed frames of PROTOCOL.md §2 and the bounds of §8.
 
-This module and the two below it are the client's only parser (PROTOCOL.md is
-normative). They never touch a socket: `encode_frame` turns a frame into bytes
-and `FrameDecoder` turns received bytes into frames, or `NEED_DATA` until a
-whole frame is there. The sync and asyncio clients are thin shells around it.
-
-- `_wire`: how values are laid out (integers, strings, options, lists, structs,
-  enums), one generic walker for every message;
-- `_messages`: the messages themselves and their layouts;
-- here: the length-prefixed framing (§2) and the bounds of §8. The messages and
-  wire types are re-exported, so callers write `p.Acquire`, `p.encode_frame`.
+`encode_frame` turns a frame into bytes and `FrameDecoder` turns received
+bytes into frames, or `NEED_DATA` until a whole frame is there; neither
+touches a socket. The hot frames are packed and unpacked with the layouts
+`fixed` precompiles from the declarations (`encode_request`,
+`FrameDecoder.next_answer`).
 """
 
 from __future__ import annotations
@@ -17,148 +12,10 @@ from __future__ import annotations
 import struct
 from typing import Any, ClassVar, Optional
 
-from ._errors import FrameTooLarge, MalformedMessage
-from ._fixed import FIXED_ANSWERS, FIXED_REQUESTS
-from ._messages import (
-    BLOCK,
-    COST,
-    REQUEST,
-    RESPONSE,
-    Acquire,
-    BucketInspection,
-    BucketStatus,
-    Cancel,
-    CancelReply,
-    ChatMessage,
-    ChatRequest,
-    ClientFrame,
-    Conversation,
-    Cost,
-    Denied,
-    ErrorReply,
-    Estimate,
-    Estimated,
-    Feedback,
-    Frame,
-    Granted,
-    Header,
-    Health,
-    HealthReply,
-    Hello,
-    HelloReply,
-    ImageBlock,
-    Inspect,
-    InspectReply,
-    LeaseFeedback,
-    LimitInspection,
-    LimitStatus,
-    Noted,
-    Ping,
-    Pong,
-    Release,
-    Released,
-    Report,
-    Request,
-    Response,
-    ServerFrame,
-    Settled,
-    Status,
-    StatusReply,
-    TextBlock,
-    TokenCost,
-    Turn,
-)
-from ._wire import (
-    BOOL,
-    I64,
-    STR,
-    U16,
-    U32,
-    U64,
-    Enum,
-    Opt,
-    Reader,
-    Struct,
-    Vec,
-    WireType,
-    decode_fields,
-    encode_fields,
-)
-
-__all__ = [
-    "BLOCK",
-    "BOOL",
-    "BUFFER_SIZE",
-    "COST",
-    "I64",
-    "LENGTH_PREFIX_LEN",
-    "MAX_FRAME_LEN",
-    "MAX_IN_FLIGHT",
-    "MAX_NAME_LEN",
-    "MIN_FREE",
-    "NEED_DATA",
-    "PROTOCOL_VERSION",
-    "REQUEST",
-    "RESPONSE",
-    "STR",
-    "U16",
-    "U32",
-    "U64",
-    "Acquire",
-    "BucketInspection",
-    "BucketStatus",
-    "Cancel",
-    "CancelReply",
-    "ChatMessage",
-    "ChatRequest",
-    "ClientFrame",
-    "Conversation",
-    "Cost",
-    "Denied",
-    "Enum",
-    "ErrorReply",
-    "Estimate",
-    "Estimated",
-    "Feedback",
-    "Frame",
-    "FrameDecoder",
-    "Granted",
-    "Header",
-    "Health",
-    "HealthReply",
-    "Hello",
-    "HelloReply",
-    "ImageBlock",
-    "Inspect",
-    "InspectReply",
-    "LeaseFeedback",
-    "LimitInspection",
-    "LimitStatus",
-    "Noted",
-    "Opt",
-    "Ping",
-    "Pong",
-    "Release",
-    "Released",
-    "Report",
-    "Request",
-    "Response",
-    "ServerFrame",
-    "Settled",
-    "Status",
-    "StatusReply",
-    "Struct",
-    "TextBlock",
-    "TokenCost",
-    "Turn",
-    "Vec",
-    "WireType",
-    "decode_frame",
-    "decode_payload",
-    "encode_frame",
-    "encode_payload",
-    "encode_request",
-]
+from .errors import FrameTooLarge, MalformedMessage
+from .fixed import FIXED_ANSWERS, FIXED_REQUESTS
+from .messages import ClientFrame, Frame, Request, ServerFrame
+from .wire import Reader, decode_fields, encode_fields
 
 #: The protocol version this client speaks.
 PROTOCOL_VERSION = 1

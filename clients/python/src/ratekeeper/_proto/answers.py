@@ -1,6 +1,6 @@
 """The responses of PROTOCOL.md §4, sans I/O: one frozen dataclass each.
 
-Their wire layouts are written in `_messages`, with every other message's;
+Their wire layouts are written in `messages`, with every other message's;
 this module holds the classes and what they offer their readers.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from ._errors import RatekeeperError, error_for_code
+from .errors import RatekeeperError, error_for_code
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The messages of PROTOCOL.md §4, sans I/O: one frozen dataclass each.
 
 Each message's class attribute `WIRE` lists its fields in wire order with their
-wire types (from `_wire`); the tables after the classes (and the two frame
+wire types (from `wire`); the tables after the classes (and the two frame
 structs at the end) are the only place the layout of a message is written
 down. An enum (`COST`, `REQUEST`, `RESPONSE`) numbers its variants by their
 order, so the tuples below are the spec's tags.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Union
 
-from ._answers import (
+from .answers import (
     BucketInspection,
     BucketStatus,
     CancelReply,
@@ -31,7 +31,7 @@ from ._answers import (
     Settled,
     StatusReply,
 )
-from ._wire import BOOL, I64, STR, U16, U32, U64, Enum, Opt, Struct, Vec
+from .wire import BOOL, I64, STR, U16, U32, U64, Enum, Opt, Struct, Vec
 
 
 @dataclass(frozen=True)
