@@ -457,7 +457,7 @@ def test_int_likes_are_accepted():
         def __index__(self) -> int:
             return self.value
 
-    from ratekeeper._requests import token_count
+    from ratekeeper._core.requests import token_count
 
     assert token_count("tokens", Count(12)) == 12
     with pytest.raises(ValueError, match="must not be negative"):
@@ -507,7 +507,8 @@ def test_the_default_name_of_a_long_non_ascii_program_is_cut_in_bytes(make_daemo
 
 
 def test_session_names_are_cut_at_a_character_boundary():
-    from ratekeeper._core import Session, clip_name
+    from ratekeeper._core.session import Session
+    from ratekeeper._core.settings import clip_name
 
     assert clip_name("short") == "short"
     assert clip_name("é" * 64) == "é" * 64  # exactly the bound

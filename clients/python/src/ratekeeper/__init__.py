@@ -14,8 +14,9 @@ error code has its own exception class (see `ERROR_CLASSES`).
 """
 
 from ._async import AsyncClient, AsyncLease
-from ._core import DEFAULT_SOCKET, ENV_SOCKET
-from ._openai_core import estimate_prompt_tokens
+from ._core.errors import RateLimited, SidecarUnavailable, SidecarUnavailableWarning
+from ._core.estimate import estimate_prompt_tokens
+from ._core.settings import DEFAULT_SOCKET, ENV_SOCKET
 from ._proto import BucketStatus, ChatMessage, Estimated, LimitStatus, StatusReply
 from ._proto.errors import (
     ERROR_CLASSES,
@@ -31,10 +32,7 @@ from ._proto.errors import (
     Overloaded,
     ProtocolError,
     RatekeeperError,
-    RateLimited,
     ShuttingDown,
-    SidecarUnavailable,
-    SidecarUnavailableWarning,
     StoreUnavailable,
     TooManyInFlight,
     UnknownErrorCode,

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import _anthropic_core as core
-from . import _openai_calls as calls
+from ._core import anthropic as core
+from ._core.calls import Cost, Counts
+from ._core.wrapping import LimitedView
 from ._openai_async import AsyncGate, AsyncStreamProxy
-from ._wrapping import LimitedView
 
 if TYPE_CHECKING:
     from ._async import AsyncLease
@@ -48,7 +48,7 @@ class AsyncMessagesGate(AsyncGate):
     retried = core.RETRIED
     log = core.log
 
-    async def acquire(self, cost: calls.Cost) -> AsyncLease:
+    async def acquire(self, cost: Cost) -> AsyncLease:
         settings = self.settings
         return await self.limiter.acquire(
             settings.limit,
@@ -63,7 +63,7 @@ class AsyncMessagesGate(AsyncGate):
         )
 
     async def settle_stream(
-        self, lease: AsyncLease, counts: Optional[calls.Counts], stream: Any, headers: Any
+        self, lease: AsyncLease, counts: Optional[Counts], stream: Any, headers: Any
     ) -> None:
         """Settles a stream's lease, forwarding `headers` (None: its response's
         headers when a sample is due)."""
@@ -196,7 +196,7 @@ class AsyncLimitedResponse:
         self._gate = gate
         self._is_stream = stream
         self._is_raw = raw
-        self._counts: Optional[calls.Counts] = None
+        self._counts: Optional[Counts] = None
         self._events: Optional[AsyncLimitedEvents] = None
 
     async def parse(self, **options: Any) -> Any:
@@ -227,7 +227,7 @@ class AsyncLimitedResponse:
         await self._read(core.body_counts(body, self._lease.reserved.output_tokens))
         return body
 
-    async def _read(self, counts: Optional[calls.Counts]) -> None:
+    async def _read(self, counts: Optional[Counts]) -> None:
         """Notes the usage of what was read; a raw answer settles with it."""
         self._counts = counts
         if self._is_raw:

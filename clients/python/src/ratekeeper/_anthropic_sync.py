@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import _anthropic_core as core
-from . import _openai_calls as calls
+from ._core import anthropic as core
+from ._core.calls import Cost, Counts
+from ._core.wrapping import LimitedView
 from ._openai_sync import Gate, StreamProxy
-from ._wrapping import LimitedView
 
 if TYPE_CHECKING:
     from ._sync import Lease
@@ -50,7 +50,7 @@ class MessagesGate(Gate):
     retried = core.RETRIED
     log = core.log
 
-    def acquire(self, cost: calls.Cost) -> Lease:
+    def acquire(self, cost: Cost) -> Lease:
         settings = self.settings
         return self.limiter.acquire(
             settings.limit,
@@ -65,7 +65,7 @@ class MessagesGate(Gate):
         )
 
     def settle_stream(
-        self, lease: Lease, counts: Optional[calls.Counts], stream: Any, headers: Any
+        self, lease: Lease, counts: Optional[Counts], stream: Any, headers: Any
     ) -> None:
         """Settles a stream's lease, forwarding `headers` (None: its response's
         headers when a sample is due)."""
@@ -198,7 +198,7 @@ class LimitedResponse:
         self._gate = gate
         self._is_stream = stream
         self._is_raw = raw
-        self._counts: Optional[calls.Counts] = None
+        self._counts: Optional[Counts] = None
         self._events: Optional[LimitedEvents] = None
 
     def parse(self, **options: Any) -> Any:
@@ -229,7 +229,7 @@ class LimitedResponse:
         self._read(core.body_counts(body, self._lease.reserved.output_tokens))
         return body
 
-    def _read(self, counts: Optional[calls.Counts]) -> None:
+    def _read(self, counts: Optional[Counts]) -> None:
         """Notes the usage of what was read; a raw answer settles with it."""
         self._counts = counts
         if self._is_raw:

@@ -25,9 +25,12 @@ import weakref
 from collections.abc import Awaitable
 from typing import Callable, Optional
 
-from . import _core as core
 from . import _proto as p
-from ._core import ConnectionLost
+from ._core.connecting import check_peer
+from ._core.deadlines import Deadline
+from ._core.errors import ConnectionLost, unavailable
+from ._core.requests import AnyRequest
+from ._core.session import NOT_COUNTED, Session, connection_answer, deliver_answers
 
 log = logging.getLogger("ratekeeper")
 
@@ -58,7 +61,7 @@ class _Protocol(asyncio.BufferedProtocol):
     waiters itself: no reader task, no stream buffer in between.
     """
 
-    def __init__(self, session: core.Session, hello_id: int) -> None:
+    def __init__(self, session: Session, hello_id: int) -> None:
         self.session = session
         self.hello_id = hello_id
         #: The frames after the answer to `Hello`, once it is in (or the error).
@@ -117,7 +120,7 @@ class Connection:
 
     def __init__(
         self,
-        session: core.Session,
+        session: Session,
         transport: asyncio.Transport,
         protocol: _Protocol,
         leftover: list[p.ServerFrame],
@@ -148,7 +151,7 @@ class Connection:
         cls,
         path: str,
         client_name: str,
-        deadline: core.Deadline,
+        deadline: Deadline,
         expected_uid: Optional[int] = None,
     ) -> Connection:
         """Connects to `path` and exchanges `Hello`, within `deadline` (at least
@@ -164,7 +167,7 @@ class Connection:
 
     @classmethod
     async def _open(cls, path: str, client_name: str, expected_uid: Optional[int]) -> Connection:
-        session = core.Session(client_name)
+        session = Session(client_name)
         hello_id, hello = session.hello_frame()
         loop = asyncio.get_running_loop()
         # What `create_unix_connection(path=...)` does, but holding the socket
@@ -173,7 +176,7 @@ class Connection:
         try:
             sock.setblocking(False)
             await loop.sock_connect(sock, path)
-            core.check_peer(sock, path, expected_uid)
+            check_peer(sock, path, expected_uid)
             transport, protocol = await loop.create_unix_connection(
                 lambda: _Protocol(session, hello_id), sock=sock
             )
@@ -203,15 +206,13 @@ class Connection:
         """Alive, and not retired: new requests may go on it."""
         return self.alive and not self.retired
 
-    async def submit(
-        self, request: core.AnyRequest, deadline: core.Deadline
-    ) -> tuple[int, asyncio.Future]:
+    async def submit(self, request: AnyRequest, deadline: Deadline) -> tuple[int, asyncio.Future]:
         """Sends `request`; the future completes with its answer or `ConnectionLost`.
 
         A task waits for one of the daemon's in-flight slots as long as it takes
         (`deadline` is not applied here: the wait for the answer bounds the call).
         """
-        counted = type(request) not in core.NOT_COUNTED
+        counted = type(request) not in NOT_COUNTED
         if counted:
             while self._in_flight >= self.session.max_in_flight and self._closed is None:
                 room = self.loop.create_future()
@@ -237,8 +238,8 @@ class Connection:
 
     async def call(
         self,
-        request: core.AnyRequest,
-        deadline: core.Deadline,
+        request: AnyRequest,
+        deadline: Deadline,
         abandon: Optional[Abandon] = None,
     ) -> p.Response:
         """Sends `request` and returns its answer: `submit`, then `wait`.
@@ -257,14 +258,14 @@ class Connection:
                 abandon(self, request_id, future)
             raise
 
-    def send_and_forget(self, request: core.AnyRequest) -> None:
+    def send_and_forget(self, request: AnyRequest) -> None:
         """Sends a request whose answer nobody awaits (cancels, late releases)."""
         if self._closed is not None or self.pid != os.getpid():
             return
         _, data = self.session.request_frame(request)
         self._transport.write(data)
 
-    async def wait(self, future: asyncio.Future, deadline: core.Deadline) -> p.Response:
+    async def wait(self, future: asyncio.Future, deadline: Deadline) -> p.Response:
         """The answer of `future`.
 
         Raises `Timeout` at the deadline and `ConnectionLost` when the
@@ -287,14 +288,14 @@ class Connection:
 
     def _received(self) -> None:
         """Called by the protocol with new bytes in the decoder: delivers every whole answer."""
-        lost = core.deliver_answers(self.session.decoder, self._deliver)
+        lost = deliver_answers(self.session.decoder, self._deliver)
         if lost is not None:
             self._fail(lost)
             self._transport.abort()
 
     def _deliver(self, request_id: int, response: p.Response) -> None:
         if request_id == 0:
-            core.connection_answer(response)
+            connection_answer(response)
             return
         future = self._pending.pop(request_id, None)
         if request_id in self._counted:
@@ -394,7 +395,7 @@ class Slot:
         return None
 
     async def get(
-        self, deadline: core.Deadline, connect: Callable[[core.Deadline], Awaitable[Connection]]
+        self, deadline: Deadline, connect: Callable[[Deadline], Awaitable[Connection]]
     ) -> Connection:
         """The usable connection, or a new one from `connect` (one task connects for all)."""
         if self._pid != os.getpid():
@@ -414,10 +415,10 @@ class Slot:
         try:
             return await asyncio.wait_for(asyncio.shield(connecting), deadline.remaining())
         except asyncio.TimeoutError:
-            raise core.unavailable(self.path, None) from None
+            raise unavailable(self.path, None) from None
 
     async def _connect_and_keep(
-        self, connect: Callable[[core.Deadline], Awaitable[Connection]], deadline: core.Deadline
+        self, connect: Callable[[Deadline], Awaitable[Connection]], deadline: Deadline
     ) -> Connection:
         conn = await connect(deadline)
         self.conn = conn

@@ -29,9 +29,12 @@ import time
 from collections.abc import Iterable
 from typing import Callable, Optional
 
-from . import _core as core
 from . import _proto as p
-from ._core import ConnectionLost
+from ._core.connecting import check_peer
+from ._core.deadlines import Deadline
+from ._core.errors import ConnectionLost
+from ._core.requests import AnyRequest
+from ._core.session import NOT_COUNTED, Session, connection_answer
 from ._proto.errors import ProtocolError, RatekeeperError, TooManyInFlight
 from ._slot_sync import Slot as Slot  # the policy takes it from here, as from `_io_async`
 
@@ -41,6 +44,9 @@ log = logging.getLogger("ratekeeper")
 COROUTINES = False
 
 NEED_DATA = p.NEED_DATA
+
+#: Bytes asked of the socket per read.
+RECV_SIZE = 64 * 1024
 
 #: What `Connection.wait` raises at its deadline.
 Timeout = TimeoutError
@@ -160,7 +166,7 @@ class Connection:
     """
 
     def __init__(
-        self, session: core.Session, sock: socket.socket, leftover: list[p.ServerFrame]
+        self, session: Session, sock: socket.socket, leftover: list[p.ServerFrame]
     ) -> None:
         self.pid = os.getpid()
         self.session = session
@@ -185,23 +191,23 @@ class Connection:
         cls,
         path: str,
         client_name: str,
-        deadline: core.Deadline,
+        deadline: Deadline,
         expected_uid: Optional[int] = None,
     ) -> Connection:
         """Connects to `path` and exchanges `Hello`, within `deadline` (at least
         50 ms), once the peer is known to run as `expected_uid` (when given)."""
-        session = core.Session(client_name)
+        session = Session(client_name)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             remaining = deadline.remaining()
             sock.settimeout(None if remaining is None else max(remaining, 0.05))
             sock.connect(path)
-            core.check_peer(sock, path, expected_uid)
+            check_peer(sock, path, expected_uid)
             hello_id, hello = session.hello_frame()
             sock.sendall(hello)
             leftover = None
             while leftover is None:
-                data = sock.recv(core.RECV_SIZE)
+                data = sock.recv(RECV_SIZE)
                 if not data:
                     raise ConnectionResetError("the daemon closed the connection during Hello")
                 leftover = session.receive_hello(hello_id, data)
@@ -221,13 +227,13 @@ class Connection:
         """Alive, and not retired: new requests may go on it."""
         return self._closed is None and not self.retired and self.pid == os.getpid()
 
-    def submit(self, request: core.AnyRequest, deadline: core.Deadline) -> tuple[int, Future]:
+    def submit(self, request: AnyRequest, deadline: Deadline) -> tuple[int, Future]:
         """Sends `request`; the future completes with its answer or `ConnectionLost`.
 
         Waits until `deadline` for one of the daemon's in-flight slots, then
         raises `TooManyInFlight`.
         """
-        counted = type(request) not in core.NOT_COUNTED
+        counted = type(request) not in NOT_COUNTED
         future = Future(self._state, counted)
         with self._state:
             if self._closed is not None:
@@ -247,8 +253,8 @@ class Connection:
 
     def call(
         self,
-        request: core.AnyRequest,
-        deadline: core.Deadline,
+        request: AnyRequest,
+        deadline: Deadline,
         abandon: Optional[Abandon] = None,
     ) -> p.Response:
         """Sends `request` and returns its answer: `submit` and `wait` in one.
@@ -266,7 +272,7 @@ class Connection:
         `abandon(self, request_id, future)` first, unless the connection
         broke (`ConnectionLost`).
         """
-        counted = type(request) not in core.NOT_COUNTED
+        counted = type(request) not in NOT_COUNTED
         with self._state:
             alone = not self._reading and not self._pending and self._closed is None
             if alone and counted and self._in_flight >= self.session.max_in_flight:
@@ -310,7 +316,7 @@ class Connection:
             self._stop_reading(counted and answered)
 
     def _read(
-        self, deadline: core.Deadline, own_id: int, future: Optional[Future]
+        self, deadline: Deadline, own_id: int, future: Optional[Future]
     ) -> Optional[p.Response]:
         """The reader's loop: reads and delivers answers until `future` is done,
         or, with no future (a request `call` sent alone), until the answer to
@@ -395,7 +401,7 @@ class Connection:
         if successor is not None:
             successor._wake.set()  # type: ignore[union-attr]
 
-    def _wait_for_room(self, deadline: core.Deadline) -> None:
+    def _wait_for_room(self, deadline: Deadline) -> None:
         """With `_state` held: until fewer than the daemon's bound are unanswered."""
         self._room_waiters += 1
         try:
@@ -412,17 +418,17 @@ class Connection:
         if self._closed is not None:
             raise self._closed
 
-    def send_and_forget(self, request: core.AnyRequest) -> None:
+    def send_and_forget(self, request: AnyRequest) -> None:
         """Sends a request whose answer nobody waits for (cancels, late releases).
 
         Its answer is read, and dropped, by whichever call reads next.
         """
         try:
-            self.submit(request, core.Deadline(0))
+            self.submit(request, Deadline(0))
         except RatekeeperError as error:
             log.debug("could not send %s: %s", type(request).__name__, error)
 
-    def wait(self, future: Future, deadline: core.Deadline) -> p.Response:
+    def wait(self, future: Future, deadline: Deadline) -> p.Response:
         """The answer of `future`, reading the socket when no other caller does.
 
         Raises `Timeout` at the deadline and `ConnectionLost` when the
@@ -485,7 +491,7 @@ class Connection:
         for future in completed:
             future._completed()
         for response in about_connection:
-            core.connection_answer(response)
+            connection_answer(response)
 
     def _fail(self, reason: ConnectionLost) -> None:
         with self._state:

@@ -10,10 +10,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import _core as core
 from . import _proto as p
-from . import _requests as req
-from ._core import ConnectionLost
+from ._core import requests as req
+from ._core.deadlines import SETTLE_RETRY_DELAYS, Deadline, settle_retry_pause
+from ._core.errors import ConnectionLost
+from ._core.failed_call import failed_call
+from ._core.requests import Reservation, report_counts
+from ._core.results import expect
 from ._io_sync import Connection, sleep
 from ._proto.errors import ErrorCode, RatekeeperError
 
@@ -64,7 +67,7 @@ class Lease:
         self.tokens_returned: Optional[int] = None
 
     @property
-    def reserved(self) -> core.Reservation:
+    def reserved(self) -> Reservation:
         """What was reserved on each side, used to settle a lease as fully used."""
         return self._request.reservation(0 if self.lease_id is None else self.tokens)
 
@@ -85,7 +88,7 @@ class Lease:
         Returns the tokens given back (negative when the usage exceeded the
         reservation and the overrun was debited), or None when nothing was sent.
         """
-        counts = core.report_counts(used, input_tokens, output_tokens)
+        counts = report_counts(used, input_tokens, output_tokens)
         settlement = req.Settlement(self.lease_id or 0, counts[0], counts[1], False)
         return self._settle(settlement, p.Settled)
 
@@ -126,7 +129,7 @@ class Lease:
         may not have been made), which releases it. Returns what the
         settlement returns.
         """
-        outcome = core.failed_call(error, called)
+        outcome = failed_call(error, called)
         if outcome == "rejected":
             return self.settle_as_rejected()
         if outcome == "release":
@@ -154,15 +157,15 @@ class Lease:
 
         A `StoreUnavailable` answer means the daemon could not apply the
         settlement and kept the lease: the same request is sent again after
-        each pause of `core.SETTLE_RETRY_DELAYS`, within `timeout`, and the
+        each pause of `SETTLE_RETRY_DELAYS`, within `timeout`, and the
         last answer is raised if none settled it.
         """
         if self.unlimited:
             self.settled = True
             return None
         conn = self._conn
-        deadline = core.Deadline(self._client.timeout)
-        pauses = iter(core.SETTLE_RETRY_DELAYS)
+        deadline = Deadline(self._client.timeout)
+        pauses = iter(SETTLE_RETRY_DELAYS)
         while True:
             try:
                 if conn is None or not conn.alive:
@@ -173,12 +176,12 @@ class Lease:
                 log.info("lease %s was lost with its connection; the daemon kept it", self.lease_id)
                 return None
             try:
-                answer = core.expect(response, kind)
+                answer = expect(response, kind)
                 break
             except RatekeeperError as error:
                 if error.code == ErrorCode.UNKNOWN_LEASE:
                     self.settled = True
-                pause = core.settle_retry_pause(error, pauses, deadline)
+                pause = settle_retry_pause(error, pauses, deadline)
                 if pause is None:
                     raise
                 log.info("lease %s is not settled yet, retrying: %s", self.lease_id, error)

@@ -24,9 +24,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
-from . import _openai_calls as calls
-from . import _openai_core as core
-from ._core import provider_status
+from ._core import openai as calls
+from ._core.calls import Cost, Counts, FeedbackSampler, error_headers, retry_delay
+from ._core.estimate import FALLBACK_MAX_TOKENS
+from ._core.failed_call import provider_status
 from ._io_async import sleep
 from ._proto.errors import ErrorCode, RatekeeperError, Unsupported
 
@@ -46,16 +47,16 @@ class AsyncGate:
     #: The provider statuses a call is retried after, with a new acquire.
     retried: tuple[int, ...] = (429,)
     #: Where the retries are told.
-    log: logging.Logger = core.log
+    log: logging.Logger = calls.log
 
     def __init__(self, limiter: AsyncClient, settings: Any) -> None:
         self.limiter = limiter
         #: The wrapper's `LimitOptions`: `ratekeeper.openai`'s, or in a subclass
         #: another wrapper's.
         self.settings = settings
-        self.sampler = core.FeedbackSampler(settings.feedback_interval)
+        self.sampler = FeedbackSampler(settings.feedback_interval)
 
-    async def acquire(self, cost: calls.Cost) -> AsyncLease:
+    async def acquire(self, cost: Cost) -> AsyncLease:
         """A lease for `cost`: counted by the daemon, or by a rough client-side
         estimate while the daemon cannot count messages."""
         settings = self.settings
@@ -78,10 +79,10 @@ class AsyncGate:
             )
         except Unsupported:  # transitional: a daemon from before token counting
             prompt = settings.estimate(messages, cost.tools)
-            output = core.FALLBACK_MAX_TOKENS if max_tokens is None else max_tokens
+            output = FALLBACK_MAX_TOKENS if max_tokens is None else max_tokens
             return await limiter.acquire(settings.limit, prompt, max_tokens=output, **common)
 
-    async def limited(self, cost: calls.Cost, call: Callable[[], Any]) -> tuple[Any, AsyncLease]:
+    async def limited(self, cost: Cost, call: Callable[[], Any]) -> tuple[Any, AsyncLease]:
         """Acquires `cost` and awaits `call()`, retrying a provider 429 (a status
         in `retried`) as the module says; (what the call answered, its unsettled lease)."""
         settings = self.settings
@@ -96,23 +97,21 @@ class AsyncGate:
                 status = provider_status(error)
                 if status not in self.retried:
                     raise
-                headers = core.error_headers(error)
+                headers = error_headers(error)
                 paused = await self.forward(lease, status, headers)
                 if attempt >= settings.max_retries:
                     raise
                 # Paused in the sidecar: the next acquire waits exactly as long.
                 # Either way it waits in the shared bucket, where a 429'd
                 # attempt stays spent, so a retry never finds the room it had.
-                delay = (
-                    0.0 if paused else core.retry_delay(headers, attempt, settings.max_retry_wait)
-                )
+                delay = 0.0 if paused else retry_delay(headers, attempt, settings.max_retry_wait)
                 self.log.info("provider answered %s; retrying in %.3fs", status, delay)
                 await sleep(delay)
                 attempt += 1
                 continue
             return result, lease
 
-    async def settle(self, lease: AsyncLease, counts: Optional[calls.Counts], headers: Any) -> None:
+    async def settle(self, lease: AsyncLease, counts: Optional[Counts], headers: Any) -> None:
         """Reports `counts` (None: the reservation counts as spent) and forwards
         the answer's `headers` (None: not this one)."""
         await report_counts(lease, counts)
@@ -124,7 +123,10 @@ class AsyncGate:
 
 
 async def forward_feedback(
-    sampler: core.FeedbackSampler, lease: AsyncLease, status: int, headers: Any
+    sampler: FeedbackSampler,
+    lease: AsyncLease,
+    status: int,
+    headers: Any,
 ) -> bool:
     """Forwards an answer's rate-limit headers through `lease` (every wrapper's rule);
     True if the sidecar paused the limit."""
@@ -135,7 +137,7 @@ async def forward_feedback(
     except RatekeeperError as error:
         if error.code == ErrorCode.UNSUPPORTED:  # a daemon from before feedback
             sampler.disable()
-        core.log.info("could not forward the provider's headers: %s", error)
+        calls.log.info("could not forward the provider's headers: %s", error)
         return False
     return noted is not None and noted.paused_ms > 0
 
@@ -149,7 +151,7 @@ async def report_counts(lease: AsyncLease, counts: Optional[tuple[int, int]]) ->
         else:
             await lease.report(input_tokens=counts[0], output_tokens=counts[1])
     except RatekeeperError as error:
-        core.log_settle_error(lease, error)
+        calls.log_settle_error(lease, error)
 
 
 async def settle_failed(lease: AsyncLease, error: BaseException) -> None:
@@ -158,7 +160,7 @@ async def settle_failed(lease: AsyncLease, error: BaseException) -> None:
     try:
         await lease.settle_failed(error)
     except RatekeeperError as failed:
-        core.log_settle_error(lease, failed)
+        calls.log_settle_error(lease, failed)
 
 
 class AsyncStreamProxy:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import _openai_calls as calls
-from . import _openai_core as core
+from ._core import openai as calls
+from ._core.calls import Counts
+from ._core.wrapping import LimitedView
 from ._openai_async import AsyncGate, AsyncLimitedStream, AsyncStreamProxy
-from ._wrapping import LimitedView
 
 if TYPE_CHECKING:
     from ._async import AsyncLease
@@ -73,7 +73,7 @@ class AsyncResource(LimitedView):
         if kwargs.get("stream") is True:
             parsed, headers = answer.parse(), answer.headers
             stream = AsyncLimitedStream(parsed, lease, api, hide_usage, gate, headers)
-            return core.RawStreamResponse(answer, stream)
+            return calls.RawStreamResponse(answer, stream)
         await gate.settle(lease, api.reply_counts(answer.parse()), answer.headers)
         return answer
 
@@ -139,7 +139,7 @@ class AsyncLimitedResponse:
         self._resource = resource
         self._hide_usage = hide_usage
         self._is_stream = stream
-        self._counts: Optional[calls.Counts] = None
+        self._counts: Optional[Counts] = None
         self._stream: Optional[AsyncLimitedStream] = None
 
     async def parse(self, **options: Any) -> Any:
@@ -220,7 +220,7 @@ class AsyncLimitedStreamManager:
     def _observe(self, stream: Any) -> Any:
         return stream
 
-    def _counts(self) -> Optional[calls.Counts]:
+    def _counts(self) -> Optional[Counts]:
         return calls.snapshot_counts(self._resource.api, self._stream)
 
 
@@ -232,7 +232,7 @@ class AsyncLimitedResponseStreamManager(AsyncLimitedStreamManager):
     def _observe(self, stream: Any) -> Any:
         return AsyncObservedEvents(stream, self._resource.api)
 
-    def _counts(self) -> Optional[calls.Counts]:
+    def _counts(self) -> Optional[Counts]:
         return self._resource.api.counts(self._stream.usage)
 
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import _openai_calls as calls
-from . import _openai_core as core
+from ._core import openai as calls
+from ._core.calls import Counts
+from ._core.wrapping import LimitedView
 from ._openai_sync import Gate, LimitedStream, StreamProxy
-from ._wrapping import LimitedView
 
 if TYPE_CHECKING:
     from ._sync import Lease
@@ -75,7 +75,7 @@ class Resource(LimitedView):
         if kwargs.get("stream") is True:
             parsed, headers = answer.parse(), answer.headers
             stream = LimitedStream(parsed, lease, api, hide_usage, gate, headers)
-            return core.RawStreamResponse(answer, stream)
+            return calls.RawStreamResponse(answer, stream)
         gate.settle(lease, api.reply_counts(answer.parse()), answer.headers)
         return answer
 
@@ -141,7 +141,7 @@ class LimitedResponse:
         self._resource = resource
         self._hide_usage = hide_usage
         self._is_stream = stream
-        self._counts: Optional[calls.Counts] = None
+        self._counts: Optional[Counts] = None
         self._stream: Optional[LimitedStream] = None
 
     def parse(self, **options: Any) -> Any:
@@ -222,7 +222,7 @@ class LimitedStreamManager:
     def _observe(self, stream: Any) -> Any:
         return stream
 
-    def _counts(self) -> Optional[calls.Counts]:
+    def _counts(self) -> Optional[Counts]:
         return calls.snapshot_counts(self._resource.api, self._stream)
 
 
@@ -234,7 +234,7 @@ class LimitedResponseStreamManager(LimitedStreamManager):
     def _observe(self, stream: Any) -> Any:
         return ObservedEvents(stream, self._resource.api)
 
-    def _counts(self) -> Optional[calls.Counts]:
+    def _counts(self) -> Optional[Counts]:
         return self._resource.api.counts(self._stream.usage)
 
 

@@ -26,9 +26,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
-from . import _openai_calls as calls
-from . import _openai_core as core
-from ._core import provider_status
+from ._core import openai as calls
+from ._core.calls import Cost, Counts, FeedbackSampler, error_headers, retry_delay
+from ._core.estimate import FALLBACK_MAX_TOKENS
+from ._core.failed_call import provider_status
 from ._io_sync import sleep
 from ._proto.errors import ErrorCode, RatekeeperError, Unsupported
 
@@ -48,16 +49,16 @@ class Gate:
     #: The provider statuses a call is retried after, with a new acquire.
     retried: tuple[int, ...] = (429,)
     #: Where the retries are told.
-    log: logging.Logger = core.log
+    log: logging.Logger = calls.log
 
     def __init__(self, limiter: Client, settings: Any) -> None:
         self.limiter = limiter
         #: The wrapper's `LimitOptions`: `ratekeeper.openai`'s, or in a subclass
         #: another wrapper's.
         self.settings = settings
-        self.sampler = core.FeedbackSampler(settings.feedback_interval)
+        self.sampler = FeedbackSampler(settings.feedback_interval)
 
-    def acquire(self, cost: calls.Cost) -> Lease:
+    def acquire(self, cost: Cost) -> Lease:
         """A lease for `cost`: counted by the daemon, or by a rough client-side
         estimate while the daemon cannot count messages."""
         settings = self.settings
@@ -80,10 +81,10 @@ class Gate:
             )
         except Unsupported:  # transitional: a daemon from before token counting
             prompt = settings.estimate(messages, cost.tools)
-            output = core.FALLBACK_MAX_TOKENS if max_tokens is None else max_tokens
+            output = FALLBACK_MAX_TOKENS if max_tokens is None else max_tokens
             return limiter.acquire(settings.limit, prompt, max_tokens=output, **common)
 
-    def limited(self, cost: calls.Cost, call: Callable[[], Any]) -> tuple[Any, Lease]:
+    def limited(self, cost: Cost, call: Callable[[], Any]) -> tuple[Any, Lease]:
         """Acquires `cost` and awaits `call()`, retrying a provider 429 (a status
         in `retried`) as the module says; (what the call answered, its unsettled lease)."""
         settings = self.settings
@@ -98,23 +99,21 @@ class Gate:
                 status = provider_status(error)
                 if status not in self.retried:
                     raise
-                headers = core.error_headers(error)
+                headers = error_headers(error)
                 paused = self.forward(lease, status, headers)
                 if attempt >= settings.max_retries:
                     raise
                 # Paused in the sidecar: the next acquire waits exactly as long.
                 # Either way it waits in the shared bucket, where a 429'd
                 # attempt stays spent, so a retry never finds the room it had.
-                delay = (
-                    0.0 if paused else core.retry_delay(headers, attempt, settings.max_retry_wait)
-                )
+                delay = 0.0 if paused else retry_delay(headers, attempt, settings.max_retry_wait)
                 self.log.info("provider answered %s; retrying in %.3fs", status, delay)
                 sleep(delay)
                 attempt += 1
                 continue
             return result, lease
 
-    def settle(self, lease: Lease, counts: Optional[calls.Counts], headers: Any) -> None:
+    def settle(self, lease: Lease, counts: Optional[Counts], headers: Any) -> None:
         """Reports `counts` (None: the reservation counts as spent) and forwards
         the answer's `headers` (None: not this one)."""
         report_counts(lease, counts)
@@ -126,7 +125,10 @@ class Gate:
 
 
 def forward_feedback(
-    sampler: core.FeedbackSampler, lease: Lease, status: int, headers: Any
+    sampler: FeedbackSampler,
+    lease: Lease,
+    status: int,
+    headers: Any,
 ) -> bool:
     """Forwards an answer's rate-limit headers through `lease` (every wrapper's rule);
     True if the sidecar paused the limit."""
@@ -137,7 +139,7 @@ def forward_feedback(
     except RatekeeperError as error:
         if error.code == ErrorCode.UNSUPPORTED:  # a daemon from before feedback
             sampler.disable()
-        core.log.info("could not forward the provider's headers: %s", error)
+        calls.log.info("could not forward the provider's headers: %s", error)
         return False
     return noted is not None and noted.paused_ms > 0
 
@@ -151,7 +153,7 @@ def report_counts(lease: Lease, counts: Optional[tuple[int, int]]) -> None:
         else:
             lease.report(input_tokens=counts[0], output_tokens=counts[1])
     except RatekeeperError as error:
-        core.log_settle_error(lease, error)
+        calls.log_settle_error(lease, error)
 
 
 def settle_failed(lease: Lease, error: BaseException) -> None:
@@ -160,7 +162,7 @@ def settle_failed(lease: Lease, error: BaseException) -> None:
     try:
         lease.settle_failed(error)
     except RatekeeperError as failed:
-        core.log_settle_error(lease, failed)
+        calls.log_settle_error(lease, failed)
 
 
 class StreamProxy:

@@ -13,7 +13,8 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Callable, Optional
 
-from . import _core as core
+from ._core.deadlines import Deadline
+from ._core.errors import unavailable
 
 if TYPE_CHECKING:
     from ._io_sync import Connection
@@ -53,9 +54,7 @@ class Slot:
             return conn
         return None
 
-    def get(
-        self, deadline: core.Deadline, connect: Callable[[core.Deadline], Connection]
-    ) -> Connection:
+    def get(self, deadline: Deadline, connect: Callable[[Deadline], Connection]) -> Connection:
         """The usable connection, or a new one from `connect` (one caller connects at a time)."""
         if self._pid != os.getpid():
             self._reset_after_fork()
@@ -63,7 +62,7 @@ class Slot:
         if conn is not None and conn.usable:
             return conn
         if not self._lock.acquire(timeout=-1 if deadline.at is None else deadline.remaining()):
-            raise core.unavailable(self.path, TimeoutError("another thread is connecting"))
+            raise unavailable(self.path, TimeoutError("another thread is connecting"))
         try:
             conn = self.conn
             if conn is not None and conn.usable:

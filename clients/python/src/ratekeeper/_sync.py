@@ -26,17 +26,24 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional, TypeVar, Union, cast
 
-from . import _core as core
 from . import _proto as p
-from . import _requests as req
-from ._core import ConnectionLost
-from ._io_sync import COROUTINES, Connection, Future, Slot, Timeout, sleep
-from ._lease_sync import Lease
-from ._proto.errors import (
-    ErrorCode,
+from ._core import requests as req
+from ._core import settings
+from ._core.connecting import nobody_listening, reconnect_delays, sidecar_busy
+from ._core.deadlines import Deadline
+from ._core.decorator import Usage, check_decorated, usage_counts
+from ._core.errors import (
+    ConnectionLost,
     SidecarUnavailable,
     SidecarUnavailableWarning,
+    describe,
+    unavailable,
 )
+from ._core.requests import AnyRequest, MessageLike
+from ._core.results import expect, granted_or_raise
+from ._io_sync import COROUTINES, Connection, Future, Slot, Timeout, sleep
+from ._lease_sync import Lease
+from ._proto.errors import ErrorCode
 
 log = logging.getLogger("ratekeeper")
 
@@ -84,17 +91,17 @@ class Client:
         socket: Optional[Union[str, os.PathLike]] = None,
         *,
         name: Optional[str] = None,
-        timeout: float = core.DEFAULT_TIMEOUT,
-        connect_timeout: float = core.DEFAULT_CONNECT_TIMEOUT,
-        on_unavailable: core.OnUnavailable = "raise",
+        timeout: float = settings.DEFAULT_TIMEOUT,
+        connect_timeout: float = settings.DEFAULT_CONNECT_TIMEOUT,
+        on_unavailable: settings.OnUnavailable = "raise",
         expected_uid: Optional[int] = None,
     ) -> None:
-        self.socket_path = core.socket_path(socket)
-        self.expected_uid = core.expected_uid(expected_uid)
+        self.socket_path = settings.socket_path(socket)
+        self.expected_uid = settings.expected_uid(expected_uid)
         self.name = name
-        self.timeout = core.check_seconds("timeout", timeout)
-        self.connect_timeout = core.check_seconds("connect_timeout", connect_timeout)
-        self.on_unavailable: core.OnUnavailable = core.check_on_unavailable(on_unavailable)
+        self.timeout = settings.check_seconds("timeout", timeout)
+        self.connect_timeout = settings.check_seconds("connect_timeout", connect_timeout)
+        self.on_unavailable: settings.OnUnavailable = settings.check_on_unavailable(on_unavailable)
         self._slot = Slot(self.socket_path, self)
         #: Cleared when the daemon answers `LeaseFeedback` as unsupported
         #: (revision 4 or earlier): feedback then goes as plain `Feedback`.
@@ -102,7 +109,7 @@ class Client:
 
     # -- connections --------------------------------------------------------
 
-    def _connect(self, deadline: core.Deadline) -> Connection:
+    def _connect(self, deadline: Deadline) -> Connection:
         """A new connection, within `deadline`.
 
         Retried within `timeout` while the sidecar resets connections or its
@@ -118,15 +125,15 @@ class Client:
         # socket file be a successor about to bind it (or one replacing a
         # stale file) rather than a path where no daemon was ever started.
         was_there = slot.reconnecting
-        name = self.name or core.default_client_name()
+        name = self.name or settings.default_client_name()
         last: Optional[BaseException] = None
-        for delay in core.reconnect_delays():
+        for delay in reconnect_delays():
             try:
                 conn = Connection.open(self.socket_path, name, busy_until, self.expected_uid)
             except (OSError, ConnectionLost) as error:
-                if core.sidecar_busy(error):
+                if sidecar_busy(error):
                     until = busy_until
-                elif core.nobody_listening(error) and (
+                elif nobody_listening(error) and (
                     was_there or not isinstance(error, FileNotFoundError)
                 ):
                     until = absent_until
@@ -149,20 +156,20 @@ class Client:
         if not slot.down:
             log.warning("the ratekeeper sidecar at %s is unavailable: %s", self.socket_path, last)
         slot.down = True
-        raise core.unavailable(self.socket_path, last)
+        raise unavailable(self.socket_path, last)
 
     def _request_on(
         self,
         conn: Connection,
-        request: core.AnyRequest,
-        deadline: Optional[core.Deadline] = None,
+        request: AnyRequest,
+        deadline: Optional[Deadline] = None,
     ) -> p.Response:
         """One request on a given connection (a lease's), without reconnecting;
         an acquire nobody waits for any more is abandoned.
 
         Bounded by `deadline`, else by `timeout` from now.
         """
-        deadline = deadline or core.Deadline(self.timeout)
+        deadline = deadline or Deadline(self.timeout)
         abandon = self._abandon if type(request) is req.AcquireRequest else None
         try:
             return conn.call(request, deadline, abandon)
@@ -190,7 +197,7 @@ class Client:
 
     def _call(self, request: p.Request) -> p.Response:
         """A request that may be resent on a new connection if the old one broke."""
-        deadline = core.Deadline(self.timeout)
+        deadline = Deadline(self.timeout)
         while True:
             conn = self._slot.get(deadline, self._connect)
             try:
@@ -206,7 +213,7 @@ class Client:
         limit: str,
         tokens: Optional[int] = None,
         *,
-        messages: Optional[Iterable[core.MessageLike]] = None,
+        messages: Optional[Iterable[MessageLike]] = None,
         max_tokens: Optional[int] = None,
         tools: Any = None,
         system: Any = None,
@@ -230,10 +237,10 @@ class Client:
         request = req.build_acquire(
             limit, tokens, messages, max_tokens, tools, tenant, priority, max_wait, system, api
         )
-        overall = core.Deadline(None if max_wait is None else max_wait + self.timeout)
+        overall = Deadline(None if max_wait is None else max_wait + self.timeout)
         # Set when a connection first breaks: what reconnecting may take (the
         # connect itself waits for nobody listening only `connect_timeout`).
-        retry_until: Optional[core.Deadline] = None
+        retry_until: Optional[Deadline] = None
         reconnect = max(self.timeout, self.connect_timeout)
         attempt = request
         while True:
@@ -263,7 +270,7 @@ class Client:
                 attempt = req.with_remaining_wait(request, overall, self.timeout)
                 continue
             response = req.older_daemon(response, request.chat)
-            granted = core.granted_or_raise(response, limit)
+            granted = granted_or_raise(response, limit)
             return Lease(self, conn, limit, granted, request)
 
     def _unavailable(
@@ -272,7 +279,7 @@ class Client:
         if self.on_unavailable == "raise":
             raise error
         warnings.warn(
-            f"ratekeeper: proceeding without a rate limit on {limit!r}: {core.describe(error)}",
+            f"ratekeeper: proceeding without a rate limit on {limit!r}: {describe(error)}",
             SidecarUnavailableWarning,
             stacklevel=3,
         )
@@ -284,7 +291,7 @@ class Client:
         limit: str,
         tokens: Optional[int] = None,
         *,
-        messages: Optional[Iterable[core.MessageLike]] = None,
+        messages: Optional[Iterable[MessageLike]] = None,
         max_tokens: Optional[int] = None,
         tools: Any = None,
         system: Any = None,
@@ -327,9 +334,9 @@ class Client:
         limit: str,
         tokens: Union[int, Callable[..., int], None] = None,
         *,
-        messages: Optional[Callable[..., Iterable[core.MessageLike]]] = None,
+        messages: Optional[Callable[..., Iterable[MessageLike]]] = None,
         max_tokens: Optional[int] = None,
-        usage: Optional[Callable[[Any], core.Usage]] = None,
+        usage: Optional[Callable[[Any], Usage]] = None,
         tenant: Optional[str] = None,
         priority: Optional[str] = None,
         max_wait: Optional[float] = None,
@@ -356,7 +363,7 @@ class Client:
             req.token_count("max_tokens", max_tokens)
 
         def decorate(function: F) -> F:
-            core.check_decorated(function, COROUTINES, type(self).__name__)
+            check_decorated(function, COROUTINES, type(self).__name__)
 
             @functools.wraps(function)
             def limited(*args: Any, **kwargs: Any) -> Any:
@@ -375,7 +382,7 @@ class Client:
                     result = function(*args, **kwargs)
                     try:
                         used = None if usage is None else usage(result)
-                        counts = core.usage_counts(used)
+                        counts = usage_counts(used)
                     except Exception:
                         lease.settle_as_reserved()  # the call was made: keep its tokens
                         raise
@@ -392,7 +399,7 @@ class Client:
         limit: str,
         tokens: Optional[int] = None,
         *,
-        messages: Optional[Iterable[core.MessageLike]] = None,
+        messages: Optional[Iterable[MessageLike]] = None,
         max_tokens: Optional[int] = None,
         tools: Any = None,
         system: Any = None,
@@ -401,7 +408,7 @@ class Client:
         """What an acquire with that cost would reserve, reserving nothing."""
         cost = req.build_cost(tokens, messages, max_tokens, tools, system, api)
         response = self._call(p.Estimate(limit, cost))
-        return core.expect(req.older_daemon(response, cost), p.Estimated)
+        return expect(req.older_daemon(response, cost), p.Estimated)
 
     def feedback(
         self,
@@ -426,19 +433,19 @@ class Client:
         if lease is not None and self._lease_feedback:
             response = self._call(p.LeaseFeedback(lease, request))
             if not req.unsupported(response):
-                return core.expect(response, p.Noted)
+                return expect(response, p.Noted)
             self._lease_feedback = False
-        return core.expect(self._call(request), p.Noted)
+        return expect(self._call(request), p.Noted)
 
     def status(self, limit: Optional[str] = None) -> p.StatusReply:
         """The store kind and the buckets of one limit, or of every limit."""
-        return core.expect(self._call(p.Status(limit)), p.StatusReply)
+        return expect(self._call(p.Status(limit)), p.StatusReply)
 
     def ping(self) -> float:
         """Round trip to the daemon, in seconds (connecting first if needed)."""
-        self._slot.get(core.Deadline(self.timeout), self._connect)
+        self._slot.get(Deadline(self.timeout), self._connect)
         started = time.perf_counter()
-        core.expect(self._call(p.Ping()), p.Pong)
+        expect(self._call(p.Ping()), p.Pong)
         return time.perf_counter() - started
 
     def close(self) -> None:

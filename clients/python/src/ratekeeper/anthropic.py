@@ -53,13 +53,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, TypeVar, Union, cast
 
-from . import _anthropic_core as core
 from ._anthropic_async import AsyncMessages, AsyncMessagesGate
 from ._anthropic_sync import Messages, MessagesGate
 from ._async import AsyncClient
-from ._openai_core import CallOptions, is_async_sdk
+from ._core import anthropic as core
+from ._core.calls import CallOptions, is_async_sdk
+from ._core.wrapping import WrappedClient, WrappedNamespace
 from ._sync import Client
-from ._wrapping import WrappedClient, WrappedNamespace
 
 __all__ = ["LimitOptions", "wrap"]
 
@@ -97,7 +97,10 @@ def wrap(
     """
     settings = LimitOptions(limit=limit, **options)
     create = client.messages.create  # type: ignore[attr-defined]
-    is_async = is_async_sdk(create, limiter, "anthropic.AsyncAnthropic", "anthropic.Anthropic")
+    async_limiter = isinstance(limiter, AsyncClient)
+    is_async = is_async_sdk(
+        create, async_limiter, "anthropic.AsyncAnthropic", "anthropic.Anthropic"
+    )
     return cast(AnthropicClient, _Wrapped(client, limiter, settings, is_async))
 
 

@@ -75,21 +75,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from ._async import AsyncClient
+from ._core.calls import CallOptions, is_async_sdk, retry_delay
+from ._core.estimate import FALLBACK_MAX_TOKENS as FALLBACK_MAX_TOKENS
+from ._core.estimate import estimate_prompt_tokens
+from ._core.openai import UNLIMITED_CHAT_PARTS, UNLIMITED_SPENDERS
+from ._core.wrapping import WrappedClient, WrappedNamespace
 from ._openai_async import AsyncGate
-from ._openai_core import FALLBACK_MAX_TOKENS as FALLBACK_MAX_TOKENS
-from ._openai_core import (
-    UNLIMITED_CHAT_PARTS,
-    UNLIMITED_SPENDERS,
-    CallOptions,
-    estimate_prompt_tokens,
-    is_async_sdk,
-    retry_delay,
-)
 from ._openai_resources_async import AsyncCompletions, AsyncEmbeddings, AsyncResponses
 from ._openai_resources_sync import Completions, Embeddings, Responses
 from ._openai_sync import Gate
 from ._sync import Client
-from ._wrapping import WrappedClient, WrappedNamespace
 
 __all__ = ["LimitOptions", "retry_delay", "wrap"]
 
@@ -135,7 +130,8 @@ def wrap(
     """
     settings = LimitOptions(limit=limit, **options)
     create = client.chat.completions.create  # type: ignore[attr-defined]
-    is_async = is_async_sdk(create, limiter, "openai.AsyncOpenAI", "openai.OpenAI")
+    async_limiter = isinstance(limiter, AsyncClient)
+    is_async = is_async_sdk(create, async_limiter, "openai.AsyncOpenAI", "openai.OpenAI")
     return cast(OpenAIClient, _Wrapped(client, limiter, settings, is_async))
 
 

@@ -1,9 +1,10 @@
-"""The exceptions of the client, one class per protocol error code.
+"""The protocol's error codes, one exception class each, under `RatekeeperError`.
 
 The daemon answers a failed request with a stable numeric code (PROTOCOL.md §7)
 and a message for humans. The client maps each code to one exception class and
 never parses the message. A denial is not an error code but a normal answer;
-the client still raises it, as `RateLimited`, because the caller cannot proceed.
+the client still raises it, as `RateLimited` (`_core.errors`, with the other
+failures the client detects itself), because the caller cannot proceed.
 """
 
 from __future__ import annotations
@@ -47,36 +48,6 @@ class RatekeeperError(Exception):
     def __init__(self, message: str = "") -> None:
         super().__init__(message)
         self.message = message
-
-
-class RateLimited(RatekeeperError):
-    """The limit cannot serve the acquire within its `max_wait`; nothing was reserved.
-
-    `retry_after` is the earliest delay in seconds after which the same acquire
-    could be granted (a web app can answer 503 with this `Retry-After`);
-    `bucket` names the bucket that refused (`"tokens"`, `"requests"`, `"tenant"`, …).
-    """
-
-    retryable = True
-
-    def __init__(self, retry_after: float, bucket: str, limit: str = "") -> None:
-        where = f" on limit {limit!r}" if limit else ""
-        super().__init__(
-            f"rate limited by the {bucket!r} bucket{where}; retry after {retry_after}s"
-        )
-        self.retry_after = retry_after
-        self.bucket = bucket
-        self.limit = limit
-
-
-class SidecarUnavailable(RatekeeperError):
-    """The daemon could not be reached, or the connection broke, within the call's deadline."""
-
-    retryable = True
-
-
-class SidecarUnavailableWarning(RuntimeWarning):
-    """Issued when a call proceeds unlimited because the sidecar is unreachable ("allow")."""
 
 
 class ProtocolError(RatekeeperError):

@@ -2,11 +2,11 @@
 
 Reading a request's cost and a reply's usage, and adding up a stream's usage
 from its events. What a failed call leaves of its lease is the client's rule
-(`_core.failed_call`): a 429 keeps what Anthropic counts (the request and its
+(`failed_call`): a 429 keeps what Anthropic counts (the request and its
 input; the output, never generated, goes back), a 529 (overloaded) releases;
 both are retried (`RETRIED`) with an acquire of their own. The halves
-that do wait are written once in `_anthropic_async.py`, and
-`_anthropic_sync.py` is generated from it.
+that do wait are written once in `_async/anthropic.py`, and
+`_sync/anthropic.py` is generated from it.
 
 Settlement follows what Anthropic counts towards its limits: input tokens per
 minute are `input_tokens + cache_creation_input_tokens` — cache reads
@@ -16,7 +16,7 @@ they are not reported — and output tokens per minute are `output_tokens`.
 Which parts of the client are limited (`MESSAGES`, `BETA_MESSAGES`: `create`
 and `parse`, also under `with_raw_response` and `with_streaming_response`,
 and `stream`) and which spend tokens unlimited and warn once
-(`_wrapping.warn_unlimited`, the OpenAI wrapper's `RuntimeWarning`) are here too.
+(`wrapping.warn_unlimited`, the OpenAI wrapper's `RuntimeWarning`) are here too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ._openai_calls import Cost
+from .calls import Cost
 
 log = logging.getLogger("ratekeeper.anthropic")
 

@@ -1,15 +1,12 @@
-"""What both halves of the OpenAI wrapper share that never waits.
+"""What every SDK wrapper shares about a limited call, sans I/O.
 
-Reading the provider's rate-limit headers (`retry_delay`), when to forward
-them (`FeedbackSampler`), which parts of the client spend tokens unlimited
-(the warning is `_wrapping`'s, shared with the Anthropic wrapper), and the
-options every wrapper's `LimitOptions` starts with (`CallOptions`; the
-Anthropic wrapper uses this module too). What a failed provider call
-leaves of its lease is the client's rule (`_core.failed_call`, applied by
-`AsyncLease.settle_failed`). What each limited call
-costs and used is in `_openai_calls.py`; the halves that do wait are written
-once in `_openai_async.py` and `_openai_resources_async.py`, and the blocking
-ones are generated from them.
+The options every wrapper's `LimitOptions` starts with (`CallOptions`), what
+one call acquires (`Cost`) and what it used (`Counts`), reading the
+provider's rate-limit headers (`retry_delay`), when to forward them
+(`FeedbackSampler`), and the check that the SDK client and the limiter are
+of one kind (`is_async_sdk`). What a failed provider call leaves of its
+lease is `failed_call`'s; the rule that waits is the gate's (`_async/gate.py`,
+generated into `_sync/gate.py`).
 """
 
 from __future__ import annotations
@@ -17,23 +14,12 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import inspect
-import logging
 import math
 import random
 import re
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
-
-from ._async import AsyncClient
-from ._proto.errors import RatekeeperError
-from ._requests import MessageLike, _json_text, chat_message
-
-log = logging.getLogger("ratekeeper.openai")
-
-#: Output tokens reserved by the client-side estimate when nothing says more.
-FALLBACK_MAX_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -47,6 +33,23 @@ class CallOptions:
     priority: Optional[str] = None
     #: Seconds an acquire may wait for its reservation (None: the class default).
     max_wait: Optional[float] = None
+
+
+#: The input and output tokens an answer used.
+Counts = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one call acquires: chat `messages` (with `tools`, and for Anthropic
+    a top-level `system`) for the daemon to count, or `tokens` counted here;
+    `max_tokens` of output on top (None: the limit's default)."""
+
+    messages: Optional[list] = None
+    tools: Any = None
+    max_tokens: Optional[int] = None
+    tokens: Optional[int] = None
+    system: Any = None
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
@@ -133,73 +136,14 @@ def error_headers(error: BaseException) -> Any:
     return getattr(getattr(error, "response", None), "headers", None)
 
 
-def log_settle_error(lease: Any, error: RatekeeperError) -> None:
-    log.warning("could not settle lease %s: %s", lease.lease_id, error)
-
-
-def estimate_prompt_tokens(messages: Iterable[MessageLike], tools: Any = None) -> int:
-    """A rough client-side count of a chat request's prompt: about 4 characters a token.
-
-    Used by the OpenAI wrapper when a daemon from before token counting answers
-    `Unsupported` to message costs; it is no tokenizer.
-    """
-    total = 3  # every reply is primed with a few tokens
-    for message in messages:
-        chat = chat_message(message)
-        text = sum(len(part) for part in chat.content)
-        text += len(chat.name or "") + len(chat.tool_calls_json or "")
-        total += 4 + math.ceil(text / 4)
-    tools_json = _json_text(tools) if tools else None
-    if tools_json:
-        total += math.ceil(len(tools_json) / 4)
-    return total
-
-
-#: Parts of the OpenAI client that spend tokens but pass through the wrapper
-#: unlimited: reaching one warns (once per wrapped client and name). The
-#: client-wide `with_raw_response` / `with_streaming_response` reach every
-#: resource unlimited; the wrapped resources have their own.
-UNLIMITED_SPENDERS = frozenset(
-    {
-        "completions",
-        "images",
-        "audio",
-        "beta",
-        "batches",
-        "realtime",
-        "with_raw_response",
-        "with_streaming_response",
-    }
-)
-#: The same for `chat`: its own raw and streaming views reach `completions` unlimited.
-UNLIMITED_CHAT_PARTS = frozenset({"with_raw_response", "with_streaming_response"})
-
-
-def is_async_sdk(create: Any, limiter: Any, async_sdk: str, sync_sdk: str) -> bool:
+def is_async_sdk(create: Any, async_limiter: bool, async_sdk: str, sync_sdk: str) -> bool:
     """Whether the SDK client whose limited call is `create` is asyncio; a
-    `TypeError` unless `limiter` is the ratekeeper client of the same kind."""
+    `TypeError` unless the limiter is the ratekeeper client of the same kind
+    (`async_limiter`: it is an `AsyncClient`)."""
     is_async = inspect.iscoroutinefunction(inspect.unwrap(create))
-    if is_async != isinstance(limiter, AsyncClient):
+    if is_async != async_limiter:
         raise TypeError(
             f"wrap an {async_sdk} with a ratekeeper.AsyncClient, "
             f"and an {sync_sdk} with a ratekeeper.Client"
         )
     return is_async
-
-
-class RawStreamResponse:
-    """A stream's raw answer (`with_raw_response.create(stream=True)`) whose
-    `parse()` gives the wrapper's stream, which settles at its end, instead of
-    the SDK's; everything else (`headers`, `http_response`, ...) is the SDK's."""
-
-    def __init__(self, response: Any, stream: Any) -> None:
-        self._response = response
-        self._stream = stream
-
-    def parse(self, *, to: Any = None) -> Any:
-        if to is None:
-            return self._stream
-        return self._response.parse(to=to)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._response, name)

@@ -8,31 +8,65 @@ messages the way the daemon's own `ratekeeper count-tokens` reads one
 (`src/tokens/request_json.rs`): `instructions` a system message, then one
 message per input item, function tools nested as chat tools. Each answer's
 usage is read back as (input, output), from a reply, a stream's events or
-a body the caller read.
+a body the caller read. Which parts of the OpenAI client spend tokens
+unlimited, and warn once, are here too.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Optional
 
-#: The input and output tokens an answer used.
-Counts = tuple[int, int]
+from .._proto.errors import RatekeeperError
+from .calls import Cost, Counts
+
+log = logging.getLogger("ratekeeper.openai")
 
 
-@dataclass(frozen=True)
-class Cost:
-    """What one call acquires: chat `messages` (with `tools`, and for Anthropic
-    a top-level `system`) for the daemon to count, or `tokens` counted here;
-    `max_tokens` of output on top (None: the limit's default)."""
+def log_settle_error(lease: Any, error: RatekeeperError) -> None:
+    log.warning("could not settle lease %s: %s", lease.lease_id, error)
 
-    messages: Optional[list] = None
-    tools: Any = None
-    max_tokens: Optional[int] = None
-    tokens: Optional[int] = None
-    system: Any = None
+
+#: Parts of the OpenAI client that spend tokens but pass through the wrapper
+#: unlimited: reaching one warns (once per wrapped client and name). The
+#: client-wide `with_raw_response` / `with_streaming_response` reach every
+#: resource unlimited; the wrapped resources have their own.
+UNLIMITED_SPENDERS = frozenset(
+    {
+        "completions",
+        "images",
+        "audio",
+        "beta",
+        "batches",
+        "realtime",
+        "with_raw_response",
+        "with_streaming_response",
+    }
+)
+
+
+#: The same for `chat`: its own raw and streaming views reach `completions` unlimited.
+UNLIMITED_CHAT_PARTS = frozenset({"with_raw_response", "with_streaming_response"})
+
+
+class RawStreamResponse:
+    """A stream's raw answer (`with_raw_response.create(stream=True)`) whose
+    `parse()` gives the wrapper's stream, which settles at its end, instead of
+    the SDK's; everything else (`headers`, `http_response`, ...) is the SDK's."""
+
+    def __init__(self, response: Any, stream: Any) -> None:
+        self._response = response
+        self._stream = stream
+
+    def parse(self, *, to: Any = None) -> Any:
+        if to is None:
+            return self._stream
+        return self._response.parse(to=to)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._response, name)
 
 
 def _get(value: Any, name: str) -> Any:

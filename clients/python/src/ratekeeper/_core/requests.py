@@ -12,14 +12,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
-from . import _content as content
-from . import _proto as p
-from ._content import as_mapping, compact_json
-from ._proto.errors import ErrorCode
-from ._proto.token_acquire import encode_token_acquire
+from .. import _proto as p
+from .._proto.errors import ErrorCode
+from .._proto.token_acquire import encode_token_acquire
+from . import content
+from .content import as_mapping, compact_json
 
 if TYPE_CHECKING:
-    from ._core import Deadline
+    from .deadlines import Deadline
 
 MessageLike = Union[Mapping[str, Any], p.ChatMessage, Any]
 
@@ -454,3 +454,25 @@ def build_feedback(limit: str, status: int, headers: Any, since_grant: float) ->
         raise ValueError(f"status must be an HTTP status code, got {status!r}")
     since_ms = wait_ms(since_grant)
     return p.Feedback(limit, status, since_ms or 0, rate_limit_headers(headers))
+
+
+def report_counts(
+    used: Optional[int], input_tokens: Optional[int], output_tokens: Optional[int]
+) -> tuple[int, int]:
+    """`report(used)` or `report(input_tokens=, output_tokens=)` as the wire's two counts.
+
+    A single total is sent as input tokens: limits that share one token bucket
+    only look at the sum.
+    """
+    if type(used) is int and used >= 0 and input_tokens is None and output_tokens is None:
+        return used, 0  # the usual: report(total)
+    if used is not None:
+        if input_tokens is not None or output_tokens is not None:
+            raise ValueError("give either used or input_tokens/output_tokens, not both")
+        return token_count("used", used), 0
+    if input_tokens is None and output_tokens is None:
+        raise ValueError("report needs used, or input_tokens and/or output_tokens")
+    return (
+        0 if input_tokens is None else token_count("input_tokens", input_tokens),
+        0 if output_tokens is None else token_count("output_tokens", output_tokens),
+    )

@@ -12,8 +12,8 @@ the provider's subclass limits its calls; `with_raw_response` and
 calls there and pass the rest through, warning the same way.
 
 Nothing here waits: the same classes serve the blocking and the asyncio
-wrappers, whose calls are the providers' modules' (`_openai_resources_*`,
-`_anthropic_*`).
+wrappers, whose calls are the providers' modules' (`_async/openai.py`,
+`_async/anthropic.py` and their generated `_sync` twins).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def warn_unlimited(seen: set, path: str, provider: str) -> None:
 def _outside_this_package() -> int:
     """The `stacklevel` for a `warnings.warn` made by this function's caller
     that names the first frame outside the package (1 names the caller)."""
-    package = __name__.rpartition(".")[0]
+    package = __name__.partition(".")[0]  # ratekeeper, whatever the layer
     frame = sys._getframe(1)
     level = 1
     while frame.f_back is not None:

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
-from . import _proto as p
+from .. import _proto as p
 
 ANTHROPIC = "anthropic"
 OPENAI = "openai"
