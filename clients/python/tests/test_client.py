@@ -384,19 +384,19 @@ def test_a_call_takes_the_lone_path_only_with_nothing_else_unanswered(client, mo
     """With another request out, a call waits for its answer like any other
     instead of taking the reading (the next reader would be woken for
     nothing: 0.85x the acquires/s with 8 threads in each of 4 processes)."""
-    from ratekeeper import _io_sync
     from ratekeeper import _proto as p
+    from ratekeeper._sync import transport
 
     client.ping()
     conn = client._slot.conn
     submitted = []
-    submit = _io_sync.Connection.submit
+    submit = transport.Connection.submit
 
     def counted_submit(self, request, deadline):
         submitted.append(type(request).__name__)
         return submit(self, request, deadline)
 
-    monkeypatch.setattr(_io_sync.Connection, "submit", counted_submit)
+    monkeypatch.setattr(transport.Connection, "submit", counted_submit)
     client.ping()
     assert submitted == []  # alone: sent and read in one call, no future
     conn.send_and_forget(p.Ping())  # out, and nobody reads for it yet

@@ -13,7 +13,8 @@ error code has its own exception class (see `ERROR_CLASSES`).
 `ratekeeper.openai.wrap` limits an OpenAI client's chat completions.
 """
 
-from ._async import AsyncClient, AsyncLease
+from ._async.client import AsyncClient
+from ._async.lease import AsyncLease
 from ._core.errors import RateLimited, SidecarUnavailable, SidecarUnavailableWarning
 from ._core.estimate import estimate_prompt_tokens
 from ._core.settings import DEFAULT_SOCKET, ENV_SOCKET
@@ -42,7 +43,8 @@ from ._proto.errors import (
     Unsupported,
     UnsupportedVersion,
 )
-from ._sync import Client, Lease
+from ._sync.client import Client
+from ._sync.lease import Lease
 
 __version__ = "0.1.0"
 

@@ -19,14 +19,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
-from .._proto.errors import RatekeeperError
 from .calls import Cost, Counts
 
 log = logging.getLogger("ratekeeper.openai")
-
-
-def log_settle_error(lease: Any, error: RatekeeperError) -> None:
-    log.warning("could not settle lease %s: %s", lease.lease_id, error)
 
 
 #: Parts of the OpenAI client that spend tokens but pass through the wrapper

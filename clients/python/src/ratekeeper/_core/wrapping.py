@@ -95,24 +95,22 @@ class WrappedClient:
         client: Any,
         limiter: Any,
         settings: Any,
-        is_async: bool,
         warned: Optional[set] = None,
     ) -> None:
         self._client = client
         self._raw = without_retries(client)
-        self._is_async = is_async
         self.limiter = limiter
         self.settings = settings
         #: The unlimited parts already warned about (shared with copies).
         self.warned: set = set() if warned is None else warned
-        #: The rule every limited call goes through (an `AsyncGate` or a `Gate`,
-        #: or the provider's own).
+        #: The rule every limited call goes through: the provider's subclass of
+        #: `AsyncGate` or of `Gate` (`_async/gate.py`, `_sync/gate.py`).
         self.gate: Any = None
 
     def with_options(self, **options: Any) -> Any:
         """The SDK's `with_options` (also `copy`), limited like this client."""
         copied = self._client.with_options(**options)
-        return type(self)(copied, self.limiter, self.settings, self._is_async, self.warned)
+        return type(self)(copied, self.limiter, self.settings, self.warned)
 
     copy = with_options
 

@@ -5,12 +5,13 @@ awaits a waiter; the event loop's reading callback (a `BufferedProtocol`
 receiving into the session's decoder) completes the answers' futures and
 their waiters as answers arrive, in any order, without a reader task. The
 connection belongs to the event loop and the process that opened it; for a
-different loop or a forked child the slot opens another. As in `_slot_sync`,
+different loop or a forked child the slot opens another. As in `_sync/slot.py`,
 a fork hook (and a pid check on every call) drops the inherited connection in
 the child and closes the child's copy of its descriptor, never the parent's.
 
-`_io_sync` has the same names and signatures without `async`: the policy in
-`_async.py` (and `_sync.py`, generated from it) is written against them once.
+Written by hand, as is `_sync/transport.py`, which has the same names and
+signatures without `async`: the rest of this package (and of `_sync`,
+generated from it) is written against them once.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import weakref
 from collections.abc import Awaitable
 from typing import Callable, Optional
 
-from . import _proto as p
-from ._core.connecting import check_peer
-from ._core.deadlines import Deadline
-from ._core.errors import ConnectionLost, unavailable
-from ._core.requests import AnyRequest
-from ._core.session import NOT_COUNTED, Session, connection_answer, deliver_answers
+from .. import _proto as p
+from .._core.connecting import check_peer
+from .._core.deadlines import Deadline
+from .._core.errors import ConnectionLost, unavailable
+from .._core.requests import AnyRequest
+from .._core.session import NOT_COUNTED, Session, connection_answer, deliver_answers
 
 log = logging.getLogger("ratekeeper")
 

@@ -11,10 +11,11 @@ process needs one connection (one file descriptor on the daemon) however many
 threads it runs; and leases are settled on the connection that acquired them,
 as PROTOCOL.md asks.
 
-After `fork` the child never touches the parent's socket (`_slot_sync`).
+After `fork` the child never touches the parent's socket (`slot.py`).
 
-`_io_async` has the same names and signatures with `async`: the policy in
-`_async.py` (and `_sync.py`, generated from it) is written against them once.
+Written by hand, as is `_async/transport.py`, which has the same names and
+signatures with `async`: the rest of this package, generated from `_async`,
+is written against them once.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ import time
 from collections.abc import Iterable
 from typing import Callable, Optional
 
-from . import _proto as p
-from ._core.connecting import check_peer
-from ._core.deadlines import Deadline
-from ._core.errors import ConnectionLost
-from ._core.requests import AnyRequest
-from ._core.session import NOT_COUNTED, Session, connection_answer
-from ._proto.errors import ProtocolError, RatekeeperError, TooManyInFlight
-from ._slot_sync import Slot as Slot  # the policy takes it from here, as from `_io_async`
+from .. import _proto as p
+from .._core.connecting import check_peer
+from .._core.deadlines import Deadline
+from .._core.errors import ConnectionLost
+from .._core.requests import AnyRequest
+from .._core.session import NOT_COUNTED, Session, connection_answer
+from .._proto.errors import ProtocolError, RatekeeperError, TooManyInFlight
+from .slot import Slot as Slot  # the policy takes it from here, as from `_async/transport.py`
 
 log = logging.getLogger("ratekeeper")
 

@@ -1,31 +1,120 @@
-"""The OpenAI endpoints the wrapper limits, written once: each way of calling them.
+"""The OpenAI wrapper's limited calls, written once: each way of calling them.
 
-`AsyncCompletions` (`chat.completions`), `AsyncResponses` (`responses`) and
-`AsyncEmbeddings` (`embeddings`) limit `create` (and `parse`) through the
-gate of `_openai_async.py`, by the cost `_openai_calls.py` reads from the
-request, and settle from the usage of the answer, or of a stream's events
-when it ends. The same calls are limited under `with_raw_response` (the raw
-answer; its headers always forwarded) and `with_streaming_response` (settled
-when its `with` block is left, from what the caller read), and the SDK's
-`stream()` helpers settle when their `with` block is left. Everything else
-passes through to the SDK; what spends tokens there warns once.
+`AsyncOpenAIGate` is the gate (`gate.py`) of a wrapped OpenAI client: it
+acquires a call's cost as the daemon counts it, or by the client-side
+estimate while the daemon cannot count messages. `AsyncCompletions`
+(`chat.completions`), `AsyncResponses` (`responses`) and `AsyncEmbeddings`
+(`embeddings`) limit `create` (and `parse`) through it, by the cost
+`_core/openai.py` reads from the request, and settle from the usage of the
+answer, or of a stream's events when it ends (`AsyncLimitedStream`). The same
+calls are limited under `with_raw_response` (the raw answer; its headers
+always forwarded) and `with_streaming_response` (settled when its `with`
+block is left, from what the caller read), and the SDK's `stream()` helpers
+settle when their `with` block is left. Everything else passes through to
+the SDK; what spends tokens there warns once. `AsyncWrapped` is the wrapped
+client that `ratekeeper.openai.wrap` returns.
 
-Written for asyncio; `scripts/unasync.py` generates the blocking
-`_openai_resources_sync.py` from this file (see `_async.py`).
+Written for asyncio; `scripts/unasync.py` generates `_sync/openai.py` from
+it (see `client.py`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from ._core import openai as calls
-from ._core.calls import Counts
-from ._core.wrapping import LimitedView
-from ._openai_async import AsyncGate, AsyncLimitedStream, AsyncStreamProxy
+from .._core import openai as calls
+from .._core.calls import Cost, Counts
+from .._core.estimate import FALLBACK_MAX_TOKENS
+from .._core.wrapping import LimitedView, WrappedClient, WrappedNamespace
+from .._proto.errors import Unsupported
+from .gate import AsyncGate, AsyncStreamProxy
 
 if TYPE_CHECKING:
-    from ._async import AsyncLease
-    from .openai import _Wrapped
+    from .client import AsyncClient
+    from .lease import AsyncLease
+
+
+class AsyncOpenAIGate(AsyncGate):
+    """The OpenAI wrapper's gate: a 429 is retried, with an acquire of its own."""
+
+    log = calls.log
+
+    async def acquire(self, cost: Cost) -> AsyncLease:
+        """A lease for `cost`: counted by the daemon, or by a rough client-side
+        estimate while the daemon cannot count messages."""
+        settings = self.settings
+        limiter = self.limiter
+        max_tokens = cost.max_tokens
+        if max_tokens is None:
+            max_tokens = settings.default_max_tokens
+        common: dict[str, Any] = {
+            "tenant": settings.tenant,
+            "priority": settings.priority,
+            "max_wait": settings.max_wait,
+        }
+        tokens = cost.tokens
+        if tokens is not None:
+            return await limiter.acquire(settings.limit, tokens, max_tokens=max_tokens, **common)
+        messages = cost.messages or []
+        try:
+            return await limiter.acquire(
+                settings.limit, messages=messages, max_tokens=max_tokens, tools=cost.tools, **common
+            )
+        except Unsupported:  # transitional: a daemon from before token counting
+            prompt = settings.estimate(messages, cost.tools)
+            output = FALLBACK_MAX_TOKENS if max_tokens is None else max_tokens
+            return await limiter.acquire(settings.limit, prompt, max_tokens=output, **common)
+
+
+class AsyncLimitedStream(AsyncStreamProxy):
+    """A provider stream that reports its usage to the lease when it ends.
+
+    Iterate it to the end or close it (it is a context manager, like the
+    stream it wraps); a stream abandoned half-way keeps its whole reservation.
+    The usage chunk the wrapper asked for is hidden from a caller who did not.
+    """
+
+    def __init__(
+        self,
+        stream: Any,
+        lease: AsyncLease,
+        api: calls.Api,
+        hide_usage: bool,
+        gate: AsyncOpenAIGate,
+        headers: Any,
+    ) -> None:
+        self._stream = stream
+        self._iterator = stream.__aiter__()
+        self._lease = lease
+        self._api = api
+        self._hide_usage = hide_usage
+        self._usage: Any = None
+        self._gate = gate
+        self._headers = headers
+
+    def __aiter__(self) -> AsyncLimitedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        while True:
+            try:
+                event = await self._iterator.__anext__()
+            except BaseException:  # the end of the stream, or a failure
+                await self.finish()
+                raise
+            usage = self._api.event_usage(event)
+            if usage is not None:
+                self._usage = usage
+            if self._hide_usage and self._api.usage_only(event):
+                continue  # the usage-only chunk the caller did not ask for
+            return event
+
+    async def finish(self) -> None:
+        """Settles the lease with the usage seen so far (none: as reserved)."""
+        if not self._lease.settled:
+            await self._gate.settle(self._lease, self._api.counts(self._usage), self._headers)
+
+    _finish = finish  # what `close` does once the stream is closed
 
 
 class AsyncResource(LimitedView):
@@ -33,9 +122,9 @@ class AsyncResource(LimitedView):
 
     #: The endpoint: its cost, usage and limited methods (set by each subclass).
     api: calls.Api
-    _gate: AsyncGate
+    _gate: AsyncOpenAIGate
 
-    def __init__(self, wrapped: _Wrapped) -> None:
+    def __init__(self, wrapped: AsyncWrapped) -> None:
         super().__init__(wrapped, self.api)
 
     async def _create(self, method: str, kwargs: dict) -> Any:
@@ -317,3 +406,27 @@ class AsyncEmbeddings(AsyncResource):
     async def create(self, **kwargs: Any) -> Any:
         """`embeddings.create`, limited: acquire for the input, call, report the usage."""
         return await self._create("create", kwargs)
+
+
+class AsyncWrapped(WrappedClient):
+    """A wrapped OpenAI client: `chat.completions`, `responses` and `embeddings`
+    are limited, the rest passes through (what spends tokens there warns once)."""
+
+    provider = "OpenAI"
+    unlimited = calls.UNLIMITED_SPENDERS
+
+    def __init__(
+        self,
+        client: Any,
+        limiter: AsyncClient,
+        settings: Any,
+        warned: Optional[set] = None,
+    ) -> None:
+        super().__init__(client, limiter, settings, warned)
+        self.gate = AsyncOpenAIGate(limiter, settings)
+        completions = AsyncCompletions(self)
+        self.chat = WrappedNamespace(
+            self, "chat", calls.UNLIMITED_CHAT_PARTS, completions=completions
+        )
+        self.responses = AsyncResponses(self)
+        self.embeddings = AsyncEmbeddings(self)

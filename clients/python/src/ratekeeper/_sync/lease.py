@@ -1,5 +1,7 @@
-"""A lease and its settlement, written once like the client (see `_async.py`):
-`scripts/unasync.py` generates the blocking `_lease_sync.py` from this file.
+# Generated from src/ratekeeper/_async/lease.py by scripts/unasync.py: do not edit.
+# Edit the source, then run `python scripts/unasync.py` in clients/python.
+"""A lease and its settlement, written once like the client (see `client.py`):
+`scripts/unasync.py` generates the blocking `_sync/lease.py` from this file.
 """
 
 from __future__ import annotations
@@ -8,23 +10,23 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import _proto as p
-from ._core import requests as req
-from ._core.deadlines import SETTLE_RETRY_DELAYS, Deadline, settle_retry_pause
-from ._core.errors import ConnectionLost
-from ._core.failed_call import failed_call
-from ._core.requests import Reservation, report_counts
-from ._core.results import expect
-from ._io_async import Connection, sleep
-from ._proto.errors import ErrorCode, RatekeeperError
+from .. import _proto as p
+from .._core import requests as req
+from .._core.deadlines import SETTLE_RETRY_DELAYS, Deadline, settle_retry_pause
+from .._core.errors import ConnectionLost
+from .._core.failed_call import failed_call
+from .._core.requests import Reservation, report_counts
+from .._core.results import expect
+from .._proto.errors import ErrorCode, RatekeeperError
+from .transport import Connection, sleep
 
 if TYPE_CHECKING:
-    from ._async import AsyncClient
+    from .client import Client
 
 log = logging.getLogger("ratekeeper")
 
 
-class AsyncLease:
+class Lease:
     """A reservation granted by the daemon. Settle it once: `report` or `release`
     (or `settle_as_reserved`, `settle_as_rejected`, `settle_failed`).
 
@@ -35,7 +37,7 @@ class AsyncLease:
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: Client,
         conn: Optional[Connection],
         limit: str,
         granted: Optional[p.Granted],
@@ -74,7 +76,7 @@ class AsyncLease:
         """True for the no-op lease handed out while the sidecar is unavailable ("allow")."""
         return self.lease_id is None
 
-    async def report(
+    def report(
         self,
         used: Optional[int] = None,
         *,
@@ -88,21 +90,21 @@ class AsyncLease:
         """
         counts = report_counts(used, input_tokens, output_tokens)
         settlement = req.Settlement(self.lease_id or 0, counts[0], counts[1], False)
-        return await self._settle(settlement, p.Settled)
+        return self._settle(settlement, p.Settled)
 
-    async def release(self) -> Optional[int]:
+    def release(self) -> Optional[int]:
         """Gives the whole reservation back: the provider was never called."""
-        return await self._settle(req.Settlement(self.lease_id or 0, 0, 0, True), p.Released)
+        return self._settle(req.Settlement(self.lease_id or 0, 0, 0, True), p.Released)
 
-    async def settle_as_reserved(self) -> Optional[int]:
+    def settle_as_reserved(self) -> Optional[int]:
         """Reports exactly what was reserved: keeps the reservation, closes the lease."""
         reserved = self.reserved
-        return await self.report(
+        return self.report(
             input_tokens=reserved.input_tokens,
             output_tokens=reserved.output_tokens,
         )
 
-    async def settle_as_rejected(self) -> Optional[int]:
+    def settle_as_rejected(self) -> Optional[int]:
         """Settles a call the provider refused but counts (a 429): the request
         and its input stay spent, the reserved output goes back.
 
@@ -115,9 +117,9 @@ class AsyncLease:
         the `openai` preset) keeps all of it, as OpenAI does. Returns what
         `report` returns.
         """
-        return await self.report(input_tokens=self.reserved.input_tokens, output_tokens=0)
+        return self.report(input_tokens=self.reserved.input_tokens, output_tokens=0)
 
-    async def settle_failed(self, error: BaseException, *, called: bool = True) -> Optional[int]:
+    def settle_failed(self, error: BaseException, *, called: bool = True) -> Optional[int]:
         """Settles the lease after its provider call raised `error`, as the wrappers do.
 
         A 429 is `settle_as_rejected`; a 529 (overloaded) or another 4xx is
@@ -129,12 +131,12 @@ class AsyncLease:
         """
         outcome = failed_call(error, called)
         if outcome == "rejected":
-            return await self.settle_as_rejected()
+            return self.settle_as_rejected()
         if outcome == "release":
-            return await self.release()
-        return await self.settle_as_reserved()
+            return self.release()
+        return self.settle_as_reserved()
 
-    async def feedback(self, status: int, headers: Any = None) -> Optional[p.Noted]:
+    def feedback(self, status: int, headers: Any = None) -> Optional[p.Noted]:
         """Forwards what the provider answered the call this lease was for.
 
         `status` is the HTTP status, `headers` the answer's headers (a mapping
@@ -146,11 +148,11 @@ class AsyncLease:
         if self.unlimited:
             return None
         since_grant = time.monotonic() - self._granted_at
-        return await self._client.feedback(
+        return self._client.feedback(
             self.limit, status, headers, since_grant=since_grant, lease=self.lease_id
         )
 
-    async def _settle(self, request: req.Settlement, kind: type) -> Optional[int]:
+    def _settle(self, request: req.Settlement, kind: type) -> Optional[int]:
         """Sends `request` on the lease's connection until it is settled.
 
         A `StoreUnavailable` answer means the daemon could not apply the
@@ -168,7 +170,7 @@ class AsyncLease:
             try:
                 if conn is None or not conn.alive:
                     raise ConnectionLost("gone")
-                response = await self._client._request_on(conn, request, deadline)
+                response = self._client._request_on(conn, request, deadline)
             except ConnectionLost:
                 self.settled = True
                 log.info("lease %s was lost with its connection; the daemon kept it", self.lease_id)
@@ -183,15 +185,15 @@ class AsyncLease:
                 if pause is None:
                     raise
                 log.info("lease %s is not settled yet, retrying: %s", self.lease_id, error)
-            await sleep(pause)
+            sleep(pause)
         self.settled = True
         self.tokens_returned = answer.tokens_returned
         return answer.tokens_returned
 
-    async def __aenter__(self) -> AsyncLease:
+    def __enter__(self) -> Lease:
         return self
 
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         """Settles an unsettled lease: as fully used if the body ended normally;
         if it raised, by what the error says of the provider's answer
         (`settle_failed(exc, called=False)`): a 429 as rejected, 5xx kept,
@@ -199,10 +201,10 @@ class AsyncLease:
         if self.settled:
             return
         if exc is None:
-            await self.settle_as_reserved()
+            self.settle_as_reserved()
             return
         try:
-            await self.settle_failed(exc, called=False)
+            self.settle_failed(exc, called=False)
         except RatekeeperError as error:
             log.warning("could not settle lease %s: %s", self.lease_id, error)
 

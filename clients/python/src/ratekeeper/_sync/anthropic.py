@@ -1,4 +1,4 @@
-# Generated from src/ratekeeper/_anthropic_async.py by scripts/unasync.py: do not edit.
+# Generated from src/ratekeeper/_async/anthropic.py by scripts/unasync.py: do not edit.
 # Edit the source, then run `python scripts/unasync.py` in clients/python.
 """The Anthropic wrapper's limited calls, written once: acquire, call, settle, retry.
 
@@ -19,33 +19,34 @@ answer, settled from its parsed usage, its headers always forwarded; a
 stream's `parse()` gives events that settle at their end) and
 `with_streaming_response` (`_streaming`: a context manager that settles
 when it is left, from what the caller read through `LimitedResponse`,
-else as reserved); `_wrapping.LimitedView`, which the OpenAI wrapper's
+else as reserved); `_core.wrapping.LimitedView`, which the OpenAI wrapper's
 resources share, routes those views to them, and warns once for what spends
 tokens unlimited (`batches`, ...); the rest passes through to the SDK.
+`Wrapped` is the wrapped client that `ratekeeper.anthropic.wrap` returns.
 
-Written for asyncio; `scripts/unasync.py` generates the blocking
-`_anthropic_sync.py` from it (see `_async.py`).
+Written for asyncio; `scripts/unasync.py` generates `_sync/anthropic.py`
+from it (see `client.py`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from ._core import anthropic as core
-from ._core.calls import Cost, Counts
-from ._core.wrapping import LimitedView
-from ._openai_sync import Gate, StreamProxy
+from .._core import anthropic as core
+from .._core.calls import Cost, Counts
+from .._core.wrapping import LimitedView, WrappedClient, WrappedNamespace
+from .gate import Gate, StreamProxy
 
 if TYPE_CHECKING:
-    from ._sync import Lease
-    from .anthropic import _Wrapped
+    from .client import Client
+    from .lease import Lease
 
 
 class MessagesGate(Gate):
-    """The OpenAI wrapper's gate (acquire, call, settle, forward, retry) for
-    `messages`: the cost is the request's, in Anthropic's shape, and a 529
-    (overloaded) is retried as a 429 is. One per wrapped client, shared by
-    `messages` and `beta.messages`."""
+    """The Anthropic wrapper's gate (acquire, call, settle, forward, retry: every
+    wrapper's rule, `gate.py`): the cost is the request's, in Anthropic's
+    shape, and a 529 (overloaded) is retried as a 429 is. One per wrapped
+    client, shared by `messages` and `beta.messages`."""
 
     retried = core.RETRIED
     log = core.log
@@ -82,7 +83,7 @@ class Messages(LimitedView):
 
     _gate: MessagesGate
 
-    def __init__(self, wrapped: _Wrapped, endpoint: core.Endpoint = core.MESSAGES) -> None:
+    def __init__(self, wrapped: Wrapped, endpoint: core.Endpoint = core.MESSAGES) -> None:
         super().__init__(wrapped, endpoint)
 
     def _limited(self, kwargs: dict, call: Any) -> tuple[Any, Lease]:
@@ -327,3 +328,27 @@ class LimitedEvents(StreamProxy):
             self._gate.settle_stream(lease, counts, self._stream, self._headers)
 
     _finish = finish  # what `close` does once the stream is closed
+
+
+class Wrapped(WrappedClient):
+    """A wrapped Anthropic client: `messages` and `beta.messages` are limited,
+    the rest passes through (what spends tokens there warns once)."""
+
+    provider = "Anthropic"
+    unlimited = core.UNLIMITED_SPENDERS
+
+    def __init__(
+        self,
+        client: Any,
+        limiter: Client,
+        settings: Any,
+        warned: Optional[set] = None,
+    ) -> None:
+        super().__init__(client, limiter, settings, warned)
+        #: Shared by both `messages`.
+        self.gate = MessagesGate(limiter, settings)
+        self.messages = Messages(self)
+        beta_messages = Messages(self, core.BETA_MESSAGES)
+        self.beta = WrappedNamespace(
+            self, "beta", core.UNLIMITED_BETA_PARTS, messages=beta_messages
+        )

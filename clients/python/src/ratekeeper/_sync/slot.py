@@ -2,8 +2,9 @@
 
 After `fork` the child never touches the parent's socket: a fork hook (and a
 pid check on every call) drops the inherited connection without shutting it
-down, and the child opens its own on first use. `_io_sync` re-exports `Slot`,
-beside `Connection`, as `_io_async` has its own.
+down, and the child opens its own on first use. Written by hand, part of
+the blocking transport: `transport.py` re-exports `Slot`, beside
+`Connection`, as `_async/transport.py` has its own.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ._core.deadlines import Deadline
-from ._core.errors import unavailable
+from .._core.deadlines import Deadline
+from .._core.errors import unavailable
 
 if TYPE_CHECKING:
-    from ._io_sync import Connection
+    from .transport import Connection
 
 #: Every live slot, for the fork hook.
 _slots: weakref.WeakSet = weakref.WeakSet()

@@ -17,33 +17,34 @@ answer, settled from its parsed usage, its headers always forwarded; a
 stream's `parse()` gives events that settle at their end) and
 `with_streaming_response` (`_streaming`: a context manager that settles
 when it is left, from what the caller read through `AsyncLimitedResponse`,
-else as reserved); `_wrapping.LimitedView`, which the OpenAI wrapper's
+else as reserved); `_core.wrapping.LimitedView`, which the OpenAI wrapper's
 resources share, routes those views to them, and warns once for what spends
 tokens unlimited (`batches`, ...); the rest passes through to the SDK.
+`AsyncWrapped` is the wrapped client that `ratekeeper.anthropic.wrap` returns.
 
-Written for asyncio; `scripts/unasync.py` generates the blocking
-`_anthropic_sync.py` from it (see `_async.py`).
+Written for asyncio; `scripts/unasync.py` generates `_sync/anthropic.py`
+from it (see `client.py`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from ._core import anthropic as core
-from ._core.calls import Cost, Counts
-from ._core.wrapping import LimitedView
-from ._openai_async import AsyncGate, AsyncStreamProxy
+from .._core import anthropic as core
+from .._core.calls import Cost, Counts
+from .._core.wrapping import LimitedView, WrappedClient, WrappedNamespace
+from .gate import AsyncGate, AsyncStreamProxy
 
 if TYPE_CHECKING:
-    from ._async import AsyncLease
-    from .anthropic import _Wrapped
+    from .client import AsyncClient
+    from .lease import AsyncLease
 
 
 class AsyncMessagesGate(AsyncGate):
-    """The OpenAI wrapper's gate (acquire, call, settle, forward, retry) for
-    `messages`: the cost is the request's, in Anthropic's shape, and a 529
-    (overloaded) is retried as a 429 is. One per wrapped client, shared by
-    `messages` and `beta.messages`."""
+    """The Anthropic wrapper's gate (acquire, call, settle, forward, retry: every
+    wrapper's rule, `gate.py`): the cost is the request's, in Anthropic's
+    shape, and a 529 (overloaded) is retried as a 429 is. One per wrapped
+    client, shared by `messages` and `beta.messages`."""
 
     retried = core.RETRIED
     log = core.log
@@ -80,7 +81,7 @@ class AsyncMessages(LimitedView):
 
     _gate: AsyncMessagesGate
 
-    def __init__(self, wrapped: _Wrapped, endpoint: core.Endpoint = core.MESSAGES) -> None:
+    def __init__(self, wrapped: AsyncWrapped, endpoint: core.Endpoint = core.MESSAGES) -> None:
         super().__init__(wrapped, endpoint)
 
     async def _limited(self, kwargs: dict, call: Any) -> tuple[Any, AsyncLease]:
@@ -325,3 +326,27 @@ class AsyncLimitedEvents(AsyncStreamProxy):
             await self._gate.settle_stream(lease, counts, self._stream, self._headers)
 
     _finish = finish  # what `close` does once the stream is closed
+
+
+class AsyncWrapped(WrappedClient):
+    """A wrapped Anthropic client: `messages` and `beta.messages` are limited,
+    the rest passes through (what spends tokens there warns once)."""
+
+    provider = "Anthropic"
+    unlimited = core.UNLIMITED_SPENDERS
+
+    def __init__(
+        self,
+        client: Any,
+        limiter: AsyncClient,
+        settings: Any,
+        warned: Optional[set] = None,
+    ) -> None:
+        super().__init__(client, limiter, settings, warned)
+        #: Shared by both `messages`.
+        self.gate = AsyncMessagesGate(limiter, settings)
+        self.messages = AsyncMessages(self)
+        beta_messages = AsyncMessages(self, core.BETA_MESSAGES)
+        self.beta = WrappedNamespace(
+            self, "beta", core.UNLIMITED_BETA_PARTS, messages=beta_messages
+        )

@@ -1,18 +1,19 @@
-# Generated from src/ratekeeper/_async.py by scripts/unasync.py: do not edit.
+# Generated from src/ratekeeper/_async/client.py by scripts/unasync.py: do not edit.
 # Edit the source, then run `python scripts/unasync.py` in clients/python.
 """The client's policy, written once: acquiring, retrying, reconnecting, settling.
 
-`Client` and `Lease` decide what a call does: which deadline bounds
-it, when a broken connection is retried and when the sidecar counts as
-unavailable, how an acquire nobody waits for any more is cancelled (and its
-late grant released), how a lease is settled. Waiting is left to the
-connection and slot of the I/O module imported below.
+`Client` and `Lease` (`lease.py`) decide what a call does: which
+deadline bounds it, when a broken connection is retried and when the sidecar
+counts as unavailable, how an acquire nobody waits for any more is cancelled
+(and its late grant released), how a lease is settled. Waiting is left to the
+connection and slot of the transport (`transport.py`).
 
-The policy is written for asyncio, in `_async.py`; `scripts/unasync.py`
-generates the blocking `_sync.py` from it by deleting `async` and `await` and
-renaming through an explicit table, so both clients follow the same rules line
-for line. Edit `_async.py`, then run `python scripts/unasync.py` in
-clients/python; a test fails while `_sync.py` is stale.
+The policy is written for asyncio, in this package; `scripts/unasync.py`
+generates the blocking `_sync` package from it (all but the transport) by
+deleting `async` and `await` and renaming through an explicit table, so both
+clients follow the same rules line for line. Edit the module here, then run
+`python scripts/unasync.py` in clients/python; a test fails while its twin
+in `_sync` is stale.
 """
 
 from __future__ import annotations
@@ -26,24 +27,24 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional, TypeVar, Union, cast
 
-from . import _proto as p
-from ._core import requests as req
-from ._core import settings
-from ._core.connecting import nobody_listening, reconnect_delays, sidecar_busy
-from ._core.deadlines import Deadline
-from ._core.decorator import Usage, check_decorated, usage_counts
-from ._core.errors import (
+from .. import _proto as p
+from .._core import requests as req
+from .._core import settings
+from .._core.connecting import nobody_listening, reconnect_delays, sidecar_busy
+from .._core.deadlines import Deadline
+from .._core.decorator import Usage, check_decorated, usage_counts
+from .._core.errors import (
     ConnectionLost,
     SidecarUnavailable,
     SidecarUnavailableWarning,
     describe,
     unavailable,
 )
-from ._core.requests import AnyRequest, MessageLike
-from ._core.results import expect, granted_or_raise
-from ._io_sync import COROUTINES, Connection, Future, Slot, Timeout, sleep
-from ._lease_sync import Lease
-from ._proto.errors import ErrorCode
+from .._core.requests import AnyRequest, MessageLike
+from .._core.results import expect, granted_or_raise
+from .._proto.errors import ErrorCode
+from .lease import Lease
+from .transport import COROUTINES, Connection, Future, Slot, Timeout, sleep
 
 log = logging.getLogger("ratekeeper")
 
