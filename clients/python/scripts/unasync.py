@@ -54,8 +54,9 @@ def package_files() -> tuple[tuple[str, str], ...]:
     )
 
 
-#: The asyncio test modules and the blocking ones generated from them.
-TEST_FILES: tuple[tuple[str, str], ...] = ()
+#: The asyncio test modules and the blocking ones generated from them: the
+#: tests that mirror line for line (what only one client does is tested by hand).
+TEST_FILES = (("tests/test_calls_async.py", "tests/test_calls_sync.py"),)
 
 #: Each asyncio source and the blocking module generated from it.
 FILES = package_files() + TEST_FILES
