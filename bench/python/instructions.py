@@ -67,10 +67,11 @@ class FakeSocket:
 def loop(src: str, count: int, settle: str) -> None:
     sys.path.insert(0, src)
     import ratekeeper
-    from ratekeeper import _core, _io_sync
+    from ratekeeper._core.session import Session
+    from ratekeeper._sync.transport import Connection
 
     client = ratekeeper.Client("/nonexistent")
-    client._slot.conn = _io_sync.Connection(_core.Session("fake"), FakeSocket(), [])
+    client._slot.conn = Connection(Session("fake"), FakeSocket(), [])
 
     def one() -> None:
         lease = client.acquire(LIMIT, TOKENS, max_wait=0)

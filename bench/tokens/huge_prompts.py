@@ -23,9 +23,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python", "src"))
 
-from ratekeeper import _core as core  # noqa: E402 (after the path is set)
-from ratekeeper import _protocol as p  # noqa: E402 (after the path is set)
-from ratekeeper._messages import ChatMessage, ChatRequest  # noqa: E402 (after the path is set)
+from ratekeeper import _proto as p  # noqa: E402 (after the path is set)
+from ratekeeper._core.session import Session  # noqa: E402 (after the path is set)
+from ratekeeper._proto.messages import ChatMessage, ChatRequest  # noqa: E402 (after the path is set)
 
 CONFIG = """[[limits]]
 name = "gpt"
@@ -70,7 +70,7 @@ class Connection:
     def __init__(self, path: str) -> None:
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.connect(path)
-        self.session = core.Session("huge-prompts")
+        self.session = Session("huge-prompts")
         self.received: list = []
         request_id, data = self.session.hello_frame()
         self.sock.sendall(data)

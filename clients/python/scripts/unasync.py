@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Generates the blocking client's policy from the asyncio one.
+"""Generates the blocking package `_sync` from the asyncio one, `_async`.
 
-The policy of the client (acquire, retries, reconnects, settling, the OpenAI
-wrapper's halves) is written once, for asyncio. This script derives the
-blocking modules from it by a plain text transform: `async` and `await` are
+The policy of the client (acquire, retries, reconnects, settling, the SDK
+wrappers' limited calls) is written once, for asyncio, in the package
+`src/ratekeeper/_async`. This script derives every module of `_sync` from
+its namesake there by a plain text transform: `async` and `await` are
 deleted and names are mapped through the table below, nothing else. The
 transports differ for real and are written by hand with the same names and
-signatures (`_io_async.py`, `_io_sync.py`), so the generated code drives them
-unchanged. The sources are written so that the output keeps ruff's format
+signatures (`_async/transport.py`; `_sync/transport.py`, with the blocking
+slot in `_sync/slot.py`), so the generated code drives them unchanged; the
+same goes for the tests, where an asyncio test module has a generated
+blocking twin (`TEST_FILES`). The sources are written so that the output keeps ruff's format
 (where a statement would fit on one line once `await` is gone, the source
 names a local or ends its arguments with a comma); `ruff format --check`
 catches one that does not.
@@ -31,14 +34,44 @@ from pathlib import Path
 #: clients/python: the paths below are relative to it.
 ROOT = Path(__file__).resolve().parents[1]
 
+#: The asyncio package and the blocking one generated from it.
+ASYNC_PACKAGE = "src/ratekeeper/_async"
+SYNC_PACKAGE = "src/ratekeeper/_sync"
+#: The modules of each package written by hand: the transports.
+HAND_WRITTEN = {
+    ASYNC_PACKAGE: frozenset({"transport.py"}),
+    SYNC_PACKAGE: frozenset({"transport.py", "slot.py"}),
+}
+
+
+def package_files() -> tuple[tuple[str, str], ...]:
+    """Every module of `_async` but its transport, with its generated twin in `_sync`."""
+    sources = sorted((ROOT / ASYNC_PACKAGE).glob("*.py"))
+    return tuple(
+        (f"{ASYNC_PACKAGE}/{path.name}", f"{SYNC_PACKAGE}/{path.name}")
+        for path in sources
+        if path.name not in HAND_WRITTEN[ASYNC_PACKAGE]
+    )
+
+
+#: The asyncio test modules and the blocking ones generated from them: the
+#: tests that mirror line for line (what only one client does is tested by hand).
+TEST_FILES = (("tests/test_calls_async.py", "tests/test_calls_sync.py"),)
+
 #: Each asyncio source and the blocking module generated from it.
-FILES = (
-    ("src/ratekeeper/_async.py", "src/ratekeeper/_sync.py"),
-    ("src/ratekeeper/_lease_async.py", "src/ratekeeper/_lease_sync.py"),
-    ("src/ratekeeper/_openai_async.py", "src/ratekeeper/_openai_sync.py"),
-    ("src/ratekeeper/_openai_resources_async.py", "src/ratekeeper/_openai_resources_sync.py"),
-    ("src/ratekeeper/_anthropic_async.py", "src/ratekeeper/_anthropic_sync.py"),
-)
+FILES = package_files() + TEST_FILES
+
+
+def strays() -> list[str]:
+    """Modules in `_sync` that are neither generated nor written by hand: a
+    module removed from `_async` leaves its twin behind, which must go too."""
+    generated = {Path(target).name for source, target in FILES if target.startswith(SYNC_PACKAGE)}
+    return sorted(
+        f"{SYNC_PACKAGE}/{path.name}"
+        for path in (ROOT / SYNC_PACKAGE).glob("*.py")
+        if path.name not in generated and path.name not in HAND_WRITTEN[SYNC_PACKAGE]
+    )
+
 
 #: What the transform replaces, in this order: (regular expression, replacement).
 #: Names match whole words only. A name that should differ and is missing here
@@ -48,11 +81,6 @@ REPLACEMENTS = (
     (
         r"^from collections\.abc import AsyncIterator, Iterable$",
         "from collections.abc import Iterable, Iterator",
-    ),
-    (r"^( *)from \._async import ", r"\1from ._sync import "),
-    (
-        r"^(from \._openai_async import .*)\n(from \._openai_core import .*)$",
-        r"\2\n\1",
     ),
     # Syntax.
     (r"\basync def ", "def "),
@@ -67,14 +95,12 @@ REPLACEMENTS = (
     (r"\bStopAsyncIteration\b", "StopIteration"),
     (r"\basynccontextmanager\b", "contextmanager"),
     (r"\bAsyncIterator\b", "Iterator"),
-    # Our modules and classes.
-    (r"\b_io_async\b", "_io_sync"),
-    (r"\b_lease_async\b", "_lease_sync"),
-    (r"\b_openai_async\b", "_openai_sync"),
-    (r"\b_openai_resources_async\b", "_openai_resources_sync"),
+    # Our classes.
     (r"\bAsyncClient\b", "Client"),
     (r"\bAsyncLease\b", "Lease"),
     (r"\bAsyncGate\b", "Gate"),
+    (r"\bAsyncOpenAIGate\b", "OpenAIGate"),
+    (r"\bAsyncWrapped\b", "Wrapped"),
     (r"\bAsyncResource\b", "Resource"),
     (r"\bAsyncCompletions\b", "Completions"),
     (r"\bAsyncResponses\b", "Responses"),
@@ -140,7 +166,10 @@ def main() -> int:
     if stale:
         verb = "stale" if args.check else "written"
         print("\n".join(f"{verb}: {target}" for target in stale))
-    return 1 if args.check and stale else 0
+    left = strays()
+    if left:
+        print("\n".join(f"not generated from {ASYNC_PACKAGE}, remove: {path}" for path in left))
+    return 1 if (args.check and stale) or left else 0
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """Fixtures: the real daemon on a private socket, clients connected to it, and a
-fake OpenAI provider."""
+fake OpenAI provider; and `async def` tests run in an event loop of their own."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import itertools
 import os
 from collections.abc import Iterator
@@ -157,3 +159,17 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Runs an `async def` test in an event loop of its own. The asyncio tests
+    whose blocking twins `scripts/unasync.py` generates (`test_calls_async.py`
+    and its `test_calls_sync.py`) are plain coroutines, so that deleting
+    `async` and `await` leaves the blocking test; no plugin is needed."""
+    test = pyfuncitem.obj
+    if not inspect.iscoroutinefunction(test):
+        return None
+    arguments = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    asyncio.run(test(**arguments))
+    return True

@@ -1,20 +1,15 @@
-"""The asyncio client against the real daemon."""
+"""The asyncio client against the real daemon: what only it does (tasks, event
+loops). The calls both clients make are in `test_calls_async.py`."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-import warnings
 
 import pytest
 
 from ratekeeper import (
     AsyncClient,
-    CostExceedsCapacity,
-    RateLimited,
-    SidecarUnavailable,
-    SidecarUnavailableWarning,
-    UnknownLimit,
 )
 
 CONFIG = """
@@ -47,52 +42,6 @@ def run(coroutine, timeout: float = 30):
 async def level(client: AsyncClient, limit: str) -> int:
     status = await client.status(limit)
     return status.limit(limit).bucket("tokens").level
-
-
-def test_acquire_report_release_and_reserve(make_daemon, store):
-    daemon = make_daemon(CONFIG, store=store)
-
-    async def main():
-        async with AsyncClient(daemon.socket) as client:
-            assert await client.ping() < 1
-            lease = await client.acquire("exact", 300, max_tokens=200)
-            assert (lease.tokens, lease.waited) == (500, 0.0)
-            assert await lease.report(input_tokens=280, output_tokens=20) == 200
-            assert await level(client, "exact") == CAPACITY - 300
-
-            assert await (await client.acquire("exact", 50)).release() == 50
-
-            with pytest.raises(ValueError, match="boom"):
-                async with client.reserve("exact", 100):
-                    raise ValueError("boom")
-            assert await level(client, "exact") == CAPACITY - 300
-
-            async with client.reserve("exact", 100, max_tokens=100) as kept:
-                pass
-            assert kept.tokens_returned == 0
-            assert await level(client, "exact") == CAPACITY - 500
-
-            estimate = await client.estimate("exact", 10, max_tokens=5)
-            assert (estimate.input_tokens, estimate.output_tokens) == (10, 5)
-
-    run(main())
-
-
-def test_errors_raise_their_exceptions(make_daemon):
-    daemon = make_daemon(CONFIG)
-
-    async def main():
-        async with AsyncClient(daemon.socket) as client:
-            with pytest.raises(UnknownLimit):
-                await client.acquire("nope", 1)
-            with pytest.raises(CostExceedsCapacity):
-                await client.acquire("slow", 2)
-            await (await client.acquire("slow", 1, max_wait=0)).report(1)
-            with pytest.raises(RateLimited) as caught:
-                await client.acquire("slow", 1, max_wait=0)
-            assert 0 < caught.value.retry_after <= 1.0
-
-    run(main())
 
 
 def test_two_hundred_concurrent_tasks(make_daemon, store):
@@ -154,18 +103,3 @@ def test_one_client_serves_successive_event_loops(make_daemon):
 
     assert run(use()) == 0
     assert run(use()) == 0  # a new loop: a new connection, not the dead loop's
-
-
-def test_allow_mode_when_the_sidecar_is_missing(tmp_path):
-    async def main():
-        client = AsyncClient(str(tmp_path / "none.sock"), timeout=0.2, on_unavailable="allow")
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            lease = await client.acquire("exact", 10)
-        assert lease.unlimited
-        assert await lease.report(10) is None
-        assert [w.category for w in caught] == [SidecarUnavailableWarning]
-        with pytest.raises(SidecarUnavailable):
-            await client.status()
-
-    run(main())

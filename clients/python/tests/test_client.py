@@ -384,19 +384,19 @@ def test_a_call_takes_the_lone_path_only_with_nothing_else_unanswered(client, mo
     """With another request out, a call waits for its answer like any other
     instead of taking the reading (the next reader would be woken for
     nothing: 0.85x the acquires/s with 8 threads in each of 4 processes)."""
-    from ratekeeper import _io_sync
-    from ratekeeper import _protocol as p
+    from ratekeeper import _proto as p
+    from ratekeeper._sync import transport
 
     client.ping()
     conn = client._slot.conn
     submitted = []
-    submit = _io_sync.Connection.submit
+    submit = transport.Connection.submit
 
     def counted_submit(self, request, deadline):
         submitted.append(type(request).__name__)
         return submit(self, request, deadline)
 
-    monkeypatch.setattr(_io_sync.Connection, "submit", counted_submit)
+    monkeypatch.setattr(transport.Connection, "submit", counted_submit)
     client.ping()
     assert submitted == []  # alone: sent and read in one call, no future
     conn.send_and_forget(p.Ping())  # out, and nobody reads for it yet
@@ -457,7 +457,7 @@ def test_int_likes_are_accepted():
         def __index__(self) -> int:
             return self.value
 
-    from ratekeeper._requests import token_count
+    from ratekeeper._core.requests import token_count
 
     assert token_count("tokens", Count(12)) == 12
     with pytest.raises(ValueError, match="must not be negative"):
@@ -482,7 +482,7 @@ def test_a_long_client_name_is_cut_to_the_bound_in_bytes(make_daemon, name, sent
     daemon = make_daemon()
     with Client(daemon.socket, name=name, timeout=5.0) as client:
         assert client.ping() < 1  # said Hello: the daemon took the name
-    assert len(sent.encode()) <= ratekeeper._protocol.MAX_NAME_LEN
+    assert len(sent.encode()) <= ratekeeper._proto.MAX_NAME_LEN
     assert f'client="{sent}"' in daemon.log()
 
 
@@ -507,7 +507,8 @@ def test_the_default_name_of_a_long_non_ascii_program_is_cut_in_bytes(make_daemo
 
 
 def test_session_names_are_cut_at_a_character_boundary():
-    from ratekeeper._core import Session, clip_name
+    from ratekeeper._core.session import Session
+    from ratekeeper._core.settings import clip_name
 
     assert clip_name("short") == "short"
     assert clip_name("é" * 64) == "é" * 64  # exactly the bound

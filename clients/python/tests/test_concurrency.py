@@ -240,7 +240,7 @@ def test_a_wake_is_kept_until_waited_for_and_counts_once():
     """What a thread waiting for the reader sleeps on (a bare lock, not a
     `threading.Event`): a wake before the wait is not lost, two wakes are
     one, `clear` forgets a late one, and a wait without one times out."""
-    from ratekeeper._io_sync import Wake
+    from ratekeeper._sync.transport import Wake
 
     wake = Wake()
     assert wake.wait(0) is False

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import pytest
 
 from ratekeeper import AsyncClient, Client, SidecarUnavailable, SidecarUnavailableWarning
-from ratekeeper import _protocol as p
+from ratekeeper import _proto as p
 
 from _daemon import Daemon, daemon_binary, wait_for
 

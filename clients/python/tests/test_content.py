@@ -13,10 +13,10 @@ import zlib
 import pytest
 
 from ratekeeper import AsyncClient, Client
-from ratekeeper import _content as content
-from ratekeeper import _protocol as p
-from ratekeeper import _requests as req
-from ratekeeper._errors import ErrorCode
+from ratekeeper import _proto as p
+from ratekeeper._core import content
+from ratekeeper._core import requests as req
+from ratekeeper._proto.errors import ErrorCode
 
 CONFIG = """
 [[limits]]

@@ -16,9 +16,10 @@ import time
 import pytest
 
 import ratekeeper
-from ratekeeper import _core as core
-from ratekeeper import _protocol as p
-from ratekeeper._errors import ERROR_CLASSES, ErrorCode
+from ratekeeper import _proto as p
+from ratekeeper._core import results
+from ratekeeper._core.session import Session
+from ratekeeper._proto.errors import ERROR_CLASSES, ErrorCode
 
 from _daemon import wait_for
 
@@ -67,7 +68,7 @@ class Raw:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(10)
         self.sock.connect(path)
-        self.session = core.Session("raw-test")
+        self.session = Session("raw-test")
         self.received: list[p.ServerFrame] = []
 
     def hello(self) -> p.HelloReply:
@@ -140,21 +141,21 @@ def test_every_code_in_a_frame_raises_its_class(code):
     decoder.receive_data(data)
     frame = decoder.next_frame()
     with pytest.raises(ratekeeper.RatekeeperError) as caught:
-        core.expect(frame.response, p.Granted)
+        results.expect(frame.response, p.Granted)
     assert_code(caught.value, code)
     assert caught.value.message == f"synthetic {code}"
 
 
 def test_an_unknown_code_is_a_non_retryable_failure():
     with pytest.raises(ratekeeper.UnknownErrorCode) as caught:
-        core.expect(p.ErrorReply(999, "from the future"), p.Pong)
+        results.expect(p.ErrorReply(999, "from the future"), p.Pong)
     assert caught.value.code == 999
     assert not caught.value.retryable
 
 
 def test_a_denial_frame_raises_rate_limited_in_seconds():
     with pytest.raises(ratekeeper.RateLimited) as caught:
-        core.granted_or_raise(p.Denied(retry_after_ms=2500, bucket="tenant"), "gpt-4o")
+        results.granted_or_raise(p.Denied(retry_after_ms=2500, bucket="tenant"), "gpt-4o")
     assert caught.value.retry_after == 2.5
     assert caught.value.bucket == "tenant"
     assert caught.value.code is None
@@ -162,7 +163,7 @@ def test_a_denial_frame_raises_rate_limited_in_seconds():
 
 def test_an_unexpected_answer_is_a_protocol_error():
     with pytest.raises(ratekeeper.ProtocolError):
-        core.expect(p.Pong(), p.Granted)
+        results.expect(p.Pong(), p.Granted)
 
 
 def test_unsupported_version(raw):
@@ -297,7 +298,7 @@ def test_shutting_down(make_daemon, raw):
 
 
 def test_frames_before_a_broken_one_are_still_delivered():
-    session = core.Session("sans-io")
+    session = Session("sans-io")
     good = p.encode_frame(p.ServerFrame(3, p.Pong()))
     bad = bytes.fromhex("0c00000002000000000000000a000000")  # Response tag 10
     frames = session.receive_data(good + bad + good)
@@ -307,7 +308,7 @@ def test_frames_before_a_broken_one_are_still_delivered():
 
 
 def test_an_oversized_frame_from_the_daemon_is_refused_on_its_prefix():
-    session = core.Session("sans-io")
+    session = Session("sans-io")
     frames = session.receive_data((p.MAX_FRAME_LEN + 1).to_bytes(4, "little"))
     with pytest.raises(ratekeeper.FrameTooLarge):
         next(frames)

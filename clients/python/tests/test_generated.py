@@ -1,9 +1,10 @@
 """The blocking client is generated from the asyncio one: current, and the same API.
 
-`scripts/unasync.py` derives the blocking modules from their asyncio sources;
-these tests regenerate them in memory and fail while a committed file differs
-(the check CI runs), and hold the public API of every sync/async pair to the
-same names and signatures, `async` aside.
+`scripts/unasync.py` derives the package `_sync` (all but its transport) from
+`_async`, and the blocking twins of the asyncio tests that mirror them; these
+tests regenerate them in memory and fail while a committed file differs (the
+check CI runs) or `_sync` holds a module with no source, and hold the public
+API of every sync/async pair to the same names and signatures, `async` aside.
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ from pathlib import Path
 import pytest
 
 import ratekeeper
-from ratekeeper import (
-    _anthropic_async,
-    _anthropic_sync,
-    _openai_async,
-    _openai_resources_async,
-    _openai_resources_sync,
-    _openai_sync,
-)
+from ratekeeper._async import anthropic as anthropic_async
+from ratekeeper._async import gate as gate_async
+from ratekeeper._async import openai as openai_async
+from ratekeeper._sync import anthropic as anthropic_sync
+from ratekeeper._sync import gate as gate_sync
+from ratekeeper._sync import openai as openai_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,6 +44,17 @@ def test_the_generated_file_is_current(source, target):
     assert committed == expected, f"{target} is stale: run `python scripts/unasync.py`"
 
 
+def test_every_module_of_the_blocking_package_is_generated_or_a_transport():
+    assert unasync.strays() == [], "remove it, or generate it from a module of _async"
+
+
+def test_the_whole_asyncio_package_but_its_transport_is_generated():
+    sources = {Path(source).name for source, _ in unasync.package_files()}
+    modules = {path.name for path in (ROOT / unasync.ASYNC_PACKAGE).glob("*.py")}
+    assert sources == modules - {"transport.py"}
+    assert "__init__.py" in sources
+
+
 def test_a_name_missing_from_the_table_fails_the_transform():
     with pytest.raises(ValueError, match="AsyncWidget"):
         unasync.generate("async def f():\n    return await AsyncWidget()\n", "widget.py")
@@ -61,14 +71,14 @@ ASYNC_DUNDERS = {
 PAIRS = [
     (ratekeeper.Client, ratekeeper.AsyncClient),
     (ratekeeper.Lease, ratekeeper.AsyncLease),
-    (_openai_sync.Gate, _openai_async.AsyncGate),
-    (_openai_sync.LimitedStream, _openai_async.AsyncLimitedStream),
-    (_openai_sync.StreamProxy, _openai_async.AsyncStreamProxy),
+    (gate_sync.Gate, gate_async.AsyncGate),
+    (gate_sync.StreamProxy, gate_async.AsyncStreamProxy),
     *(
-        (getattr(_openai_resources_sync, name), getattr(_openai_resources_async, f"Async{name}"))
-        # Not `Resource`: what it has besides `__init__` is `_wrapping.LimitedView`'s,
+        (getattr(openai_sync, name), getattr(openai_async, f"Async{name}"))
+        # Not `Resource`: what it has besides `__init__` is `_core.wrapping.LimitedView`'s,
         # one class for both.
         for name in (
+            "LimitedStream",
             "Completions",
             "Responses",
             "LimitedResponseContext",
@@ -77,17 +87,17 @@ PAIRS = [
             "ObservedEvents",
         )
     ),
-    (_anthropic_sync.Messages, _anthropic_async.AsyncMessages),
-    (_anthropic_sync.LimitedStreamManager, _anthropic_async.AsyncLimitedStreamManager),
-    (_anthropic_sync.LimitedEvents, _anthropic_async.AsyncLimitedEvents),
+    (anthropic_sync.Messages, anthropic_async.AsyncMessages),
+    (anthropic_sync.LimitedStreamManager, anthropic_async.AsyncLimitedStreamManager),
+    (anthropic_sync.LimitedEvents, anthropic_async.AsyncLimitedEvents),
 ]
 
 #: Asyncio methods that are not awaited, like the SDK's own: `messages.stream()`
 #: gives a context manager to `async with`.
 NOT_AWAITED = {
-    (_anthropic_async.AsyncMessages, "stream"),
-    (_openai_resources_async.AsyncCompletions, "stream"),
-    (_openai_resources_async.AsyncResponses, "stream"),
+    (anthropic_async.AsyncMessages, "stream"),
+    (openai_async.AsyncCompletions, "stream"),
+    (openai_async.AsyncResponses, "stream"),
 }
 
 

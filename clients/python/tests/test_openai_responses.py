@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from ratekeeper import AsyncClient, Client
-from ratekeeper import _openai_calls as calls
+from ratekeeper._core import openai as calls
 from ratekeeper.openai import wrap
 
 from _daemon import daemon_binary

@@ -4,7 +4,7 @@ The fixture is a table of provider requests (OpenAI Chat Completions and
 Responses, Anthropic Messages; text, images, tools, the issue's 11 KB system
 prompt and 2.4 KB tool result) with the prompt tokens the daemon counts for
 each under each preset. Here every request goes through what the client's
-wrappers do with it (`_anthropic_core.cost`, `_openai_calls.RESPONSES.cost`,
+wrappers do with it (`_core.anthropic.cost`, `_core.openai.RESPONSES.cost`,
 the Chat Completions arguments) into `Client.estimate` of a real daemon;
 `tests/it/request_shapes.rs` runs `ratekeeper count-tokens` on the same JSON.
 Both must find the fixture's numbers.
@@ -26,8 +26,8 @@ from typing import Any, Optional
 import pytest
 
 from ratekeeper import Client
-from ratekeeper import _anthropic_core as anthropic_core
-from ratekeeper import _openai_calls as calls
+from ratekeeper._core import anthropic as anthropic_core
+from ratekeeper._core import openai as calls
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "requests.json"
 

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 
 from ratekeeper import AsyncClient, AsyncLease, Client, StoreUnavailable, UnknownLease
-from ratekeeper import _core as core
-from ratekeeper import _protocol as p
-from ratekeeper._errors import ErrorCode
+from ratekeeper import _proto as p
+from ratekeeper._core.deadlines import SETTLE_RETRY_DELAYS
+from ratekeeper._proto.errors import ErrorCode
 
 from _daemon import RedisServer, wait_for
 
@@ -208,9 +208,9 @@ def test_a_report_the_daemon_could_not_settle_is_sent_again(proxy, connect):
 def test_a_release_the_daemon_could_not_settle_is_sent_again(proxy, connect):
     client = connect(proxy.path)
     lease = client.acquire("exact", 1000)
-    proxy.refuse = len(core.SETTLE_RETRY_DELAYS)  # the last attempt goes through
+    proxy.refuse = len(SETTLE_RETRY_DELAYS)  # the last attempt goes through
     assert lease.release() == 1000
-    assert (proxy.refused, proxy.forwarded) == (len(core.SETTLE_RETRY_DELAYS), 1)
+    assert (proxy.refused, proxy.forwarded) == (len(SETTLE_RETRY_DELAYS), 1)
     assert level(client) == CAPACITY
 
 
@@ -220,7 +220,7 @@ def test_a_settlement_still_refused_after_the_last_attempt_raises(proxy, connect
     proxy.refuse = 1000
     with pytest.raises(StoreUnavailable, match="retry the report"):
         lease.report(100)
-    assert (proxy.refused, proxy.forwarded) == (len(core.SETTLE_RETRY_DELAYS) + 1, 0)
+    assert (proxy.refused, proxy.forwarded) == (len(SETTLE_RETRY_DELAYS) + 1, 0)
     assert not lease.settled  # the daemon kept it: it can still be settled
     proxy.refuse = 0
     assert lease.release() == 1000

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from ratekeeper import _protocol as p
-from ratekeeper._errors import FrameTooLarge, MalformedMessage, ProtocolError
-from ratekeeper._requests import Settlement
-from ratekeeper._token_acquire import encode_token_acquire
+from ratekeeper import _proto as p
+from ratekeeper._core.requests import Settlement
+from ratekeeper._proto.errors import FrameTooLarge, MalformedMessage, ProtocolError
+from ratekeeper._proto.token_acquire import encode_token_acquire
 
 VECTORS = Path(__file__).resolve().parents[3] / "proto-spec" / "vectors"
 

@@ -13,9 +13,13 @@ error code has its own exception class (see `ERROR_CLASSES`).
 `ratekeeper.openai.wrap` limits an OpenAI client's chat completions.
 """
 
-from ._async import AsyncClient, AsyncLease
-from ._core import DEFAULT_SOCKET, ENV_SOCKET
-from ._errors import (
+from ._async.client import AsyncClient
+from ._async.lease import AsyncLease
+from ._core.errors import RateLimited, SidecarUnavailable, SidecarUnavailableWarning
+from ._core.estimate import estimate_prompt_tokens
+from ._core.settings import DEFAULT_SOCKET, ENV_SOCKET
+from ._proto import BucketStatus, ChatMessage, Estimated, LimitStatus, StatusReply
+from ._proto.errors import (
     ERROR_CLASSES,
     Cancelled,
     CostExceedsCapacity,
@@ -29,10 +33,7 @@ from ._errors import (
     Overloaded,
     ProtocolError,
     RatekeeperError,
-    RateLimited,
     ShuttingDown,
-    SidecarUnavailable,
-    SidecarUnavailableWarning,
     StoreUnavailable,
     TooManyInFlight,
     UnknownErrorCode,
@@ -42,9 +43,8 @@ from ._errors import (
     Unsupported,
     UnsupportedVersion,
 )
-from ._openai_core import estimate_prompt_tokens
-from ._protocol import BucketStatus, ChatMessage, Estimated, LimitStatus, StatusReply
-from ._sync import Client, Lease
+from ._sync.client import Client
+from ._sync.lease import Lease
 
 __version__ = "0.1.0"
 

@@ -53,13 +53,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, TypeVar, Union, cast
 
-from . import _anthropic_core as core
-from ._anthropic_async import AsyncMessages, AsyncMessagesGate
-from ._anthropic_sync import Messages, MessagesGate
-from ._async import AsyncClient
-from ._openai_core import CallOptions, is_async_sdk
-from ._sync import Client
-from ._wrapping import WrappedClient, WrappedNamespace
+from ._async.anthropic import AsyncWrapped
+from ._async.client import AsyncClient
+from ._core.calls import CallOptions, is_async_sdk
+from ._sync.anthropic import Wrapped
+from ._sync.client import Client
 
 __all__ = ["LimitOptions", "wrap"]
 
@@ -97,31 +95,9 @@ def wrap(
     """
     settings = LimitOptions(limit=limit, **options)
     create = client.messages.create  # type: ignore[attr-defined]
-    is_async = is_async_sdk(create, limiter, "anthropic.AsyncAnthropic", "anthropic.Anthropic")
-    return cast(AnthropicClient, _Wrapped(client, limiter, settings, is_async))
-
-
-class _Wrapped(WrappedClient):
-    """The wrapped client: `messages` and `beta.messages` are limited, the rest
-    passes through (what spends tokens there warns once)."""
-
-    provider = "Anthropic"
-    unlimited = core.UNLIMITED_SPENDERS
-
-    def __init__(
-        self,
-        client: Any,
-        limiter: Any,
-        settings: LimitOptions,
-        is_async: bool,
-        warned: Optional[set] = None,
-    ) -> None:
-        super().__init__(client, limiter, settings, is_async, warned)
-        #: Shared by both `messages`.
-        self.gate = (AsyncMessagesGate if is_async else MessagesGate)(limiter, settings)
-        messages = AsyncMessages if is_async else Messages
-        self.messages = messages(self)
-        beta_messages = messages(self, core.BETA_MESSAGES)
-        self.beta = WrappedNamespace(
-            self, "beta", core.UNLIMITED_BETA_PARTS, messages=beta_messages
-        )
+    async_limiter = isinstance(limiter, AsyncClient)
+    is_async = is_async_sdk(
+        create, async_limiter, "anthropic.AsyncAnthropic", "anthropic.Anthropic"
+    )
+    wrapped = (AsyncWrapped if is_async else Wrapped)(client, limiter, settings)
+    return cast(AnthropicClient, wrapped)

@@ -74,22 +74,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, Union, cast
 
-from ._async import AsyncClient
-from ._openai_async import AsyncGate
-from ._openai_core import FALLBACK_MAX_TOKENS as FALLBACK_MAX_TOKENS
-from ._openai_core import (
-    UNLIMITED_CHAT_PARTS,
-    UNLIMITED_SPENDERS,
-    CallOptions,
-    estimate_prompt_tokens,
-    is_async_sdk,
-    retry_delay,
-)
-from ._openai_resources_async import AsyncCompletions, AsyncEmbeddings, AsyncResponses
-from ._openai_resources_sync import Completions, Embeddings, Responses
-from ._openai_sync import Gate
-from ._sync import Client
-from ._wrapping import WrappedClient, WrappedNamespace
+from ._async.client import AsyncClient
+from ._async.openai import AsyncWrapped
+from ._core.calls import CallOptions, is_async_sdk, retry_delay
+from ._core.estimate import FALLBACK_MAX_TOKENS as FALLBACK_MAX_TOKENS
+from ._core.estimate import estimate_prompt_tokens
+from ._sync.client import Client
+from ._sync.openai import Wrapped
 
 __all__ = ["LimitOptions", "retry_delay", "wrap"]
 
@@ -135,28 +126,7 @@ def wrap(
     """
     settings = LimitOptions(limit=limit, **options)
     create = client.chat.completions.create  # type: ignore[attr-defined]
-    is_async = is_async_sdk(create, limiter, "openai.AsyncOpenAI", "openai.OpenAI")
-    return cast(OpenAIClient, _Wrapped(client, limiter, settings, is_async))
-
-
-class _Wrapped(WrappedClient):
-    """The wrapped client: `chat.completions`, `responses` and `embeddings` are
-    limited, the rest passes through (what spends tokens there warns once)."""
-
-    provider = "OpenAI"
-    unlimited = UNLIMITED_SPENDERS
-
-    def __init__(
-        self,
-        client: Any,
-        limiter: Any,
-        settings: LimitOptions,
-        is_async: bool,
-        warned: Optional[set] = None,
-    ) -> None:
-        super().__init__(client, limiter, settings, is_async, warned)
-        self.gate = (AsyncGate if is_async else Gate)(limiter, settings)
-        completions = (AsyncCompletions if is_async else Completions)(self)
-        self.chat = WrappedNamespace(self, "chat", UNLIMITED_CHAT_PARTS, completions=completions)
-        self.responses = (AsyncResponses if is_async else Responses)(self)
-        self.embeddings = (AsyncEmbeddings if is_async else Embeddings)(self)
+    async_limiter = isinstance(limiter, AsyncClient)
+    is_async = is_async_sdk(create, async_limiter, "openai.AsyncOpenAI", "openai.OpenAI")
+    wrapped = (AsyncWrapped if is_async else Wrapped)(client, limiter, settings)
+    return cast(OpenAIClient, wrapped)

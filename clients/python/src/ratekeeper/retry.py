@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional, Union
 
-from ._errors import RatekeeperError
+from ._proto.errors import RatekeeperError
 
 __all__ = ["is_retryable", "retry_after", "retry_if_retryable", "wait_retry_after"]
 
