@@ -5,8 +5,8 @@
 /// Every room of the crate, from the bottom up: each may name only rooms
 /// listed before it.
 const ROOMS: &[&str] = &[
-    "proto", "metrics", "logging", "systemd", "feedback", "tokens", "limiter", "leases", "config",
-    "plan", "service", "server", "exporter", "client", "app",
+    "proto", "metrics", "logging", "systemd", "feedback", "tokens", "budget", "limiter", "leases",
+    "config", "plan", "service", "server", "exporter", "client", "app",
 ];
 
 /// The rooms `source` names as `crate::room`, outside comments.
