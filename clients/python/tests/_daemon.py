@@ -151,8 +151,17 @@ class RedisServer:
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rk-redis-"))
-        self.port = free_port()
-        self.start()
+        # Another process (a test suite beside this one) may bind the port
+        # between `free_port` and redis-server's own bind: then try another.
+        for attempts_left in reversed(range(5)):
+            self.port = free_port()
+            try:
+                self.start()
+                return
+            except AssertionError:
+                log = (self.dir / "redis.log").read_text(errors="replace")
+                if attempts_left == 0 or "Address already in use" not in log:
+                    raise
 
     def start(self) -> None:
         """Starts the server on its port (again, empty, after `stop`)."""
