@@ -3,6 +3,8 @@
 //! acquire as the rate buckets.
 //!
 //! This room holds what budgets are made of and nothing of the crate above
-//! it: the calendar their periods follow ([`period`]).
+//! it: the calendar their periods follow ([`period`]) and the money they
+//! count ([`money`]).
 
+pub mod money;
 pub mod period;
