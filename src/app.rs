@@ -120,6 +120,24 @@ pub fn build_stores(config: &Config, metrics: &Metrics) -> Result<Stores, AppErr
     ))
 }
 
+/// The runtime `serve` runs on, before it is built (the in-process test
+/// harness adds its own thread hooks). One thread runs everything unless
+/// more are asked for: a request then never crosses threads on its way from
+/// the socket to Redis and back, which saves the futex wake-ups that cost
+/// the most CPU per acquire (bench/PROFILE.md). Token counting has its
+/// blocking threads either way.
+pub fn runtime_builder(threads: usize) -> tokio::runtime::Builder {
+    let mut builder = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(threads);
+        builder
+    };
+    builder.enable_all();
+    builder
+}
+
 /// Builds the tiktoken encoders the limits count with, so that no request
 /// pays for it (about 0.2 s and 45 MiB for o200k_base, 0.1 s and 24 MiB
 /// for cl100k_base); encoders already built are kept.

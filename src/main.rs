@@ -241,7 +241,7 @@ fn main() -> ExitCode {
         },
         _ => (1, None),
     };
-    let runtime = match runtime(threads) {
+    let runtime = match app::runtime_builder(threads).build() {
         Ok(runtime) => runtime,
         Err(runtime_error) => {
             say(&format!(
@@ -257,21 +257,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// One thread runs everything unless more are asked for: a request then
-/// never crosses threads on its way from the socket to Redis and back, which
-/// saves the futex wake-ups that cost the most CPU per acquire
-/// (bench/PROFILE.md). Token counting has its blocking threads either way.
-fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = if threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        builder.worker_threads(threads);
-        builder
-    };
-    builder.enable_all().build()
 }
 
 /// Runs the command; `serve` gets its config already loaded.

@@ -307,22 +307,15 @@ impl Serving {
     }
 }
 
-/// The runtime `main.rs` builds for `threads`, with `log` as the default
+/// The runtime `main.rs` builds for `threads` (`app::runtime_builder`),
+/// with `log` as the default
 /// subscriber of each thread it starts.
 fn runtime(threads: usize, log: &Dispatch) -> tokio::runtime::Runtime {
     thread_local! {
         static LOG_SCOPE: RefCell<Option<DefaultGuard>> = const { RefCell::new(None) };
     }
-    let mut builder = if threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        builder.worker_threads(threads);
-        builder
-    };
     let log = log.clone();
-    builder
-        .enable_all()
+    app::runtime_builder(threads)
         .thread_name("in-process-daemon")
         .on_thread_start(move || {
             let scope = tracing::dispatcher::set_default(&log);
