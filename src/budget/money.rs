@@ -3,8 +3,6 @@
 //! integers like any other. Amounts are written in the config as decimals
 //! (`"1.50"`) and shown the same way.
 
-use std::fmt;
-
 /// Micro-units in one unit of the currency.
 pub const MICROS_PER_UNIT: u64 = 1_000_000;
 
@@ -92,32 +90,15 @@ pub fn format_amount(micros: u64) -> String {
 }
 
 /// Why an amount of money was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MoneyError {
+    #[error("{0:?} is not an amount of money: write digits with an optional point, as \"1.50\"")]
     Invalid(String),
+    #[error("{0:?} has more than six decimals (a millionth is the smallest amount)")]
     TooPrecise(String),
+    #[error("{0:?} is too large an amount")]
     TooLarge(String),
 }
-
-impl fmt::Display for MoneyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            MoneyError::Invalid(text) => write!(
-                f,
-                "{text:?} is not an amount of money: write digits with an optional point, as \"1.50\""
-            ),
-            MoneyError::TooPrecise(text) => {
-                write!(
-                    f,
-                    "{text:?} has more than six decimals (a millionth is the smallest amount)"
-                )
-            }
-            MoneyError::TooLarge(text) => write!(f, "{text:?} is too large an amount"),
-        }
-    }
-}
-
-impl std::error::Error for MoneyError {}
 
 #[cfg(test)]
 mod tests {

@@ -8,8 +8,6 @@
 //! skips midnight, the day starts at the first instant after the gap. The
 //! time zone database is built into the binary (`jiff`'s bundled tzdb).
 
-use std::fmt;
-
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, ToSpan};
@@ -92,29 +90,15 @@ pub fn zone(name: &str) -> Result<TimeZone, PeriodError> {
 }
 
 /// Why no period could be found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PeriodError {
     /// Not a time zone of the IANA database.
+    #[error("unknown time zone {0:?}: use an IANA name such as \"UTC\" or \"Europe/Berlin\"")]
     UnknownZone(String),
     /// An instant so far from now that its period cannot be represented.
+    #[error("no calendar period for the instant {0} ms")]
     OutOfRange(i64),
 }
-
-impl fmt::Display for PeriodError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PeriodError::UnknownZone(name) => write!(
-                f,
-                "unknown time zone {name:?}: use an IANA name such as \"UTC\" or \"Europe/Berlin\""
-            ),
-            PeriodError::OutOfRange(at_ms) => {
-                write!(f, "no calendar period for the instant {at_ms} ms")
-            }
-        }
-    }
-}
-
-impl std::error::Error for PeriodError {}
 
 #[cfg(test)]
 mod tests {
