@@ -16,6 +16,7 @@ use ratekeeper::limiter::{
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use support::draw;
 use support::redis::RedisServer;
 
 fn store(server: &RedisServer) -> RedisStore {
@@ -24,14 +25,6 @@ fn store(server: &RedisServer) -> RedisStore {
 
 fn bucket(key: &str, capacity: u64, per_minute: u64) -> BucketSpec {
     BucketSpec::per_minute(key, capacity, per_minute)
-}
-
-fn draw(bucket: &BucketSpec, cost: u64) -> Draw {
-    Draw {
-        bucket: bucket.clone(),
-        cost,
-        floor: 0,
-    }
 }
 
 /// The level of `bucket` at script time `at`.

@@ -13,13 +13,14 @@ use std::time::Duration;
 
 use ratekeeper::app::redis_settings;
 use ratekeeper::config::RedisConfig;
-use ratekeeper::limiter::bucket::{BucketSpec, Draw, Refill, Window};
+use ratekeeper::limiter::bucket::{BucketSpec, Refill, Window};
 use ratekeeper::limiter::{
     Adjustment, Decision, EmbeddedStore, FailFastStore, FailurePolicy, FallbackStore,
     InstrumentedStore, Lowering, Origin, RedisStore, SlotSpec, Store, StoreError, StoreOps, Stores,
 };
 use ratekeeper::metrics::StoreCalls;
 
+use crate::support::draw;
 use crate::support::redis::{RedisCluster, RedisServer};
 
 const DAY_MS: u64 = 86_400_000;
@@ -32,14 +33,6 @@ fn per_day(name: &str, capacity: u64) -> BucketSpec {
         capacity,
         Refill::new(capacity, Window::Day, capacity),
     )
-}
-
-fn draw(bucket: &BucketSpec, cost: u64) -> Draw {
-    Draw {
-        bucket: bucket.clone(),
-        cost,
-        floor: 0,
-    }
 }
 
 fn adjustment(bucket: &BucketSpec, tokens: i64) -> Adjustment {

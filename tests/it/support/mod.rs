@@ -18,6 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ratekeeper::client::Client;
+use ratekeeper::limiter::bucket::{BucketSpec, Draw};
 use ratekeeper::proto::{self, ClientFrame, PROTOCOL_VERSION, Request, Response, ServerFrame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -262,4 +263,13 @@ pub fn count_tokens(args: &[&str], stdin: &str) -> std::process::Output {
         .write_all(stdin.as_bytes())
         .unwrap();
     child.wait_with_output().unwrap()
+}
+
+/// A draw of `cost` from `bucket`, with no priority floor (the store tests).
+pub fn draw(bucket: &BucketSpec, cost: u64) -> Draw {
+    Draw {
+        bucket: bucket.clone(),
+        cost,
+        floor: 0,
+    }
 }
