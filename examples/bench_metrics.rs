@@ -16,7 +16,7 @@ use ratekeeper::config;
 use ratekeeper::limiter::health::StoreHealth;
 use ratekeeper::metrics::Metrics;
 use ratekeeper::proto::{Acquire, Cost, Response};
-use ratekeeper::service::{Call, Caller, Service};
+use ratekeeper::service::{Call, Caller, Reported, Service};
 use tokio_util::sync::CancellationToken;
 
 const LIMITS: &str = r#"
@@ -67,8 +67,10 @@ async fn batch(service: &Service) -> f64 {
         };
         let report = Call::Report {
             lease,
-            input_tokens: 90,
-            output_tokens: 10,
+            usage: Reported::Tokens {
+                input: 90,
+                output: 10,
+            },
         };
         service
             .handle(1, report, CancellationToken::new())

@@ -14,11 +14,47 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub use crate::budget::money::Usage;
 pub use crate::limiter::BucketRole;
 use crate::limiter::{Adjustment, Draw, Origin, SlotGuard};
 
 /// Identifies the connection that owns a lease.
 pub type ConnectionId = u64;
+
+/// What a report says a provider call used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reported {
+    /// `Report`: the input and output tokens the provider's rate limit
+    /// counts, as the client worked them out.
+    Tokens { input: u64, output: u64 },
+    /// `UsageReport` (protocol revision 6): the call's tokens split as the
+    /// provider bills them, cache reads and writes apart.
+    Billed(Usage),
+}
+
+impl Reported {
+    /// The input and output tokens the provider's rate limit counts: every
+    /// input token, cache writes included, and cache reads only where the
+    /// provider counts them (`cache_reads_count`: OpenAI does, Anthropic
+    /// does not for current models).
+    pub fn rate_tokens(self, cache_reads_count: bool) -> (u64, u64) {
+        match self {
+            Reported::Tokens { input, output } => (input, output),
+            Reported::Billed(usage) => {
+                let cached = if cache_reads_count {
+                    usage.cached_input
+                } else {
+                    0
+                };
+                let input = usage
+                    .input
+                    .saturating_add(usage.cache_write)
+                    .saturating_add(cached);
+                (input, usage.output)
+            }
+        }
+    }
+}
 
 /// Which reported figure a bucket settles to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

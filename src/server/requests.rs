@@ -19,7 +19,7 @@ use crate::proto::{
     self, CONNECTION_REQUEST_ID, ClientFrame, Cost, ErrorCode, FrameError, FrameReader,
     MAX_FRAME_LEN, MAX_IN_FLIGHT, PROTOCOL_VERSION, Request, Response, ServerFrame,
 };
-use crate::service::{Call, Caller, ConnectionId, Service, off_loop};
+use crate::service::{Call, Caller, ConnectionId, Reported, Service, off_loop};
 
 /// Payloads above this size are decoded on the blocking pool, never on the
 /// socket loop: a 4 MiB prompt of 65,536 parts takes milliseconds to decode
@@ -317,8 +317,10 @@ impl Requests {
                 output_tokens,
             } => Call::Report {
                 lease,
-                input_tokens,
-                output_tokens,
+                usage: Reported::Tokens {
+                    input: input_tokens,
+                    output: output_tokens,
+                },
             },
             Request::Release { lease } => Call::Release { lease },
             Request::Estimate { limit, cost } => Call::Estimate { limit, cost },

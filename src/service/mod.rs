@@ -35,7 +35,7 @@ use crate::proto::{Acquire, Cost, Feedback, Response};
 use crate::tokens::OutputTokenLearner;
 pub use error::ServiceError;
 
-pub use crate::leases::ConnectionId;
+pub use crate::leases::{ConnectionId, Reported};
 
 /// A request the service answers: every [`crate::proto::Request`] but the
 /// connection's own (`Hello`, `Ping`, `Cancel`).
@@ -45,8 +45,7 @@ pub enum Call {
     Acquire(Acquire, Caller),
     Report {
         lease: u64,
-        input_tokens: u64,
-        output_tokens: u64,
+        usage: Reported,
     },
     Release {
         lease: u64,
@@ -240,11 +239,7 @@ impl Service {
             Call::Acquire(acquire, caller) => {
                 self.acquire(connection, acquire, &caller, cancel).await
             }
-            Call::Report {
-                lease,
-                input_tokens,
-                output_tokens,
-            } => self.report(lease, input_tokens, output_tokens).await,
+            Call::Report { lease, usage } => self.report(lease, usage).await,
             Call::Release { lease } => self.release(lease).await,
             Call::Estimate { limit, cost } => self.estimate(&limit, cost).await,
             Call::Status { limit } => self.status(limit.as_deref()).await,

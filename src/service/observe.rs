@@ -150,16 +150,15 @@ impl Service {
             {
                 Observed::Other
             }
-            Call::Report {
-                lease,
-                input_tokens,
-                output_tokens,
-            } => Observed::Settle {
-                release: false,
-                lease: *lease,
-                input_tokens: *input_tokens,
-                output_tokens: *output_tokens,
-            },
+            Call::Report { lease, usage } => {
+                let (input_tokens, output_tokens) = usage.rate_tokens(true);
+                Observed::Settle {
+                    release: false,
+                    lease: *lease,
+                    input_tokens,
+                    output_tokens,
+                }
+            }
             Call::Release { lease } => Observed::Settle {
                 release: true,
                 lease: *lease,

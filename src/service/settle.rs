@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{ConnectionId, Service, ServiceError};
+use super::{ConnectionId, Reported, Service, ServiceError};
 use crate::config::DisconnectRule;
 use crate::leases::{refund_all, refund_fraction, settle_usage};
 use crate::limiter::StoreOps;
@@ -18,13 +18,13 @@ impl Service {
     pub(super) async fn report(
         &self,
         lease_id: u64,
-        input_tokens: u64,
-        output_tokens: u64,
+        usage: Reported,
     ) -> Result<Response, ServiceError> {
         let lease = self
             .leases
             .take(lease_id)
             .ok_or(ServiceError::UnknownLease(lease_id))?;
+        let (input_tokens, output_tokens) = usage.rate_tokens(true);
         let settlement = settle_usage(&lease.reserved, input_tokens, output_tokens);
         if !settlement.adjustments.is_empty() {
             if let Err(source) = self

@@ -113,16 +113,17 @@ async fn run(steps: &[Step]) -> Vec<String> {
             Acquire(limit, input_tokens, output_tokens, priority, max_wait_ms) => {
                 acquire(limit, input_tokens, output_tokens, priority, max_wait_ms)
             }
-            Report(nth, input_tokens, output_tokens) => Call::Report {
+            Report(nth, input, output) => Call::Report {
                 lease: leases[nth],
-                input_tokens,
-                output_tokens,
+                usage: Reported::Tokens { input, output },
             },
             Release(nth) => Call::Release { lease: leases[nth] },
             ReportUnknown => Call::Report {
                 lease: 0xdead,
-                input_tokens: 1,
-                output_tokens: 0,
+                usage: Reported::Tokens {
+                    input: 1,
+                    output: 0,
+                },
             },
             Drain => {
                 service.begin_drain();
