@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use crate::budget::money::Usage;
+pub use crate::budget::money::{Price, Usage};
 pub use crate::limiter::BucketRole;
 use crate::limiter::{Adjustment, Draw, Origin, SlotGuard};
 
@@ -68,6 +68,8 @@ pub enum Settle {
     Output,
     /// To input + output: combined, tenant and group token buckets.
     Total,
+    /// To what the reported usage costs at this price: spend budgets.
+    Price(Price),
 }
 
 /// What one bucket of a lease holds.
@@ -77,6 +79,9 @@ pub struct Reserved {
     pub draw: Draw,
     /// How a usage report settles this bucket.
     pub settle: Settle,
+    /// When the calendar period of a budget's bucket ends (Unix ms): a
+    /// denial by it can succeed no sooner.
+    pub resets_at_ms: Option<i64>,
 }
 
 /// A granted reservation.
@@ -97,6 +102,23 @@ pub struct Lease {
     /// The limit's concurrency slot this request holds (`max_concurrent`),
     /// given back when the last copy of the lease is dropped.
     pub slot: Option<Arc<SlotGuard>>,
+    /// Whether the provider's rate limits count cache reads (see
+    /// [`Reported::rate_tokens`]).
+    pub cache_reads_count: bool,
+}
+
+impl Reserved {
+    /// When a retry of an acquire this bucket denied can succeed, in ms
+    /// from `now_ms`: what the store said, or for a calendar budget the
+    /// time to its period's end (waiting refills it nothing).
+    pub fn retry_after_ms(&self, store_said: u64, now_ms: i64) -> u64 {
+        match self.resets_at_ms {
+            Some(resets_at) if !self.draw.bucket.refill.refills() => {
+                resets_at.saturating_sub(now_ms).max(1) as u64
+            }
+            _ => store_said,
+        }
+    }
 }
 
 /// Gives back every bucket's whole cost: a release, or a cancelled wait.
@@ -122,10 +144,15 @@ pub struct Settlement {
     pub tokens_returned: i64,
 }
 
-/// Settles a report of `input` and `output` tokens: each bucket that
-/// settles gets back what it reserved less its matching figure (negative:
-/// the overrun is taken, at most the bucket's capacity).
-pub fn settle_usage(reserved: &[Reserved], input: u64, output: u64) -> Settlement {
+/// Settles a report: each bucket that settles gets back what it reserved
+/// less its matching figure (negative: the overrun is taken, at most the
+/// bucket's capacity). Token buckets settle to the tokens the provider's
+/// rate limit counts (`cache_reads_count`: whether cache reads are among
+/// them); budgets to what the usage costs. A `Report` does not say how its
+/// input was billed, so a budget prices it as the reservation did: every
+/// input token at the dearest input price.
+pub fn settle_usage(reserved: &[Reserved], usage: Reported, cache_reads_count: bool) -> Settlement {
+    let (input, output) = usage.rate_tokens(cache_reads_count);
     let as_i64 = |tokens: u64| tokens.min(i64::MAX as u64) as i64;
     let mut settlement = Settlement {
         adjustments: Vec::new(),
@@ -140,6 +167,10 @@ pub fn settle_usage(reserved: &[Reserved], input: u64, output: u64) -> Settlemen
             Settle::Input => input,
             Settle::Output => output,
             Settle::Total => input.saturating_add(output),
+            Settle::Price(price) => match usage {
+                Reported::Tokens { input, output } => price.most_for(input, output),
+                Reported::Billed(billed) => price.cost(&billed),
+            },
         };
         // An overrun is taken, but never more than one full bucket: usage
         // beyond that is a client bug or a hostile report, and must neither

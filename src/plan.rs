@@ -7,13 +7,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use jiff::tz::TimeZone;
+
 use crate::config::{
     BucketKind, Config, DEFAULT_KEY_PREFIX, LimitConfig, MAX_WAIT_MS, PriorityClass, TokenBuckets,
     TokenRate,
 };
 use crate::leases::{Reserved, Settle};
-use crate::limiter::keys::{BucketOwner, bucket_key, slots_key};
-use crate::limiter::{BucketRole, BucketSpec, Draw, Refill, SlotSpec, Window};
+use crate::budget::money::format_amount;
+use crate::budget::period::zone;
+use crate::budget::spans::{Budget, Span};
+use crate::limiter::keys::{BucketOwner, budget_key, bucket_key, slots_key};
+use crate::limiter::{BucketRole, BucketSpec, BudgetOwner, Draw, Refill, SlotSpec, Window};
 use crate::proto::MAX_NAME_LEN;
 use crate::tokens::SettleRule;
 
@@ -40,6 +45,18 @@ pub enum PlanError {
     },
     #[error("a cost must be at least one token")]
     ZeroCost,
+    #[error(
+        "a call that may cost {cost} can never be granted: the {bucket} budget of limit \"{limit}\" is {budget}{}",
+        kept_note_money(.floor, .class)
+    )]
+    AboveBudget {
+        cost: String,
+        bucket: &'static str,
+        limit: String,
+        budget: String,
+        floor: String,
+        class: String,
+    },
     #[error("input_tokens + output_tokens overflows 64 bits")]
     CostOverflow,
     #[error(
@@ -62,6 +79,14 @@ pub enum PlanError {
         floor: u64,
         class: String,
     },
+}
+
+fn kept_note_money(floor: &str, class: &str) -> String {
+    if floor != "0.00" {
+        format!(" less {floor} kept for classes above \"{class}\"")
+    } else {
+        String::new()
+    }
 }
 
 fn kept_note(floor: u64, class: &str) -> String {
@@ -89,6 +114,8 @@ pub struct Planner {
     config: Arc<Config>,
     prefix: String,
     buckets: HashMap<String, LimitBuckets>,
+    /// Where calendar budgets' periods start (`[budgets] time_zone`).
+    time_zone: TimeZone,
 }
 
 /// The buckets of one limit that do not depend on the request.
@@ -147,10 +174,13 @@ impl Planner {
                 (limit.name.clone(), buckets)
             })
             .collect();
+        // Validated when the config was read.
+        let time_zone = zone(&config.budget_time_zone).unwrap_or(TimeZone::UTC);
         Planner {
             config,
             prefix,
             buckets,
+            time_zone,
         }
     }
 
@@ -287,12 +317,16 @@ impl Planner {
     /// input and output buckets take their own figure; the combined, tenant
     /// and group token buckets take the charge of the limit's cost rule;
     /// request buckets take one.
+    ///
+    /// Spend budgets take the most the call can cost at the limit's price,
+    /// each in the bucket of the period that `at_ms` (wall-clock Unix ms)
+    /// falls in.
     pub fn plan_acquire(
         &self,
         checked: CheckedAcquire<'_>,
         tenant: Option<&str>,
-        input: u64,
-        output: u64,
+        (input, output): (u64, u64),
+        at_ms: i64,
     ) -> Result<AcquirePlan, PlanError> {
         let CheckedAcquire { limit, class, .. } = checked;
         let counts_tokens = limit.counts_tokens();
@@ -336,11 +370,14 @@ impl Planner {
                     BucketRole::OutputTokens => (output, mirrors(Settle::Output)),
                     BucketRole::Tenant => (charge, Settle::Total),
                     BucketRole::Requests | BucketRole::GroupRequests => (1, Settle::Never),
+                    // Budgets are per acquire (below), never among the fixed buckets.
+                    BucketRole::Budget(..) => (0, Settle::Never),
                 };
                 Reserved {
                     role: *role,
                     draw: draw(class, bucket.clone(), cost),
                     settle,
+                    resets_at_ms: None,
                 }
             })
             .collect();
@@ -351,6 +388,29 @@ impl Planner {
                 role: BucketRole::Tenant,
                 draw: draw(class, bucket, charge),
                 settle: Settle::Total,
+                resets_at_ms: None,
+            });
+        }
+        for (role, bucket, resets_at_ms) in self.budget_buckets(limit, tenant, at_ms) {
+            // A budget always has a price: config validation sees to it.
+            let price = limit.price.unwrap_or_default();
+            let cost = price.most_for(input, output);
+            let draw = draw(class, bucket, cost);
+            if !draw.fits_capacity() {
+                return Err(PlanError::AboveBudget {
+                    cost: format_amount(cost),
+                    bucket: role.name(),
+                    limit: limit.name.clone(),
+                    budget: format_amount(draw.bucket.capacity),
+                    floor: format_amount(draw.floor),
+                    class: class.name.clone(),
+                });
+            }
+            reserved.push(Reserved {
+                role,
+                draw,
+                settle: Settle::Price(price),
+                resets_at_ms,
             });
         }
         if let Some(refused) = reserved.iter().find(|r| !r.draw.fits_capacity()) {
@@ -388,6 +448,89 @@ impl Planner {
         Some(bucket.with_largest(scaled(limit.largest_cost(total.burst, total.per_minute))))
     }
 }
+
+impl Planner {
+    /// The buckets of every budget an acquire of `limit` by `tenant` at
+    /// `at_ms` draws from, each with its role and, for a calendar budget,
+    /// when its period ends: the limit's, its tenant's, its group's and its
+    /// tenant's on the group.
+    fn budget_buckets(
+        &self,
+        limit: &LimitConfig,
+        tenant: Option<&str>,
+        at_ms: i64,
+    ) -> Vec<(BucketRole, BucketSpec, Option<i64>)> {
+        let group = limit.group.as_deref();
+        let group_budgets = group.and_then(|name| self.config.group(name));
+        let mut budgets: Vec<(BudgetOwner, BucketOwner<'_>, &Budget)> = Vec::new();
+        let own = &limit.budgets;
+        if let Some(budget) = &own.budget {
+            let owner = BucketOwner::Limit {
+                limit: &limit.name,
+                group,
+            };
+            budgets.push((BudgetOwner::Limit, owner, budget));
+        }
+        if let Some((tenant, budget)) = tenant.and_then(|t| Some((t, own.of_tenant(t)?))) {
+            let owner = BucketOwner::Tenant {
+                limit: &limit.name,
+                group,
+                tenant,
+            };
+            budgets.push((BudgetOwner::Tenant, owner, budget));
+        }
+        if let Some(group) = group_budgets {
+            if let Some(budget) = &group.budgets.budget {
+                let owner = BucketOwner::Group { group: &group.name };
+                budgets.push((BudgetOwner::Group, owner, budget));
+            }
+            if let Some((tenant, budget)) =
+                tenant.and_then(|t| Some((t, group.budgets.of_tenant(t)?)))
+            {
+                let owner = BucketOwner::GroupTenant {
+                    group: &group.name,
+                    tenant,
+                };
+                budgets.push((BudgetOwner::GroupTenant, owner, budget));
+            }
+        }
+        let mut buckets = Vec::new();
+        for (budget_owner, owner, budget) in budgets {
+            for (span, amount) in budget.amounts() {
+                let role = BucketRole::Budget(budget_owner, span);
+                match span {
+                    Span::Calendar(calendar) => {
+                        // An instant no calendar can place (thousands of
+                        // years away) has no period; nothing is drawn then.
+                        let Ok(period) = calendar.period_at(at_ms, &self.time_zone) else {
+                            continue;
+                        };
+                        let key = budget_key(&self.prefix, owner, span, Some(&period.label));
+                        let keep_until = period.end_ms.saturating_add(KEEP_AFTER_PERIOD_MS);
+                        let bucket = BucketSpec::never_refilled(key, amount, keep_until);
+                        buckets.push((role, bucket, Some(period.end_ms)));
+                    }
+                    Span::RollingHour | Span::RollingDay => {
+                        let window = match span {
+                            Span::RollingHour => Window::Hour,
+                            _ => Window::Day,
+                        };
+                        let key = budget_key(&self.prefix, owner, span, None);
+                        let refill = Refill::new(amount, window, amount);
+                        buckets.push((role, BucketSpec::new(key, amount, refill), None));
+                    }
+                }
+            }
+        }
+        buckets
+    }
+}
+
+/// How long a calendar budget's bucket is kept after its period ends: the
+/// label of a period must never be reused once its key expired, so the key
+/// outlives it by more than any clock difference between the sidecars and
+/// Redis.
+pub const KEEP_AFTER_PERIOD_MS: i64 = 3_600_000;
 
 impl LimitBuckets {
     fn new(prefix: &str, limit: &LimitConfig, config: &Config) -> Self {

@@ -8,3 +8,5 @@
 
 pub mod money;
 pub mod period;
+pub mod spans;
+pub mod prices;

@@ -37,6 +37,23 @@ pub struct Usage {
 }
 
 impl Price {
+    /// The most a call of `input` and `output` tokens can cost, whatever
+    /// part of its input the provider then reads from or writes to its
+    /// cache: every input token at the dearest input price. This is what an
+    /// acquire reserves, so that settling can only give back.
+    pub fn most_for(&self, input: u64, output: u64) -> u64 {
+        let dearest_input = self.input.max(self.cached_input).max(self.cache_write);
+        let price = Price {
+            input: dearest_input,
+            ..*self
+        };
+        price.cost(&Usage {
+            input,
+            output,
+            ..Usage::default()
+        })
+    }
+
     /// What `usage` costs, in micro-units, rounded up: a budget never
     /// reserves or settles less than the provider bills. Saturates at
     /// `u64::MAX` rather than wrapping.
@@ -51,6 +68,20 @@ impl Price {
         .map(|&(tokens, price)| u128::from(tokens) * u128::from(price))
         .sum::<u128>();
         u64::try_from(billed.div_ceil(TOKENS_PER_QUOTE)).unwrap_or(u64::MAX)
+    }
+}
+
+/// As the config writes it: `{ input = "2.50", cached_input = "1.25",
+/// cache_write = "2.50", output = "10.00" }`.
+impl serde::Serialize for Price {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut price = serializer.serialize_struct("Price", 4)?;
+        price.serialize_field("input", &format_amount(self.input))?;
+        price.serialize_field("cached_input", &format_amount(self.cached_input))?;
+        price.serialize_field("cache_write", &format_amount(self.cache_write))?;
+        price.serialize_field("output", &format_amount(self.output))?;
+        price.end()
     }
 }
 
@@ -142,6 +173,33 @@ mod tests {
             ..Usage::default()
         };
         assert_eq!(sonnet.cost(&huge), u64::MAX, "saturates");
+    }
+
+    #[test]
+    fn a_reservation_prices_every_input_token_at_the_dearest_input_price() {
+        let sonnet = price("3", "0.30", "3.75", "15");
+        // 1,000 input tokens at $3.75 (a cache write) and 500 output at $15.
+        assert_eq!(sonnet.most_for(1_000, 500), 3_750 + 7_500);
+        for usage in [
+            Usage {
+                input: 1_000,
+                output: 500,
+                ..Usage::default()
+            },
+            Usage {
+                cached_input: 1_000,
+                output: 500,
+                ..Usage::default()
+            },
+            Usage {
+                input: 200,
+                cached_input: 300,
+                cache_write: 500,
+                output: 500,
+            },
+        ] {
+            assert!(sonnet.cost(&usage) <= sonnet.most_for(1_000, 500), "{usage:?}");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use jiff::tz::TimeZone;
 use jiff::{Timestamp, ToSpan};
 
 /// How long a budget's period is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Calendar {
     Day,
     /// Monday to Sunday.

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::model::Budgets;
+use crate::budget::money::Price;
 use crate::limiter::{BucketRole, Refill, Window};
 use crate::tokens::{CharEstimator, CostRule, Counter, Provider, SettleRule, Tokenizer};
 
@@ -86,6 +88,13 @@ pub struct LimitConfig {
     pub requests_per_second: Option<u64>,
     pub requests_per_hour: Option<u64>,
     pub requests_per_day: Option<u64>,
+    /// Its spend budgets.
+    #[serde(flatten)]
+    pub budgets: Budgets,
+    /// What its calls cost: `price`, else the price table's for `model`;
+    /// required when any budget applies to the limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
 }
 
 /// What a limit does with its decisions.

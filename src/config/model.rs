@@ -1,12 +1,13 @@
 //! The typed, validated configuration: what the rest of the daemon reads,
 //! the defaults of every setting and the bounds validation holds them to.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::budget::spans::Budget;
 pub use crate::limiter::FailurePolicy;
 use crate::tokens::Encoding;
 
@@ -112,6 +113,8 @@ pub struct Config {
     /// What each uid may name in an acquire (`[[clients]]`); empty: any
     /// connected client may name any tenant and class.
     pub clients: Vec<ClientPolicy>,
+    /// The IANA time zone whose midnights start calendar budgets' periods.
+    pub budget_time_zone: String,
 }
 
 impl Default for Config {
@@ -126,6 +129,7 @@ impl Default for Config {
             leases: LeaseConfig::default(),
             metrics: MetricsConfig::default(),
             clients: Vec::new(),
+            budget_time_zone: DEFAULT_BUDGET_TIME_ZONE.to_string(),
         }
     }
 }
@@ -395,7 +399,50 @@ pub struct GroupConfig {
     pub burst_tokens: Option<u64>,
     /// Defaults to one minute's worth.
     pub burst_requests: Option<u64>,
+    /// What every limit of the group may spend together.
+    #[serde(flatten)]
+    pub budgets: Budgets,
 }
+
+/// The spend budgets of a limit or a group (docs/budgets.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Budgets {
+    /// What all its calls may spend together.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+    /// What each tenant's calls may spend, unless `tenant_budgets` names
+    /// the tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant_budget: Option<Budget>,
+    /// Named tenants' own budgets, in place of `tenant_budget`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenant_budgets: BTreeMap<String, Budget>,
+}
+
+impl Budgets {
+    /// Whether any budget is declared.
+    pub fn any(&self) -> bool {
+        self.budget.is_some() || self.tenant_budget.is_some() || !self.tenant_budgets.is_empty()
+    }
+
+    /// The budget of `tenant`: its own if named, else the default one.
+    pub fn of_tenant(&self, tenant: &str) -> Option<&Budget> {
+        self.tenant_budgets
+            .get(tenant)
+            .or(self.tenant_budget.as_ref())
+    }
+}
+
+/// Largest amount of a calendar budget, in micro-units (a billion): a
+/// bucket that never refills counts one unit a micro-unit, well inside the
+/// Lua scripts' exact range.
+pub const MAX_BUDGET: u64 = 1_000_000_000 * crate::budget::money::MICROS_PER_UNIT;
+/// Largest amount of a rolling budget, in micro-units (fifty thousand): a
+/// refilling bucket may count 60,000 units a micro-unit.
+pub const MAX_ROLLING_BUDGET: u64 = 50_000 * crate::budget::money::MICROS_PER_UNIT;
+
+/// Where calendar budgets' periods start when `[budgets] time_zone` is not set.
+pub const DEFAULT_BUDGET_TIME_ZONE: &str = "UTC";
 
 pub use super::limit::{
     BucketKind, EnforcementWindow, LimitConfig, LimitMode, TokenBuckets, TokenRate,

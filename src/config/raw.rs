@@ -6,10 +6,14 @@
 //! stop deserialization. Resolution (`super::resolve`) turns this into the
 //! typed [`Config`](super::Config).
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use toml::Spanned;
 
 use super::model::{DisconnectRule, EnforcementWindow, FailurePolicy, LimitMode};
+use crate::budget::period::Calendar;
+use crate::budget::spans::Span;
 use crate::limiter::Window;
 use crate::tokens::{CostRule, Provider, SettleRule, Tokenizer};
 
@@ -30,6 +34,54 @@ pub(super) struct RawFile {
     pub metrics: Option<Spanned<RawMetrics>>,
     #[serde(default)]
     pub clients: Vec<Spanned<RawClient>>,
+    pub budgets: Option<Spanned<RawBudgets>>,
+}
+
+/// `[budgets]`: what every spend budget shares.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [budgets] table")]
+pub(super) struct RawBudgets {
+    pub time_zone: Option<Spanned<String>>,
+}
+
+/// A budget table: `{ day = "1.00", rolling_hour = "0.20" }`.
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a budget table of amounts by day, week, month, rolling_hour or rolling_day"
+)]
+pub(super) struct RawBudget {
+    pub day: Option<Spanned<String>>,
+    pub week: Option<Spanned<String>>,
+    pub month: Option<Spanned<String>>,
+    pub rolling_hour: Option<Spanned<String>>,
+    pub rolling_day: Option<Spanned<String>>,
+}
+
+impl RawBudget {
+    /// Each span with its amount as written, in [`Span::ALL`]'s order.
+    pub fn amounts(&self) -> [(Span, &Option<Spanned<String>>); 5] {
+        [
+            (Span::Calendar(Calendar::Day), &self.day),
+            (Span::Calendar(Calendar::Week), &self.week),
+            (Span::Calendar(Calendar::Month), &self.month),
+            (Span::RollingHour, &self.rolling_hour),
+            (Span::RollingDay, &self.rolling_day),
+        ]
+    }
+}
+
+/// A limit's `price`, in the currency's units per million tokens.
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a price table: input, cached_input, cache_write and output per million tokens"
+)]
+pub(super) struct RawPrice {
+    pub input: Option<Spanned<String>>,
+    pub cached_input: Option<Spanned<String>>,
+    pub cache_write: Option<Spanned<String>>,
+    pub output: Option<Spanned<String>>,
 }
 
 /// One `[[clients]]` entry.
@@ -108,6 +160,9 @@ pub(super) struct RawGroup {
     pub requests_per_minute: Option<Spanned<i64>>,
     pub burst_tokens: Option<Spanned<i64>>,
     pub burst_requests: Option<Spanned<i64>>,
+    pub budget: Option<Spanned<RawBudget>>,
+    pub tenant_budget: Option<Spanned<RawBudget>>,
+    pub tenant_budgets: Option<Spanned<BTreeMap<String, Spanned<RawBudget>>>>,
 }
 
 /// One `[[limits]]` entry.
@@ -147,6 +202,10 @@ pub(super) struct RawLimit {
     pub requests_per_second: Option<Spanned<i64>>,
     pub requests_per_hour: Option<Spanned<i64>>,
     pub requests_per_day: Option<Spanned<i64>>,
+    pub budget: Option<Spanned<RawBudget>>,
+    pub tenant_budget: Option<Spanned<RawBudget>>,
+    pub tenant_budgets: Option<Spanned<BTreeMap<String, Spanned<RawBudget>>>>,
+    pub price: Option<Spanned<RawPrice>>,
 }
 
 impl RawLimit {

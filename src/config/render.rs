@@ -56,6 +56,9 @@ impl Config {
             metrics: &self.metrics,
             priorities: &self.priorities,
             clients: &self.clients,
+            budgets: EffectiveBudgets {
+                time_zone: &self.budget_time_zone,
+            },
         };
         match toml::to_string(&view) {
             Ok(text) => text,
@@ -89,6 +92,13 @@ struct EffectiveFile<'a> {
     priorities: &'a [PriorityClass],
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     clients: &'a [ClientPolicy],
+    budgets: EffectiveBudgets<'a>,
+}
+
+/// `[budgets]`.
+#[derive(Serialize)]
+struct EffectiveBudgets<'a> {
+    time_zone: &'a str,
 }
 
 /// `[server]` with `socket_mode` written as the file writes it (`"0660"`).

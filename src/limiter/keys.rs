@@ -8,7 +8,16 @@
 //! PREFIX:{g:GROUP}:ROLE                   a group's bucket, shared by its limits
 //! PREFIX:{TAG}:LIMIT:tenant:TENANT        a tenant's share of a limit
 //! PREFIX:{TAG}:LIMIT:concurrent           a limit's concurrency slots
+//! PREFIX:{TAG}:LIMIT:budget:SPAN[:PERIOD]  a limit's spend budget
+//! PREFIX:{TAG}:LIMIT:tenant:TENANT:budget:SPAN[:PERIOD]
+//!                                         a tenant's budget on a limit
+//! PREFIX:{g:GROUP}:budget:SPAN[:PERIOD]   a group's budget
+//! PREFIX:{g:GROUP}:tenant:TENANT:budget:SPAN[:PERIOD]
+//!                                         a tenant's budget on a group
 //! ```
+//!
+//! A calendar budget's key ends in its period's label (`2026-12-07`,
+//! `2026-W50`, `2026-12`), a rolling budget's in its span.
 //!
 //! Every key of one acquire carries the same Redis Cluster hash tag (`{…}`),
 //! so one script call touches one slot. Names are escaped (`%`, `:`, `{`, `}`
@@ -20,6 +29,7 @@
 
 use std::fmt::Write;
 
+use crate::budget::spans::Span;
 use crate::limiter::BucketRole;
 
 /// What a bucket belongs to.
@@ -38,6 +48,8 @@ pub enum BucketOwner<'a> {
         group: Option<&'a str>,
         tenant: &'a str,
     },
+    /// A tenant's calls through every limit of a group (its budgets only).
+    GroupTenant { group: &'a str, tenant: &'a str },
 }
 
 /// The key of `owner`'s bucket of `role` under `prefix` (which holds no
@@ -57,13 +69,42 @@ const SLOTS_SEGMENT: &str = "concurrent";
 
 /// `owner`'s key ending in `segment` (a tenant's ends in its name instead).
 fn owned_key(prefix: &str, owner: BucketOwner<'_>, segment: &str) -> String {
+    let mut key = owner_path(prefix, owner);
+    match owner {
+        BucketOwner::Tenant { .. } | BucketOwner::GroupTenant { .. } => {}
+        BucketOwner::Limit { .. } | BucketOwner::Group { .. } => {
+            key.push(':');
+            key.push_str(segment);
+        }
+    }
+    key
+}
+
+/// The key of a spend budget's bucket over `span`: `owner`'s path, then
+/// `:budget:SPAN`, then for a calendar budget `:LABEL`, the period's (so
+/// that each period is a bucket of its own, which starts full).
+pub fn budget_key(prefix: &str, owner: BucketOwner<'_>, span: Span, label: Option<&str>) -> String {
+    let mut key = owner_path(prefix, owner);
+    key.push_str(":budget:");
+    key.push_str(span.name());
+    if let Some(label) = label {
+        key.push(':');
+        push_escaped(&mut key, label);
+    }
+    key
+}
+
+/// The prefix, the owner's hash tag, its limit and its tenant, if any.
+fn owner_path(prefix: &str, owner: BucketOwner<'_>) -> String {
     let mut key = String::with_capacity(prefix.len() + 64);
     key.push_str(prefix);
     let (limit, group) = match owner {
         BucketOwner::Limit { limit, group } | BucketOwner::Tenant { limit, group, .. } => {
             (Some(limit), group)
         }
-        BucketOwner::Group { group } => (None, Some(group)),
+        BucketOwner::Group { group } | BucketOwner::GroupTenant { group, .. } => {
+            (None, Some(group))
+        }
     };
     match (group, limit) {
         (Some(group), _) => push_tag(&mut key, 'g', group),
@@ -74,15 +115,9 @@ fn owned_key(prefix: &str, owner: BucketOwner<'_>, segment: &str) -> String {
         key.push(':');
         push_escaped(&mut key, limit);
     }
-    match owner {
-        BucketOwner::Tenant { tenant, .. } => {
-            key.push_str(":tenant:");
-            push_escaped(&mut key, tenant);
-        }
-        BucketOwner::Limit { .. } | BucketOwner::Group { .. } => {
-            key.push(':');
-            key.push_str(segment);
-        }
+    if let BucketOwner::Tenant { tenant, .. } | BucketOwner::GroupTenant { tenant, .. } = owner {
+        key.push_str(":tenant:");
+        push_escaped(&mut key, tenant);
     }
     key
 }
@@ -137,6 +172,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
+    use crate::limiter::BudgetOwner;
 
     #[test]
     fn plain_names_read_as_before() {
@@ -258,36 +294,69 @@ mod tests {
             for limit in names {
                 let key = slots_key("ratekeeper", limit, group);
                 let owner = BucketOwner::Limit { limit, group };
-                assert!(
-                    BucketRole::ALL
-                        .iter()
-                        .all(|r| r.key_segment() != SLOTS_SEGMENT)
-                );
+                assert!(BucketRole::all().all(|r| r.key_segment() != SLOTS_SEGMENT));
                 // Recorded under the role of no bucket it could be confused with.
                 if let Some(earlier) = seen.insert(key.clone(), (owner, BucketRole::Tenant)) {
                     panic!("{key} names both {earlier:?} and {limit}'s slots");
                 }
             }
         }
-        for (owner, role) in buckets {
-            let key = bucket_key("ratekeeper", owner, role);
+        // Budgets, over fewer names (there are many more of them).
+        let few = &names[..12];
+        let few_groups = &groups[..8];
+        let labels = [None, Some("2026-12-07"), Some("2026-W50"), Some("2026-12")];
+        let mut budgets: Vec<(BucketOwner, Span, Option<&str>)> = Vec::new();
+        for &group in few_groups {
+            let mut owners = Vec::new();
+            if let Some(group) = group {
+                owners.push(BucketOwner::Group { group });
+                for &tenant in few {
+                    owners.push(BucketOwner::GroupTenant { group, tenant });
+                }
+            }
+            for &limit in few {
+                owners.push(BucketOwner::Limit { limit, group });
+                for &tenant in few {
+                    owners.push(BucketOwner::Tenant {
+                        limit,
+                        group,
+                        tenant,
+                    });
+                }
+            }
+            for owner in owners {
+                for span in Span::ALL {
+                    for label in labels {
+                        budgets.push((owner, span, label));
+                    }
+                }
+            }
+        }
+        let keyed = buckets
+            .into_iter()
+            .map(|(owner, role)| (bucket_key("ratekeeper", owner, role), owner, role))
+            .chain(budgets.into_iter().map(|(owner, span, label)| {
+                let key = budget_key("ratekeeper", owner, span, label);
+                (key, owner, BucketRole::Budget(BudgetOwner::Limit, span))
+            }));
+        for (key, owner, role) in keyed {
             if let Some(earlier) = seen.insert(key.clone(), (owner, role)) {
                 panic!("{key} names both {earlier:?} and {:?}", (owner, role));
             }
             let group = match owner {
                 BucketOwner::Limit { group, .. } | BucketOwner::Tenant { group, .. } => group,
-                BucketOwner::Group { group } => Some(group),
+                BucketOwner::Group { group } | BucketOwner::GroupTenant { group, .. } => {
+                    Some(group)
+                }
             };
             if let Some(group) = group {
                 let tag = hash_tag(&key);
-                assert_eq!(
-                    tag,
-                    hash_tag(&bucket_key("x", BucketOwner::Group { group }, role))
-                );
+                let group_key = bucket_key("x", BucketOwner::Group { group }, BucketRole::GroupTokens);
+                assert_eq!(tag, hash_tag(&group_key));
                 assert!(tag.starts_with("g:"), "{key}");
             }
         }
-        assert!(seen.len() > 18_000, "{} buckets", seen.len());
+        assert!(seen.len() > 60_000, "{} buckets", seen.len());
     }
 
     /// The part of `key` Redis Cluster hashes: between the first `{` and

@@ -32,6 +32,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use crate::budget::spans::Span;
+
 pub use bucket::{BucketSpec, BucketState, Draw, Plan, Refill, Window};
 pub use embedded::EmbeddedStore;
 pub use fail_fast::FailFastStore;
@@ -65,12 +67,82 @@ pub enum BucketRole {
     TokensPer(Window),
     /// The limit's requests over a window other than a minute.
     RequestsPer(Window),
+    /// A spend budget, counted in micro-units of money: whose it is, over
+    /// which span.
+    Budget(BudgetOwner, Span),
 }
 
+/// Whose spend a budget counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BudgetOwner {
+    /// Every call of the limit.
+    Limit,
+    /// One tenant's calls of the limit.
+    Tenant,
+    /// Every call of every limit of the group.
+    Group,
+    /// One tenant's calls of every limit of the group.
+    GroupTenant,
+}
+
+impl BudgetOwner {
+    pub const ALL: [BudgetOwner; 4] = [
+        BudgetOwner::Limit,
+        BudgetOwner::Tenant,
+        BudgetOwner::Group,
+        BudgetOwner::GroupTenant,
+    ];
+}
+
+/// The names of budget buckets (`Denied.bucket`, `status`), by owner and
+/// span (in [`Span::ALL`]'s order). Every one contains `budget`, which is
+/// how clients tell a spent budget from a rate limit (PROTOCOL.md §4).
+const BUDGET_NAMES: [[&str; 5]; 4] = [
+    [
+        "budget_day",
+        "budget_week",
+        "budget_month",
+        "budget_rolling_hour",
+        "budget_rolling_day",
+    ],
+    [
+        "tenant_budget_day",
+        "tenant_budget_week",
+        "tenant_budget_month",
+        "tenant_budget_rolling_hour",
+        "tenant_budget_rolling_day",
+    ],
+    [
+        "group_budget_day",
+        "group_budget_week",
+        "group_budget_month",
+        "group_budget_rolling_hour",
+        "group_budget_rolling_day",
+    ],
+    [
+        "group_tenant_budget_day",
+        "group_tenant_budget_week",
+        "group_tenant_budget_month",
+        "group_tenant_budget_rolling_hour",
+        "group_tenant_budget_rolling_day",
+    ],
+];
+
 impl BucketRole {
-    /// Every role, each name once (a minute's window is `Tokens` and
-    /// `Requests`).
-    pub const ALL: [BucketRole; 13] = [
+    /// Every role, each name once: the rate roles of [`Self::RATES`], then
+    /// every budget's.
+    pub fn all() -> impl Iterator<Item = BucketRole> {
+        let budgets = BudgetOwner::ALL.into_iter().flat_map(|owner| {
+            Span::ALL
+                .into_iter()
+                .map(move |span| BucketRole::Budget(owner, span))
+        });
+        BucketRole::RATES.into_iter().chain(budgets)
+    }
+
+    /// Every role of a rate limit, each name once (a minute's window is
+    /// `Tokens` and `Requests`).
+    pub const RATES: [BucketRole; 13] = [
         BucketRole::Tokens,
         BucketRole::InputTokens,
         BucketRole::OutputTokens,
@@ -108,7 +180,19 @@ impl BucketRole {
                 Window::Hour => "requests_per_hour",
                 Window::Day => "requests_per_day",
             },
+            BucketRole::Budget(owner, span) => {
+                let span = Span::ALL
+                    .iter()
+                    .position(|known| *known == span)
+                    .unwrap_or_default();
+                BUDGET_NAMES[owner as usize][span]
+            }
         }
+    }
+
+    /// Whether the bucket is a spend budget, counted in micro-units.
+    pub fn is_budget(self) -> bool {
+        matches!(self, BucketRole::Budget(..))
     }
 
     /// The last segment of the bucket's key: a group's buckets are the
@@ -135,7 +219,10 @@ impl BucketRole {
     pub fn is_limit_own(self) -> bool {
         !matches!(
             self,
-            BucketRole::Tenant | BucketRole::GroupTokens | BucketRole::GroupRequests
+            BucketRole::Tenant
+                | BucketRole::GroupTokens
+                | BucketRole::GroupRequests
+                | BucketRole::Budget(..)
         )
     }
 }

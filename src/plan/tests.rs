@@ -151,7 +151,7 @@ impl Ask {
 
     fn plan(self, planner: &Planner) -> Result<AcquirePlan, PlanError> {
         let checked = planner.check_acquire(self.limit, self.tenant, self.priority, None)?;
-        planner.plan_acquire(checked, self.tenant, self.input, self.output)
+        planner.plan_acquire(checked, self.tenant, (self.input, self.output), 0)
     }
 }
 

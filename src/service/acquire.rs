@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::due::{self, DueTimer};
 use super::feedback::Granted;
-use super::{Caller, ConnectionId, Service, ServiceError, Snapshot};
+use super::{Caller, ConnectionId, Service, ServiceError, Snapshot, unix_ms};
 use crate::config::{LimitConfig, LimitMode};
 use crate::leases::{Lease, refund_all};
 use crate::limiter::{Decision, DrawMarks, Origin, SlotGuard, SlotSpec, StoreOps};
@@ -77,7 +77,7 @@ impl Service {
         if cancel.is_cancelled() {
             return Err(ServiceError::CancelledBeforeReserving);
         }
-        let plan = planner.plan_acquire(checked, tenant.as_deref(), input, output);
+        let plan = planner.plan_acquire(checked, tenant.as_deref(), (input, output), unix_ms());
         if limit.mode == LimitMode::Shadow {
             let shadow = ShadowAcquire {
                 connection,
@@ -140,9 +140,10 @@ impl Service {
                 retry_after_ms,
                 bucket,
             } => {
+                let denied_by = &plan.reserved[bucket];
                 return Ok(Response::Denied {
-                    retry_after_ms,
-                    bucket: plan.reserved[bucket].role.name().to_string(),
+                    retry_after_ms: denied_by.retry_after_ms(retry_after_ms, unix_ms()),
+                    bucket: denied_by.role.name().to_string(),
                 });
             }
         };
@@ -230,6 +231,7 @@ impl Service {
                 .learn_max_output
                 .then(|| Arc::from(learning_key(limit))),
             slot: slot.map(Arc::new),
+            cache_reads_count: limit.provider.counts_cache_reads(),
         })
     }
 

@@ -80,7 +80,8 @@ impl ServiceError {
                 }
                 PlanError::CostOverflow
                 | PlanError::AboveMaxRequestTokens { .. }
-                | PlanError::NeverFits { .. } => ErrorCode::CostExceedsCapacity,
+                | PlanError::NeverFits { .. }
+                | PlanError::AboveBudget { .. } => ErrorCode::CostExceedsCapacity,
             },
             // Too large for the bounds is the client's mistake, anything
             // else the daemon's.

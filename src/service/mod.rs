@@ -66,6 +66,14 @@ pub enum Call {
     Feedback(Feedback, Option<u64>, Caller),
 }
 
+/// The wall clock, Unix time in ms: what calendar budgets' periods are
+/// counted in.
+pub(crate) fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as i64)
+}
+
 /// Who sent a call, for the log of calls that act on the whole fleet (a
 /// provider pause) and the `[[clients]]` policy of acquires: its `Hello`
 /// name and the uid the kernel gave for the connection's peer

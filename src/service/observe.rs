@@ -309,8 +309,7 @@ impl Service {
 /// The `reason` label of a denial: the bucket's role name, or
 /// `concurrent` for a limit's slots.
 fn bucket_label(bucket: &str) -> &'static str {
-    BucketRole::ALL
-        .iter()
+    BucketRole::all()
         .map(|role| role.name())
         .chain([CONCURRENT])
         .find(|name| *name == bucket)

@@ -24,8 +24,8 @@ impl Service {
             .leases
             .take(lease_id)
             .ok_or(ServiceError::UnknownLease(lease_id))?;
-        let (input_tokens, output_tokens) = usage.rate_tokens(true);
-        let settlement = settle_usage(&lease.reserved, input_tokens, output_tokens);
+        let settlement = settle_usage(&lease.reserved, usage, lease.cache_reads_count);
+        let (_, output_tokens) = usage.rate_tokens(lease.cache_reads_count);
         if !settlement.adjustments.is_empty() {
             if let Err(source) = self
                 .store

@@ -66,6 +66,17 @@ impl Provider {
         }
     }
 
+    /// Whether the provider's rate limits count input read from its prompt
+    /// cache: OpenAI's do; Anthropic's input limits leave cache reads out
+    /// for current models. Without a provider, they are counted: settling
+    /// more never causes a 429.
+    pub fn counts_cache_reads(self) -> bool {
+        match self {
+            Provider::Openai | Provider::Generic => true,
+            Provider::Anthropic => false,
+        }
+    }
+
     /// The preset's settlement rule.
     pub fn settle_rule(self) -> SettleRule {
         match self {

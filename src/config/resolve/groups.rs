@@ -6,6 +6,8 @@ use crate::config::diagnostics::{DeclaredNames, Diagnostics, check_positive};
 use crate::config::model::{GroupConfig, MAX_BURST, MAX_RATE_PER_MINUTE};
 use crate::config::raw::RawGroup;
 
+use super::budgets::resolve_budgets;
+
 /// The `[[groups]]`, each checked; duplicates and bad values reported.
 pub(super) fn resolve_groups(raw: &[Spanned<RawGroup>], d: &mut Diagnostics) -> Vec<GroupConfig> {
     let mut names = DeclaredNames::new("groups", "group");
@@ -52,10 +54,22 @@ fn resolve_group(
         &group.burst_requests,
         MAX_BURST,
     );
-    if group.tokens_per_minute.is_none() && group.requests_per_minute.is_none() {
+    let budgets = resolve_budgets(
+        &group.budget,
+        &group.tenant_budget,
+        &group.tenant_budgets,
+        context,
+        d,
+    );
+    let budgeted = group.budget.is_some()
+        || group.tenant_budget.is_some()
+        || group.tenant_budgets.is_some();
+    if group.tokens_per_minute.is_none() && group.requests_per_minute.is_none() && !budgeted {
         d.error(
             entry_at,
-            format!("{context}: a group needs tokens_per_minute, requests_per_minute or both"),
+            format!(
+                "{context}: a group needs tokens_per_minute, requests_per_minute, a budget, or several"
+            ),
         );
     }
     for (burst, rate_field, rate_value) in [
@@ -81,11 +95,13 @@ fn resolve_group(
     }
     let (tpm, rpm) = (tpm.resolved()?, rpm.resolved()?);
     let (burst_tokens, burst_requests) = (burst_tokens.resolved()?, burst_requests.resolved()?);
+    let budgets = budgets?;
     Some(GroupConfig {
         name: String::new(),
         tokens_per_minute: tpm,
         requests_per_minute: rpm,
         burst_tokens: burst_tokens.or(tpm),
         burst_requests: burst_requests.or(rpm),
+        budgets,
     })
 }

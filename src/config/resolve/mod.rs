@@ -3,6 +3,7 @@
 //! reported at its place. One module a section; a section that refers to
 //! another (a limit's group, a class's limits) is resolved after it.
 
+mod budgets;
 mod clients;
 mod groups;
 mod leases;
@@ -56,5 +57,9 @@ pub(super) fn resolve(raw: RawFile, d: &mut Diagnostics) -> Config {
     }
     let declared = (!raw.priorities.is_empty()).then_some(&class_names);
     config.clients = clients::resolve_clients(&raw.clients, declared, d);
+    if let Some(budgets) = &raw.budgets {
+        config.budget_time_zone = budgets::resolve_time_zone(budgets.get_ref(), d);
+    }
+    budgets::price_budgeted_limits(&mut config, &raw.limits, d);
     config
 }

@@ -18,6 +18,8 @@ use crate::config::model::{
 use crate::config::raw::{RawGroup, RawLimit};
 use crate::tokens::Provider;
 
+use super::budgets::{resolve_budgets, resolve_price};
+
 /// The limits that could be resolved, and the names declared.
 pub(super) fn resolve_limits(
     raw: &[Spanned<RawLimit>],
@@ -107,6 +109,17 @@ fn resolve_limit(
         Some(v) => check_int(d, context, "default_max_output_tokens", v, 0, MAX_BURST),
         None => Some(DEFAULT_MAX_OUTPUT_TOKENS),
     };
+    let budgets = resolve_budgets(
+        &limit.budget,
+        &limit.tenant_budget,
+        &limit.tenant_budgets,
+        context,
+        d,
+    );
+    let price = limit
+        .price
+        .as_ref()
+        .map(|price| resolve_price(price, context, d));
     let (buckets, counting) = (buckets?, counting?);
     Some(LimitConfig {
         name: String::new(),
@@ -154,5 +167,7 @@ fn resolve_limit(
         requests_per_second: buckets.other_windows[3],
         requests_per_hour: buckets.other_windows[4],
         requests_per_day: buckets.other_windows[5],
+        budgets: budgets?,
+        price: price.map_or(Some(None), |resolved| resolved.map(Some))?,
     })
 }
