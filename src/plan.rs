@@ -622,3 +622,6 @@ fn draw(class: &PriorityClass, bucket: BucketSpec, cost: u64) -> Draw {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod budget_tests;

@@ -12,6 +12,7 @@ fn reserved(role: BucketRole, cost: u64, settle: Settle) -> Reserved {
             floor: 0,
         },
         settle,
+        resets_at_ms: None,
     }
 }
 
@@ -24,6 +25,7 @@ fn lease(owner: ConnectionId, granted_at: Instant) -> Lease {
         granted_at,
         learn_as: None,
         slot: None,
+        cache_reads_count: true,
     }
 }
 
@@ -101,7 +103,7 @@ fn reports_settle_each_bucket_from_its_figure() {
             .iter()
             .map(|&(role, cost, settle)| reserved(role, cost, settle))
             .collect();
-        let settlement = settle_usage(&buckets, input, output);
+        let settlement = settle_usage(&buckets, Reported::Tokens { input, output }, true);
         let got: Vec<(&str, i64)> = settlement
             .adjustments
             .iter()
@@ -426,4 +428,81 @@ mod against_a_model {
             prop_assert!(table.is_empty());
         }
     }
+}
+
+/// $3 a million input tokens, $0.30 cache reads, $3.75 cache writes, $15 output.
+const SONNET: Price = Price {
+    input: 3_000_000,
+    cached_input: 300_000,
+    cache_write: 3_750_000,
+    output: 15_000_000,
+};
+
+#[test]
+fn a_budget_settles_to_what_the_usage_costs_by_kind_of_token() {
+    let budget = BucketRole::Budget(
+        crate::limiter::BudgetOwner::Limit,
+        crate::budget::spans::Span::RollingHour,
+    );
+    // Reserved: 1,000 input at the dearest input price, 500 output.
+    let reservation = SONNET.most_for(1_000, 500);
+    assert_eq!(reservation, 11_250);
+    let buckets = [
+        reserved(BucketRole::Tokens, 1_500, Settle::Total),
+        reserved(budget, reservation, Settle::Price(SONNET)),
+    ];
+    let billed = Reported::Billed(Usage {
+        input: 100,
+        cached_input: 800,
+        cache_write: 100,
+        output: 200,
+    });
+    // Anthropic: cache reads are not in the rate limit's count.
+    let settlement = settle_usage(&buckets, billed, false);
+    let cost = 300 + 240 + 375 + 3_000;
+    let got: Vec<(&str, i64)> = settlement
+        .adjustments
+        .iter()
+        .map(|a| (&*a.bucket.key, a.tokens))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("tokens", 1_500 - (100 + 100 + 200)),
+            ("budget_rolling_hour", reservation as i64 - cost)
+        ]
+    );
+    assert_eq!(settlement.tokens_returned, 1_100);
+    // OpenAI: they are.
+    let settlement = settle_usage(&buckets, billed, true);
+    assert_eq!(settlement.tokens_returned, 1_500 - 1_200);
+    // A Report does not say how its input was billed: priced as reserved.
+    let settlement = settle_usage(
+        &buckets,
+        Reported::Tokens {
+            input: 1_000,
+            output: 500,
+        },
+        true,
+    );
+    assert_eq!(settlement.adjustments.len(), 0, "{settlement:?}");
+}
+
+#[test]
+fn a_calendar_budget_denial_can_be_retried_when_its_period_ends() {
+    let mut budget = reserved(
+        BucketRole::Budget(
+            crate::limiter::BudgetOwner::Tenant,
+            crate::budget::spans::Span::Calendar(crate::budget::period::Calendar::Day),
+        ),
+        10,
+        Settle::Price(SONNET),
+    );
+    budget.draw.bucket = BucketSpec::never_refilled("b", 100, 90_000_000);
+    budget.resets_at_ms = Some(86_400_000);
+    assert_eq!(budget.retry_after_ms(crate::limiter::bucket::NEVER_MS, 86_000_000), 400_000);
+    // Never 0: a retry at the very end still waits for the next period.
+    assert_eq!(budget.retry_after_ms(crate::limiter::bucket::NEVER_MS, 86_400_000), 1);
+    let tokens = reserved(BucketRole::Tokens, 10, Settle::Total);
+    assert_eq!(tokens.retry_after_ms(250, 0), 250);
 }

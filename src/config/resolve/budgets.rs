@@ -209,21 +209,22 @@ pub(super) fn price_budgeted_limits(
             Some(model) => format!("model {model:?} is not in the price table (docs/prices.md)"),
             None => "it names no model whose price the table knows".to_string(),
         };
-        let at = raw
+        let (index, at) = raw
             .iter()
-            .find(|entry| {
+            .enumerate()
+            .find(|(_, entry)| {
                 entry
                     .get_ref()
                     .name
                     .as_ref()
                     .is_some_and(|name| *name.get_ref() == limit.name)
             })
-            .map_or(0, |entry| entry.span().start);
+            .map_or((0, 0), |(index, entry)| (index, entry.span().start));
         d.error(
             at,
             format!(
-                "limit {:?}: {whose} but {why}: set price = {{ input = \"2.50\", output = \"10.00\" }} \
-                 (per million tokens)",
+                "limits[{index}] {:?}: {whose} but {why}: set price = {{ input = \"2.50\", \
+                 output = \"10.00\" }} (per million tokens)",
                 limit.name
             ),
         );

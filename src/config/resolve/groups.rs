@@ -67,9 +67,7 @@ fn resolve_group(
     if group.tokens_per_minute.is_none() && group.requests_per_minute.is_none() && !budgeted {
         d.error(
             entry_at,
-            format!(
-                "{context}: a group needs tokens_per_minute, requests_per_minute, a budget, or several"
-            ),
+            format!("{context}: a group needs tokens_per_minute, requests_per_minute or a budget"),
         );
     }
     for (burst, rate_field, rate_value) in [

@@ -358,7 +358,7 @@ const MISTAKES: &[(&str, &str, &str)] = &[
     (
         "group without any rate",
         "[[groups]]\nname = \"org\"\n",
-        "test.toml:1:1: groups[0] \"org\": a group needs tokens_per_minute, requests_per_minute or both",
+        "test.toml:1:1: groups[0] \"org\": a group needs tokens_per_minute, requests_per_minute or a budget",
     ),
     (
         "duplicate group",

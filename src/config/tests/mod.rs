@@ -2,6 +2,7 @@
 //! where problems are reported, defaults, environment overrides, the
 //! effective-config round trip, and how limits count and charge.
 
+mod budgets;
 mod clients;
 mod defaults;
 mod env;
