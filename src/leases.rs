@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 pub use crate::budget::money::{Price, Usage};
 pub use crate::limiter::BucketRole;
-use crate::limiter::{Adjustment, Draw, Origin, SlotGuard};
+use crate::limiter::{Adjustment, BucketSpec, Draw, Origin, SlotGuard};
 
 /// Identifies the connection that owns a lease.
 pub type ConnectionId = u64;
@@ -82,6 +82,10 @@ pub struct Reserved {
     /// When the calendar period of a budget's bucket ends (Unix ms): a
     /// denial by it can succeed no sooner.
     pub resets_at_ms: Option<i64>,
+    /// A calendar budget's count of settled spend: a bucket of the same
+    /// capacity that only reports take from, so that `status` can tell
+    /// what was spent from what is still reserved.
+    pub spent_counter: Option<BucketSpec>,
 }
 
 /// A granted reservation.
@@ -192,6 +196,15 @@ pub fn settle_usage(reserved: &[Reserved], usage: Reported, cache_reads_count: b
                 bucket: reserved.draw.bucket.clone(),
                 tokens,
             });
+        }
+        if let Some(counter) = &reserved.spent_counter {
+            let spent = as_i64(used).min(as_i64(counter.capacity));
+            if spent != 0 {
+                settlement.adjustments.push(Adjustment {
+                    bucket: counter.clone(),
+                    tokens: -spent,
+                });
+            }
         }
     }
     if !per_minute_seen {

@@ -17,7 +17,7 @@ use crate::leases::{Reserved, Settle};
 use crate::budget::money::format_amount;
 use crate::budget::period::zone;
 use crate::budget::spans::{Budget, Span};
-use crate::limiter::keys::{BucketOwner, budget_key, bucket_key, slots_key};
+use crate::limiter::keys::{BucketOwner, budget_key, bucket_key, slots_key, spent_key};
 use crate::limiter::{BucketRole, BucketSpec, BudgetOwner, Draw, Refill, SlotSpec, Window};
 use crate::proto::MAX_NAME_LEN;
 use crate::tokens::SettleRule;
@@ -378,6 +378,7 @@ impl Planner {
                     draw: draw(class, bucket.clone(), cost),
                     settle,
                     resets_at_ms: None,
+                    spent_counter: None,
                 }
             })
             .collect();
@@ -389,9 +390,16 @@ impl Planner {
                 draw: draw(class, bucket, charge),
                 settle: Settle::Total,
                 resets_at_ms: None,
+                spent_counter: None,
             });
         }
-        for (role, bucket, resets_at_ms) in self.budget_buckets(limit, tenant, at_ms) {
+        for budget in self.budget_buckets(limit, tenant, at_ms) {
+            let BudgetBucket {
+                role,
+                bucket,
+                resets_at_ms,
+                spent_counter,
+            } = budget;
             // A budget always has a price: config validation sees to it.
             let price = limit.price.unwrap_or_default();
             let cost = price.most_for(input, output);
@@ -411,6 +419,7 @@ impl Planner {
                 draw,
                 settle: Settle::Price(price),
                 resets_at_ms,
+                spent_counter,
             });
         }
         if let Some(refused) = reserved.iter().find(|r| !r.draw.fits_capacity()) {
@@ -454,12 +463,12 @@ impl Planner {
     /// `at_ms` draws from, each with its role and, for a calendar budget,
     /// when its period ends: the limit's, its tenant's, its group's and its
     /// tenant's on the group.
-    fn budget_buckets(
+    pub fn budget_buckets(
         &self,
         limit: &LimitConfig,
         tenant: Option<&str>,
         at_ms: i64,
-    ) -> Vec<(BucketRole, BucketSpec, Option<i64>)> {
+    ) -> Vec<BudgetBucket> {
         let group = limit.group.as_deref();
         let group_budgets = group.and_then(|name| self.config.group(name));
         let mut budgets: Vec<(BudgetOwner, BucketOwner<'_>, &Budget)> = Vec::new();
@@ -507,8 +516,15 @@ impl Planner {
                         };
                         let key = budget_key(&self.prefix, owner, span, Some(&period.label));
                         let keep_until = period.end_ms.saturating_add(KEEP_AFTER_PERIOD_MS);
-                        let bucket = BucketSpec::never_refilled(key, amount, keep_until);
-                        buckets.push((role, bucket, Some(period.end_ms)));
+                        let counter = spent_key(&key);
+                        buckets.push(BudgetBucket {
+                            role,
+                            bucket: BucketSpec::never_refilled(key, amount, keep_until),
+                            resets_at_ms: Some(period.end_ms),
+                            spent_counter: Some(BucketSpec::never_refilled(
+                                counter, amount, keep_until,
+                            )),
+                        });
                     }
                     Span::RollingHour | Span::RollingDay => {
                         let window = match span {
@@ -517,13 +533,29 @@ impl Planner {
                         };
                         let key = budget_key(&self.prefix, owner, span, None);
                         let refill = Refill::new(amount, window, amount);
-                        buckets.push((role, BucketSpec::new(key, amount, refill), None));
+                        buckets.push(BudgetBucket {
+                            role,
+                            bucket: BucketSpec::new(key, amount, refill),
+                            resets_at_ms: None,
+                            spent_counter: None,
+                        });
                     }
                 }
             }
         }
         buckets
     }
+}
+
+/// One bucket of a budget that an acquire draws from.
+#[derive(Debug, Clone)]
+pub struct BudgetBucket {
+    pub role: BucketRole,
+    pub bucket: BucketSpec,
+    /// When its calendar period ends (Unix ms); `None` for a rolling budget.
+    pub resets_at_ms: Option<i64>,
+    /// A calendar budget's count of settled spend (see [`Reserved`]).
+    pub spent_counter: Option<BucketSpec>,
 }
 
 /// How long a calendar budget's bucket is kept after its period ends: the

@@ -13,6 +13,7 @@ fn reserved(role: BucketRole, cost: u64, settle: Settle) -> Reserved {
         },
         settle,
         resets_at_ms: None,
+        spent_counter: None,
     }
 }
 
@@ -447,10 +448,9 @@ fn a_budget_settles_to_what_the_usage_costs_by_kind_of_token() {
     // Reserved: 1,000 input at the dearest input price, 500 output.
     let reservation = SONNET.most_for(1_000, 500);
     assert_eq!(reservation, 11_250);
-    let buckets = [
-        reserved(BucketRole::Tokens, 1_500, Settle::Total),
-        reserved(budget, reservation, Settle::Price(SONNET)),
-    ];
+    let mut calendar = reserved(budget, reservation, Settle::Price(SONNET));
+    calendar.spent_counter = Some(BucketSpec::never_refilled("spent", 1_000_000, 1));
+    let buckets = [reserved(BucketRole::Tokens, 1_500, Settle::Total), calendar];
     let billed = Reported::Billed(Usage {
         input: 100,
         cached_input: 800,
@@ -469,7 +469,9 @@ fn a_budget_settles_to_what_the_usage_costs_by_kind_of_token() {
         got,
         [
             ("tokens", 1_500 - (100 + 100 + 200)),
-            ("budget_rolling_hour", reservation as i64 - cost)
+            ("budget_rolling_hour", reservation as i64 - cost),
+            // What was spent is counted apart from what was reserved.
+            ("spent", -cost),
         ]
     );
     assert_eq!(settlement.tokens_returned, 1_100);
@@ -485,7 +487,12 @@ fn a_budget_settles_to_what_the_usage_costs_by_kind_of_token() {
         },
         true,
     );
-    assert_eq!(settlement.adjustments.len(), 0, "{settlement:?}");
+    let got: Vec<(&str, i64)> = settlement
+        .adjustments
+        .iter()
+        .map(|a| (&*a.bucket.key, a.tokens))
+        .collect();
+    assert_eq!(got, [("spent", -(reservation as i64))]);
 }
 
 #[test]

@@ -17,7 +17,8 @@
 //! ```
 //!
 //! A calendar budget's key ends in its period's label (`2026-12-07`,
-//! `2026-W50`, `2026-12`), a rolling budget's in its span.
+//! `2026-W50`, `2026-12`), a rolling budget's in its span; a calendar
+//! budget's count of settled spend has its budget's key and `:spent`.
 //!
 //! Every key of one acquire carries the same Redis Cluster hash tag (`{…}`),
 //! so one script call touches one slot. Names are escaped (`%`, `:`, `{`, `}`
@@ -92,6 +93,12 @@ pub fn budget_key(prefix: &str, owner: BucketOwner<'_>, span: Span, label: Optio
         push_escaped(&mut key, label);
     }
     key
+}
+
+/// The key of a calendar budget's count of settled spend: its bucket's key
+/// and `:spent` (no budget key ends so: a period's label never does).
+pub fn spent_key(budget_key: &str) -> String {
+    format!("{budget_key}:spent")
 }
 
 /// The prefix, the owner's hash tag, its limit and its tenant, if any.
@@ -335,9 +342,11 @@ mod tests {
         let keyed = buckets
             .into_iter()
             .map(|(owner, role)| (bucket_key("ratekeeper", owner, role), owner, role))
-            .chain(budgets.into_iter().map(|(owner, span, label)| {
+            .chain(budgets.into_iter().flat_map(|(owner, span, label)| {
                 let key = budget_key("ratekeeper", owner, span, label);
-                (key, owner, BucketRole::Budget(BudgetOwner::Limit, span))
+                let role = BucketRole::Budget(BudgetOwner::Limit, span);
+                let counter = label.map(|_| (spent_key(&key), owner, role));
+                std::iter::once((key, owner, role)).chain(counter)
             }));
         for (key, owner, role) in keyed {
             if let Some(earlier) = seen.insert(key.clone(), (owner, role)) {
@@ -356,7 +365,7 @@ mod tests {
                 assert!(tag.starts_with("g:"), "{key}");
             }
         }
-        assert!(seen.len() > 60_000, "{} buckets", seen.len());
+        assert!(seen.len() > 66_000, "{} buckets", seen.len());
     }
 
     /// The part of `key` Redis Cluster hashes: between the first `{` and
