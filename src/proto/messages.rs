@@ -68,6 +68,27 @@ pub enum Request {
     /// against what was granted after that lease, instead of by
     /// `since_grant_ms`.
     LeaseFeedback { lease: u64, feedback: Feedback },
+    /// Settle a granted lease as `Report` does, with the usage split as the
+    /// provider bills it, cache reads and writes apart (revision 6): spend
+    /// budgets price each kind of token. Answered by `Settled`.
+    UsageReport { lease: u64, usage: Usage },
+}
+
+/// What a call used, in four disjoint kinds of token as the providers bill
+/// them (revision 6). No token is counted in two fields: `input_tokens` is
+/// the input billed at the full price, neither read from nor written to the
+/// prompt cache. OpenAI's `prompt_tokens` include its cached tokens, so
+/// `input_tokens` is their difference; Anthropic's `input_tokens` map one
+/// to one (PROTOCOL.md §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct Usage {
+    /// Input billed at the full price.
+    pub input_tokens: u64,
+    /// Input read from the provider's prompt cache.
+    pub cached_input_tokens: u64,
+    /// Input written to the prompt cache.
+    pub cache_write_tokens: u64,
+    pub output_tokens: u64,
 }
 
 /// A provider's answer, forwarded by a worker.
@@ -216,7 +237,8 @@ pub enum Response {
         /// The bucket that refused, e.g. `"tokens"`, `"requests"`, `"tenant"`.
         bucket: String,
     },
-    /// Answer to `Report`: tokens given back (negative: debited for an overrun).
+    /// Answer to `Report` and `UsageReport`: tokens given back (negative:
+    /// debited for an overrun).
     Settled { tokens_returned: i64 },
     /// Answer to `Release`: tokens given back.
     Released { tokens_returned: u64 },
@@ -266,7 +288,7 @@ impl ChatMessage {
 impl Request {
     /// Request tags this build knows: `0..KNOWN_TAGS`. A later protocol
     /// revision appends variants; a tag at or above this is `Unsupported`.
-    pub const KNOWN_TAGS: u32 = 12;
+    pub const KNOWN_TAGS: u32 = 13;
 }
 
 impl Cost {

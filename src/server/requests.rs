@@ -15,6 +15,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
+use crate::leases::Usage;
 use crate::proto::{
     self, CONNECTION_REQUEST_ID, ClientFrame, Cost, ErrorCode, FrameError, FrameReader,
     MAX_FRAME_LEN, MAX_IN_FLIGHT, PROTOCOL_VERSION, Request, Response, ServerFrame,
@@ -108,6 +109,17 @@ pub(crate) async fn answer_call(
             )
         });
     (request_id, response)
+}
+
+/// A `UsageReport`'s usage as settlement and budgets price it: the same
+/// four disjoint kinds of token, by their domain names.
+fn billed(usage: proto::Usage) -> Usage {
+    Usage {
+        input: usage.input_tokens,
+        cached_input: usage.cached_input_tokens,
+        cache_write: usage.cache_write_tokens,
+        output: usage.output_tokens,
+    }
 }
 
 /// The protocol state of one connection and the answers it has to send.
@@ -321,6 +333,10 @@ impl Requests {
                     input: input_tokens,
                     output: output_tokens,
                 },
+            },
+            Request::UsageReport { lease, usage } => Call::Report {
+                lease,
+                usage: Reported::Billed(billed(usage)),
             },
             Request::Release { lease } => Call::Release { lease },
             Request::Estimate { limit, cost } => Call::Estimate { limit, cost },

@@ -4,7 +4,7 @@
 use crate::support;
 
 use ratekeeper::proto::{
-    Acquire, ClientFrame, Cost, ErrorCode, MAX_FRAME_LEN, MAX_IN_FLIGHT, Request, Response,
+    Acquire, ClientFrame, Cost, ErrorCode, MAX_FRAME_LEN, MAX_IN_FLIGHT, Request, Response, Usage,
 };
 use support::{Daemon, acquire, error_code, frame_of, hello, receive, send, send_bytes};
 
@@ -250,6 +250,18 @@ async fn bad_requests_get_their_error_codes() {
                 lease: 42,
                 input_tokens: 1,
                 output_tokens: 0,
+            },
+            ErrorCode::UnknownLease,
+        ),
+        (
+            Request::UsageReport {
+                lease: 42,
+                usage: Usage {
+                    input_tokens: 1,
+                    cached_input_tokens: 2,
+                    cache_write_tokens: 3,
+                    output_tokens: 4,
+                },
             },
             ErrorCode::UnknownLease,
         ),

@@ -5,7 +5,7 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
-use ratekeeper::proto::{ErrorCode, Request, Response};
+use ratekeeper::proto::{ErrorCode, Request, Response, Usage};
 use support::{Daemon, SpawnedDaemon, acquire, error_code, granted, level, report};
 
 /// Waits may differ from the prediction by scheduling and the few
@@ -161,6 +161,39 @@ async fn release_returns_tokens_and_the_request() {
     assert!(level(&client, "slow", "tokens").await >= 1000 - 2);
     let twice = client.call(Request::Release { lease }).await.unwrap();
     assert_eq!(error_code(&twice), ErrorCode::UnknownLease);
+}
+
+/// Revision 6: a `UsageReport` settles a lease as `Report` does, by the
+/// figure the rate limit counts: full-price input and cache writes, plus
+/// output. (No cache reads here: whether a limit counts them depends on
+/// its provider, which is the settlement's business, not the protocol's.)
+#[tokio::test]
+async fn a_usage_report_settles_a_lease_by_its_rate_limit_tokens() {
+    let daemon = Daemon::start(CONFIG);
+    let client = daemon.client().await;
+    let (lease, tokens, _) = granted(&client.call(acquire("slow", 800, 0)).await.unwrap());
+    assert_eq!(tokens, 800);
+    let usage = |input_tokens, cache_write_tokens, output_tokens| Request::UsageReport {
+        lease,
+        usage: Usage {
+            input_tokens,
+            cached_input_tokens: 0,
+            cache_write_tokens,
+            output_tokens,
+        },
+    };
+    let settled = client.call(usage(200, 150, 50)).await.unwrap();
+    assert_eq!(
+        settled,
+        Response::Settled {
+            tokens_returned: 800 - (200 + 150 + 50)
+        }
+    );
+    // Settled once, whichever report comes second.
+    let again = client.call(usage(0, 0, 0)).await.unwrap();
+    assert_eq!(error_code(&again), ErrorCode::UnknownLease);
+    let by_report = client.call(report(lease, 0)).await.unwrap();
+    assert_eq!(error_code(&by_report), ErrorCode::UnknownLease);
 }
 
 /// Issue: lease ids were sequential, so any connection could release the

@@ -21,7 +21,7 @@ use ratekeeper::proto::{
     Acquire, Block, BucketInspection, BucketStatus, ChatMessage, ChatRequest, ClientFrame,
     Conversation, Cost, ErrorCode, Feedback, FrameError, Header, HealthStatus, Inspection,
     LimitInspection, LimitStatus, MAX_FRAME_LEN, MAX_IN_FLIGHT, PROTOCOL_VERSION, Request,
-    Response, ServerFrame, Turn, decode_payload, encode_frame, split_frame,
+    Response, ServerFrame, Turn, Usage, decode_payload, encode_frame, split_frame,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -154,6 +154,19 @@ fn acquire(limit: &str, tenant: Option<&str>, priority: Option<&str>, cost: Cost
         cost,
         max_wait_ms: None,
     }
+}
+
+fn usage(input: u64, cached_input: u64, cache_write: u64, output: u64) -> Usage {
+    Usage {
+        input_tokens: input,
+        cached_input_tokens: cached_input,
+        cache_write_tokens: cache_write,
+        output_tokens: output,
+    }
+}
+
+fn usage_report(lease: u64, usage: Usage) -> Request {
+    Request::UsageReport { lease, usage }
 }
 
 fn message(role: &str, content: &[&str]) -> ChatMessage {
@@ -703,6 +716,37 @@ fn catalogue() -> Vec<FileSpec> {
             )],
         },
         FileSpec {
+            file: "request_usage_report.json",
+            frame_type: CLIENT_FRAME,
+            message: "Request::UsageReport",
+            description: "Settle a granted lease with the usage split as the provider bills it: full-price input, cache reads, cache writes, output (revision 6).",
+            cases: vec![
+                case(
+                    "anthropic_cache",
+                    "Lease 42 of an Anthropic call: 120 input_tokens, 1000 cache_read_input_tokens, 300 cache_creation_input_tokens, 230 output_tokens.",
+                    client(38, usage_report(42, usage(120, 1000, 300, 230))),
+                ),
+                case(
+                    "openai_cache",
+                    "Lease 43 of an OpenAI call: prompt_tokens 1150 of which 1024 cached_tokens, 230 completion_tokens; input is their difference, 126, and nothing is written to a cache.",
+                    client(39, usage_report(43, usage(126, 1024, 0, 230))),
+                ),
+                case(
+                    "zero_usage",
+                    "The provider reported no usage at all.",
+                    client(40, usage_report(1, usage(0, 0, 0, 0))),
+                ),
+                case(
+                    "max_values",
+                    "u64::MAX request id, lease and token counts.",
+                    client(
+                        u64::MAX,
+                        usage_report(u64::MAX, usage(u64::MAX, u64::MAX, u64::MAX, u64::MAX)),
+                    ),
+                ),
+            ],
+        },
+        FileSpec {
             file: "cost_tokens.json",
             frame_type: CLIENT_FRAME,
             message: "Cost::Tokens",
@@ -1022,7 +1066,7 @@ fn catalogue() -> Vec<FileSpec> {
             file: "response_settled.json",
             frame_type: SERVER_FRAME,
             message: "Response::Settled",
-            description: "Answer to Report: tokens given back (an i64; negative means debited).",
+            description: "Answer to Report and UsageReport: tokens given back (an i64; negative means debited).",
             cases: vec![
                 case(
                     "returned",
@@ -1507,8 +1551,8 @@ fn invalid_client_cases() -> Vec<CaseSpec> {
     vec![
         case(
             "unknown_request_tag",
-            "Request tag 12 is not known in this revision: a decoder refuses it, and the daemon answers Unsupported to request id 9 and keeps the connection (a request of a later revision).",
-            Expect::Unsupported(raw_frame(&[&id, &tag(12)])),
+            "Request tag 13 is not known in this revision: a decoder refuses it, and the daemon answers Unsupported to request id 9 and keeps the connection (a request of a later revision).",
+            Expect::Unsupported(raw_frame(&[&id, &tag(13)])),
         ),
         case(
             "unknown_cost_tag",
@@ -1866,6 +1910,7 @@ fn request_tag(request: &Request) -> u32 {
         Request::Inspect { .. } => 9,
         Request::Feedback(_) => 10,
         Request::LeaseFeedback { .. } => 11,
+        Request::UsageReport { .. } => 12,
     }
 }
 
@@ -2071,6 +2116,10 @@ fn worked_examples_in_the_spec_are_vectors() {
                 limit: s("claude"),
                 cost: Cost::Conversation(small_conversation()),
             },
+        }),
+        encode(&ClientFrame {
+            request_id: 38,
+            request: usage_report(42, usage(120, 1000, 300, 230)),
         }),
     ];
     for bytes in examples {

@@ -18,16 +18,16 @@ fn ping_has_the_documented_layout() {
 }
 
 #[test]
-fn known_tags_end_with_lease_feedback_the_last_request() {
+fn known_tags_end_with_usage_report_the_last_request() {
     let frame = ClientFrame {
         request_id: 7,
-        request: Request::LeaseFeedback {
+        request: Request::UsageReport {
             lease: 9,
-            feedback: crate::proto::Feedback {
-                limit: "gpt".into(),
-                status: 429,
-                since_grant_ms: 0,
-                headers: Vec::new(),
+            usage: crate::proto::Usage {
+                input_tokens: 1,
+                cached_input_tokens: 2,
+                cache_write_tokens: 3,
+                output_tokens: 4,
             },
         },
     };
