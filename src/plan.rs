@@ -9,15 +9,15 @@ use std::sync::Arc;
 
 use jiff::tz::TimeZone;
 
+use crate::budget::money::format_amount;
+use crate::budget::period::zone;
+use crate::budget::spans::{Budget, Span};
 use crate::config::{
     BucketKind, Config, DEFAULT_KEY_PREFIX, LimitConfig, MAX_WAIT_MS, PriorityClass, TokenBuckets,
     TokenRate,
 };
 use crate::leases::{Reserved, Settle};
-use crate::budget::money::format_amount;
-use crate::budget::period::zone;
-use crate::budget::spans::{Budget, Span};
-use crate::limiter::keys::{BucketOwner, budget_key, bucket_key, slots_key, spent_key};
+use crate::limiter::keys::{BucketOwner, bucket_key, budget_key, slots_key, spent_key};
 use crate::limiter::{BucketRole, BucketSpec, BudgetOwner, Draw, Refill, SlotSpec, Window};
 use crate::proto::MAX_NAME_LEN;
 use crate::tokens::SettleRule;

@@ -198,7 +198,10 @@ mod tests {
                 output: 500,
             },
         ] {
-            assert!(sonnet.cost(&usage) <= sonnet.most_for(1_000, 500), "{usage:?}");
+            assert!(
+                sonnet.cost(&usage) <= sonnet.most_for(1_000, 500),
+                "{usage:?}"
+            );
         }
     }
 

@@ -507,9 +507,15 @@ fn a_calendar_budget_denial_can_be_retried_when_its_period_ends() {
     );
     budget.draw.bucket = BucketSpec::never_refilled("b", 100, 90_000_000);
     budget.resets_at_ms = Some(86_400_000);
-    assert_eq!(budget.retry_after_ms(crate::limiter::bucket::NEVER_MS, 86_000_000), 400_000);
+    assert_eq!(
+        budget.retry_after_ms(crate::limiter::bucket::NEVER_MS, 86_000_000),
+        400_000
+    );
     // Never 0: a retry at the very end still waits for the next period.
-    assert_eq!(budget.retry_after_ms(crate::limiter::bucket::NEVER_MS, 86_400_000), 1);
+    assert_eq!(
+        budget.retry_after_ms(crate::limiter::bucket::NEVER_MS, 86_400_000),
+        1
+    );
     let tokens = reserved(BucketRole::Tokens, 10, Settle::Total);
     assert_eq!(tokens.retry_after_ms(250, 0), 250);
 }

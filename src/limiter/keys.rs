@@ -360,7 +360,8 @@ mod tests {
             };
             if let Some(group) = group {
                 let tag = hash_tag(&key);
-                let group_key = bucket_key("x", BucketOwner::Group { group }, BucketRole::GroupTokens);
+                let group_key =
+                    bucket_key("x", BucketOwner::Group { group }, BucketRole::GroupTokens);
                 assert_eq!(tag, hash_tag(&group_key));
                 assert!(tag.starts_with("g:"), "{key}");
             }

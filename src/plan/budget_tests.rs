@@ -40,10 +40,7 @@ fn planner() -> Planner {
 
 /// Unix ms of an RFC 3339 instant.
 fn at(instant: &str) -> i64 {
-    instant
-        .parse::<jiff::Timestamp>()
-        .unwrap()
-        .as_millisecond()
+    instant.parse::<jiff::Timestamp>().unwrap().as_millisecond()
 }
 
 fn plan(
@@ -93,7 +90,10 @@ fn an_acquire_draws_every_budget_that_applies_at_the_dearest_input_price() {
         ]
     );
     let day = &plan.reserved[plan.reserved.len() - 5];
-    assert_eq!(day.settle, Settle::Price(planner.config().limits[0].price.unwrap()));
+    assert_eq!(
+        day.settle,
+        Settle::Price(planner.config().limits[0].price.unwrap())
+    );
     // The day ends at midnight in New York: 05:00 UTC.
     assert_eq!(day.resets_at_ms, Some(at("2026-12-08T05:00:00Z")));
     assert!(!day.draw.bucket.refill.refills());
@@ -106,7 +106,10 @@ fn an_acquire_draws_every_budget_that_applies_at_the_dearest_input_price() {
         .filter(|line| line.starts_with("group_tenant"))
         .map(|line| line.split(' ').next().unwrap())
         .collect();
-    assert_eq!(group_tenant, ["group_tenant_budget_week", "group_tenant_budget_month"]);
+    assert_eq!(
+        group_tenant,
+        ["group_tenant_budget_week", "group_tenant_budget_month"]
+    );
     // Without a tenant, no tenant budget; a limit without budgets draws none.
     assert_eq!(plan_for(&planner, None, noon).len(), 3);
     let plain = plan_ok(&planner, "plain", noon);

@@ -72,6 +72,9 @@ pub enum Request {
     /// provider bills it, cache reads and writes apart (revision 6): spend
     /// budgets price each kind of token. Answered by `Settled`.
     UsageReport { lease: u64, usage: Usage },
+    /// Each spend budget of one limit, or of every limit: what was spent,
+    /// what is reserved, what remains and when it resets (revision 6).
+    Budgets { limit: Option<String> },
 }
 
 /// What a call used, in four disjoint kinds of token as the providers bill
@@ -271,6 +274,36 @@ pub enum Response {
         /// Buckets lowered to the provider's view.
         lowered: u32,
     },
+    /// Answer to `Budgets` (revision 6).
+    Budgets { budgets: Vec<BudgetStatus> },
+}
+
+/// One spend budget now. Amounts are in micro-units of the currency (a
+/// dollar is 1,000,000).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+pub struct BudgetStatus {
+    /// The limit whose budget it is, or the group (see `group`).
+    pub owner: String,
+    /// Whether `owner` is a group: its limits spend the budget together.
+    pub group: bool,
+    /// The tenant of a tenant's budget.
+    pub tenant: Option<String>,
+    /// As in `Denied.bucket`: `"budget_day"`, `"tenant_budget_month"`, …
+    pub name: String,
+    /// The calendar period (`"2026-12-07"`, `"2026-W50"`, `"2026-12"`);
+    /// empty for a rolling budget.
+    pub period: String,
+    /// The budget's amount.
+    pub amount: u64,
+    /// What reported calls cost. A rolling budget does not count reports
+    /// apart: everything its window holds is `spent`.
+    pub spent: u64,
+    /// What calls not yet reported hold (and calls never reported keep).
+    pub reserved: u64,
+    /// What acquires may still take; negative after overruns.
+    pub remaining: i64,
+    /// When the period ends, Unix ms; 0 for a rolling budget.
+    pub resets_at_ms: u64,
 }
 
 impl ChatMessage {
@@ -288,7 +321,7 @@ impl ChatMessage {
 impl Request {
     /// Request tags this build knows: `0..KNOWN_TAGS`. A later protocol
     /// revision appends variants; a tag at or above this is `Unsupported`.
-    pub const KNOWN_TAGS: u32 = 13;
+    pub const KNOWN_TAGS: u32 = 14;
 }
 
 impl Cost {

@@ -343,6 +343,7 @@ impl Requests {
             Request::Status { limit } => Call::Status { limit },
             Request::Health => Call::Health,
             Request::Inspect { limit } => Call::Inspect { limit },
+            Request::Budgets { limit } => Call::Budgets { limit },
             Request::Feedback(feedback) => Call::Feedback(feedback, None, self.caller()),
             Request::LeaseFeedback { lease, feedback } => {
                 Call::Feedback(feedback, Some(lease), self.caller())

@@ -163,7 +163,9 @@ fn tenant_bucket(planner: &Planner, limit: &LimitConfig, tenant: &str) -> Option
         let checked = planner
             .check_acquire(&limit.name, Some(tenant), Some(&class.name), Some(0))
             .ok()?;
-        let plan = planner.plan_acquire(checked, Some(tenant), (1, 0), super::unix_ms()).ok()?;
+        let plan = planner
+            .plan_acquire(checked, Some(tenant), (1, 0), super::unix_ms())
+            .ok()?;
         plan.reserved
             .into_iter()
             .find(|reserved| reserved.role == BucketRole::Tenant)

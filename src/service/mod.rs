@@ -7,6 +7,7 @@
 //! a decision line (`observe`).
 
 mod acquire;
+mod budgets;
 mod counting;
 mod due;
 mod error;
@@ -59,6 +60,9 @@ pub enum Call {
     },
     Health,
     Inspect {
+        limit: Option<String>,
+    },
+    Budgets {
         limit: Option<String>,
     },
     /// Provider feedback, the lease of the call it answers when the
@@ -253,6 +257,7 @@ impl Service {
             Call::Status { limit } => self.status(limit.as_deref()).await,
             Call::Health => Ok(Response::Health(self.health(true))),
             Call::Inspect { limit } => self.inspect(limit.as_deref()).await,
+            Call::Budgets { limit } => self.budgets(limit.as_deref()).await,
             Call::Feedback(feedback, lease, caller) => {
                 self.feedback(feedback, lease, &caller).await
             }

@@ -18,10 +18,10 @@ use std::sync::OnceLock;
 use bincode::error::DecodeError;
 use bincode::{Decode, Encode};
 use ratekeeper::proto::{
-    Acquire, Block, BucketInspection, BucketStatus, ChatMessage, ChatRequest, ClientFrame,
-    Conversation, Cost, ErrorCode, Feedback, FrameError, Header, HealthStatus, Inspection,
-    LimitInspection, LimitStatus, MAX_FRAME_LEN, MAX_IN_FLIGHT, PROTOCOL_VERSION, Request,
-    Response, ServerFrame, Turn, Usage, decode_payload, encode_frame, split_frame,
+    Acquire, Block, BucketInspection, BucketStatus, BudgetStatus, ChatMessage, ChatRequest,
+    ClientFrame, Conversation, Cost, ErrorCode, Feedback, FrameError, Header, HealthStatus,
+    Inspection, LimitInspection, LimitStatus, MAX_FRAME_LEN, MAX_IN_FLIGHT, PROTOCOL_VERSION,
+    Request, Response, ServerFrame, Turn, Usage, decode_payload, encode_frame, split_frame,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -747,6 +747,29 @@ fn catalogue() -> Vec<FileSpec> {
             ],
         },
         FileSpec {
+            file: "request_budgets.json",
+            frame_type: CLIENT_FRAME,
+            message: "Request::Budgets",
+            description: "Each spend budget of one limit, or of every limit (revision 6).",
+            cases: vec![
+                case(
+                    "every_limit",
+                    "Every limit's budgets.",
+                    client(41, Request::Budgets { limit: None }),
+                ),
+                case(
+                    "one_limit",
+                    "The budgets of limit \"gpt-4o\".",
+                    client(
+                        42,
+                        Request::Budgets {
+                            limit: Some(s("gpt-4o")),
+                        },
+                    ),
+                ),
+            ],
+        },
+        FileSpec {
             file: "cost_tokens.json",
             frame_type: CLIENT_FRAME,
             message: "Cost::Tokens",
@@ -1373,6 +1396,66 @@ fn catalogue() -> Vec<FileSpec> {
             ],
         },
         FileSpec {
+            file: "response_budgets.json",
+            frame_type: SERVER_FRAME,
+            message: "Response::Budgets",
+            description: "Answer to Budgets: each budget's owner, tenant, bucket name, period, amount, spent, reserved, remaining (micro-units) and reset time (revision 6).",
+            cases: vec![
+                case(
+                    "none",
+                    "No budget is configured: an empty list.",
+                    server(43, Response::Budgets { budgets: vec![] }),
+                ),
+                case(
+                    "limit_tenant_and_group",
+                    "A limit's daily budget of $1.00 with $0.25 spent and $0.05 reserved; tenant acme's on the group, overrun by $0.01, its month resetting at 2027-01-01T00:00Z; a rolling budget.",
+                    server(
+                        44,
+                        Response::Budgets {
+                            budgets: vec![
+                                BudgetStatus {
+                                    owner: s("gpt-4o"),
+                                    group: false,
+                                    tenant: None,
+                                    name: s("budget_day"),
+                                    period: s("2026-12-07"),
+                                    amount: 1_000_000,
+                                    spent: 250_000,
+                                    reserved: 50_000,
+                                    remaining: 700_000,
+                                    resets_at_ms: 1_796_688_000_000,
+                                },
+                                BudgetStatus {
+                                    owner: s("org"),
+                                    group: true,
+                                    tenant: Some(s("acme")),
+                                    name: s("group_tenant_budget_month"),
+                                    period: s("2026-12"),
+                                    amount: 5_000_000,
+                                    spent: 5_010_000,
+                                    reserved: 0,
+                                    remaining: -10_000,
+                                    resets_at_ms: 1_798_761_600_000,
+                                },
+                                BudgetStatus {
+                                    owner: s("gpt-4o"),
+                                    group: false,
+                                    tenant: None,
+                                    name: s("budget_rolling_hour"),
+                                    period: s(""),
+                                    amount: u64::MAX,
+                                    spent: 0,
+                                    reserved: 0,
+                                    remaining: i64::MIN,
+                                    resets_at_ms: 0,
+                                },
+                            ],
+                        },
+                    ),
+                ),
+            ],
+        },
+        FileSpec {
             file: "response_noted.json",
             frame_type: SERVER_FRAME,
             message: "Response::Noted",
@@ -1551,8 +1634,8 @@ fn invalid_client_cases() -> Vec<CaseSpec> {
     vec![
         case(
             "unknown_request_tag",
-            "Request tag 13 is not known in this revision: a decoder refuses it, and the daemon answers Unsupported to request id 9 and keeps the connection (a request of a later revision).",
-            Expect::Unsupported(raw_frame(&[&id, &tag(13)])),
+            "Request tag 14 is not known in this revision: a decoder refuses it, and the daemon answers Unsupported to request id 9 and keeps the connection (a request of a later revision).",
+            Expect::Unsupported(raw_frame(&[&id, &tag(14)])),
         ),
         case(
             "unknown_cost_tag",
@@ -1893,7 +1976,7 @@ const REQUEST_VARIANTS: u32 = Request::KNOWN_TAGS;
 /// Number of `Cost` variants.
 const COST_VARIANTS: u32 = 3;
 /// Number of `Response` variants.
-const RESPONSE_VARIANTS: u32 = 13;
+const RESPONSE_VARIANTS: u32 = 14;
 
 /// The wire tag of a request, as tabulated in PROTOCOL.md.
 fn request_tag(request: &Request) -> u32 {
@@ -1911,6 +1994,7 @@ fn request_tag(request: &Request) -> u32 {
         Request::Feedback(_) => 10,
         Request::LeaseFeedback { .. } => 11,
         Request::UsageReport { .. } => 12,
+        Request::Budgets { .. } => 13,
     }
 }
 
@@ -1939,6 +2023,7 @@ fn response_tag(response: &Response) -> u32 {
         Response::Health(_) => 10,
         Response::Inspection(_) => 11,
         Response::Noted { .. } => 12,
+        Response::Budgets { .. } => 13,
     }
 }
 

@@ -23,7 +23,10 @@ pub(super) fn resolve_time_zone(raw: &RawBudgets, d: &mut Diagnostics) -> String
     match zone(written.get_ref()) {
         Ok(_) => written.get_ref().clone(),
         Err(problem) => {
-            d.error(written.span().start, format!("[budgets]: time_zone: {problem}"));
+            d.error(
+                written.span().start,
+                format!("[budgets]: time_zone: {problem}"),
+            );
             DEFAULT_BUDGET_TIME_ZONE.to_string()
         }
     }

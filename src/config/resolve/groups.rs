@@ -61,9 +61,8 @@ fn resolve_group(
         context,
         d,
     );
-    let budgeted = group.budget.is_some()
-        || group.tenant_budget.is_some()
-        || group.tenant_budgets.is_some();
+    let budgeted =
+        group.budget.is_some() || group.tenant_budget.is_some() || group.tenant_budgets.is_some();
     if group.tokens_per_minute.is_none() && group.requests_per_minute.is_none() && !budgeted {
         d.error(
             entry_at,

@@ -49,8 +49,14 @@ fn budgets_on_a_limit_its_tenants_and_a_group_are_read() {
             .amounts()
             .collect::<Vec<_>>()
     };
-    assert_eq!(month("bigco"), [(Span::Calendar(Calendar::Month), 100_000_000)]);
-    assert_eq!(month("anyone"), [(Span::Calendar(Calendar::Month), 5_000_000)]);
+    assert_eq!(
+        month("bigco"),
+        [(Span::Calendar(Calendar::Month), 100_000_000)]
+    );
+    assert_eq!(
+        month("anyone"),
+        [(Span::Calendar(Calendar::Month), 5_000_000)]
+    );
     // A group of budgets only needs no rate.
     assert_eq!(org.tokens_per_minute, None);
 }
@@ -120,7 +126,10 @@ fn budgets_and_prices_survive_the_effective_config() {
     );
     let config = parse_ok(&text);
     let effective = config.to_effective_toml();
-    assert!(effective.contains("time_zone = \"America/New_York\""), "{effective}");
+    assert!(
+        effective.contains("time_zone = \"America/New_York\""),
+        "{effective}"
+    );
     assert!(effective.contains("month = \"20.00\""), "{effective}");
     assert!(effective.contains("cached_input = \"1.25\""), "{effective}");
     assert_eq!(parse_ok(&effective), config, "{effective}");
