@@ -46,15 +46,17 @@ pub enum PlanError {
     #[error("a cost must be at least one token")]
     ZeroCost,
     #[error(
-        "a call that may cost {cost} can never be granted: the {bucket} budget of limit \"{limit}\" is {budget}{}",
-        kept_note_money(.floor, .class)
+        "a call that may cost {} can never be granted: the {bucket} budget of limit \"{limit}\" is {}{}",
+        format_amount(*.cost),
+        format_amount(*.budget),
+        kept_note_money(*.floor, .class)
     )]
     AboveBudget {
-        cost: String,
+        cost: u64,
         bucket: &'static str,
         limit: String,
-        budget: String,
-        floor: String,
+        budget: u64,
+        floor: u64,
         class: String,
     },
     #[error("input_tokens + output_tokens overflows 64 bits")]
@@ -81,9 +83,12 @@ pub enum PlanError {
     },
 }
 
-fn kept_note_money(floor: &str, class: &str) -> String {
-    if floor != "0.00" {
-        format!(" less {floor} kept for classes above \"{class}\"")
+fn kept_note_money(floor: u64, class: &str) -> String {
+    if floor > 0 {
+        format!(
+            " less {} kept for classes above \"{class}\"",
+            format_amount(floor)
+        )
     } else {
         String::new()
     }
@@ -406,11 +411,11 @@ impl Planner {
             let draw = draw(class, bucket, cost);
             if !draw.fits_capacity() {
                 return Err(PlanError::AboveBudget {
-                    cost: format_amount(cost),
+                    cost,
                     bucket: role.name(),
                     limit: limit.name.clone(),
-                    budget: format_amount(draw.bucket.capacity),
-                    floor: format_amount(draw.floor),
+                    budget: draw.bucket.capacity,
+                    floor: draw.floor,
                     class: class.name.clone(),
                 });
             }
