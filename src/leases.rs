@@ -146,6 +146,9 @@ pub struct Settlement {
     /// (`Settled.tokens_returned`): reserved − used, negative for an
     /// overrun; 0 when they keep the up-front charge.
     pub tokens_returned: i64,
+    /// What the usage cost at the limit's price, in micro-units; 0 when no
+    /// budget applies.
+    pub spent: u64,
 }
 
 /// Settles a report: each bucket that settles gets back what it reserved
@@ -161,6 +164,7 @@ pub fn settle_usage(reserved: &[Reserved], usage: Reported, cache_reads_count: b
     let mut settlement = Settlement {
         adjustments: Vec::new(),
         tokens_returned: 0,
+        spent: 0,
     };
     // A limit with tokens only over a longer window reports that bucket's.
     let mut per_minute_seen = false;
@@ -171,10 +175,14 @@ pub fn settle_usage(reserved: &[Reserved], usage: Reported, cache_reads_count: b
             Settle::Input => input,
             Settle::Output => output,
             Settle::Total => input.saturating_add(output),
-            Settle::Price(price) => match usage {
-                Reported::Tokens { input, output } => price.most_for(input, output),
-                Reported::Billed(billed) => price.cost(&billed),
-            },
+            Settle::Price(price) => {
+                let cost = match usage {
+                    Reported::Tokens { input, output } => price.most_for(input, output),
+                    Reported::Billed(billed) => price.cost(&billed),
+                };
+                settlement.spent = settlement.spent.max(cost);
+                cost
+            }
         };
         // An overrun is taken, but never more than one full bucket: usage
         // beyond that is a client bug or a hostile report, and must neither
@@ -236,6 +244,9 @@ pub struct LeaseTag {
     pub limit: Arc<str>,
     /// `Granted.tokens`.
     pub tokens: u64,
+    /// The `tenant` label: the tenant's name if `[metrics] tenants` lists
+    /// it, else the shared one (empty without a tenant).
+    pub tenant: Arc<str>,
 }
 
 /// Counts of leases that ended without a report.

@@ -10,10 +10,12 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use ratekeeper::budget::money::format_amount;
 use ratekeeper::client::Client;
 use ratekeeper::limiter::shapes::ELSEWHERE;
 use ratekeeper::proto::{
-    BucketInspection, ErrorCode, HealthStatus, Inspection, LimitInspection, Request, Response,
+    BucketInspection, BudgetStatus, ErrorCode, HealthStatus, Inspection, LimitInspection, Request,
+    Response,
 };
 
 use super::{answer_failure, connect};
@@ -58,20 +60,26 @@ pub async fn status(socket: &Path, options: StatusOptions) -> anyhow::Result<Exi
     let terminal = std::io::stdout().is_terminal();
     loop {
         let inspection = inspect(&client, options.limit.clone()).await?;
+        let budgets = budgets(&client, options.limit.clone()).await?;
         let mut frame = String::new();
         if options.watch.is_some() && terminal && !options.json {
             frame.push_str(CLEAR);
         }
         if options.json {
+            let shown = Shown {
+                inspection: &inspection,
+                budgets: budgets.as_deref().ok(),
+            };
             let json = if options.watch.is_some() {
-                serde_json::to_string(&inspection)
+                serde_json::to_string(&shown)
             } else {
-                serde_json::to_string_pretty(&inspection)
+                serde_json::to_string_pretty(&shown)
             };
             frame.push_str(&json.context("cannot render JSON")?);
             frame.push('\n');
         } else {
             frame.push_str(&render(&inspection));
+            frame.push_str(&render_budgets(&budgets));
         }
         let mut stdout = std::io::stdout().lock();
         if stdout
@@ -88,6 +96,92 @@ pub async fn status(socket: &Path, options: StatusOptions) -> anyhow::Result<Exi
             None => return Ok(ExitCode::SUCCESS),
         }
     }
+}
+
+/// What `status --json` prints: the inspection's fields, and `budgets`
+/// when the daemon could say (absent from a daemon that predates them or
+/// while the store is down).
+#[derive(serde::Serialize)]
+struct Shown<'a> {
+    #[serde(flatten)]
+    inspection: &'a Inspection,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    budgets: Option<&'a [BudgetStatus]>,
+}
+
+/// `Budgets`, or why there are none to show: the daemon predates them, or
+/// could not read them (the store is down).
+async fn budgets(
+    client: &Client,
+    limit: Option<String>,
+) -> anyhow::Result<Result<Vec<BudgetStatus>, String>> {
+    match client.call(Request::Budgets { limit }).await? {
+        Response::Budgets { budgets } => Ok(Ok(budgets)),
+        Response::Error { code, .. } if predates(code) => {
+            Ok(Err("this daemon predates spend budgets".into()))
+        }
+        Response::Error { message, .. } => Ok(Err(message)),
+        other => answer_failure(other),
+    }
+}
+
+/// The budgets' table, after the limits'; nothing when none is configured.
+pub fn render_budgets(budgets: &Result<Vec<BudgetStatus>, String>) -> String {
+    let budgets = match budgets {
+        Ok(budgets) if budgets.is_empty() => return String::new(),
+        Ok(budgets) => budgets,
+        Err(why) if why.contains("predates") => return String::new(),
+        Err(why) => {
+            return format!(
+                "
+budgets: unknown ({why})
+"
+            );
+        }
+    };
+    let mut out = String::from(
+        "
+budgets
+",
+    );
+    out.push_str(&format!(
+        "  {:<20} {:<16} {:<26} {:<10} {:>12} {:>12} {:>12} {:>12}  {}
+",
+        "OWNER", "TENANT", "BUDGET", "PERIOD", "AMOUNT", "SPENT", "RESERVED", "REMAINING", "RESETS"
+    ));
+    for budget in budgets {
+        let owner = if budget.group {
+            format!("group {}", budget.owner)
+        } else {
+            budget.owner.clone()
+        };
+        let remaining = match budget.remaining {
+            remaining if remaining < 0 => format!("-{}", format_amount(remaining.unsigned_abs())),
+            remaining => format_amount(remaining as u64),
+        };
+        let resets = match budget.resets_at_ms {
+            0 => "rolling".to_string(),
+            at => jiff::Timestamp::from_millisecond(at as i64)
+                .map_or_else(|_| at.to_string(), |at| at.to_string()),
+        };
+        out.push_str(&format!(
+            "  {:<20} {:<16} {:<26} {:<10} {:>12} {:>12} {:>12} {:>12}  {}\n",
+            owner,
+            budget.tenant.as_deref().unwrap_or(""),
+            budget.name,
+            if budget.period.is_empty() {
+                "-"
+            } else {
+                &budget.period
+            },
+            format_amount(budget.amount),
+            format_amount(budget.spent),
+            format_amount(budget.reserved),
+            remaining,
+            resets
+        ));
+    }
+    out
 }
 
 /// `Inspect`, or `Status` turned into an inspection for an older daemon.

@@ -13,7 +13,7 @@ pub use summary::{Counters, log_shutdown_summary};
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -31,10 +31,11 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::money::MICROS_PER_UNIT;
 use crate::limiter::shapes::ELSEWHERE;
 use crate::limiter::{FailurePolicy, Stores};
 use crate::metrics::Name;
-use crate::proto::Inspection;
+use crate::proto::{BudgetStatus, Inspection};
 use crate::service::Service;
 
 /// Connections the listener serves at once; more wait to be accepted.
@@ -60,6 +61,17 @@ struct BucketLabels {
     tenant: String,
 }
 
+/// A spend budget: its `owner` (a limit, or a group when `scope` is
+/// `group`), its `tenant` (empty for the owner's own) and its `budget`
+/// (the bucket's name, `budget_day`, `tenant_budget_month`, …).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    owner: String,
+    scope: &'static str,
+    tenant: String,
+    budget: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LimitLabel {
     limit: Name,
@@ -80,6 +92,8 @@ pub struct Exporter {
     /// while a scrape reads, so scrapes that arrive meanwhile wait for
     /// that reading instead of making their own.
     inspected: tokio::sync::Mutex<Option<(Instant, Inspection)>>,
+    /// The same for the spend budgets.
+    budgets: tokio::sync::Mutex<Option<(Instant, Vec<BudgetStatus>)>>,
 }
 
 impl Exporter {
@@ -89,6 +103,7 @@ impl Exporter {
             stores,
             socket_bound,
             inspected: tokio::sync::Mutex::new(None),
+            budgets: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -206,7 +221,81 @@ impl Exporter {
             register_outage_work(&mut r, &counters);
         }
         self.scrape_buckets(&mut r, health.store_up).await;
+        if health.store_up {
+            self.scrape_budgets(&mut r).await;
+        }
         r
+    }
+
+    /// Each spend budget's amount, spent, reserved and remaining money, in
+    /// units of the currency, from the store's answer within the last
+    /// [`LEVELS_FRESH`]; nothing while the store fails.
+    async fn scrape_budgets(&self, r: &mut Registry) {
+        let budgets = {
+            let mut read = self.budgets.lock().await;
+            match read.as_ref() {
+                Some((at, budgets)) if at.elapsed() < LEVELS_FRESH => budgets.clone(),
+                _ => {
+                    let Ok(budgets) = self.service.budget_statuses(None).await else {
+                        return;
+                    };
+                    *read = Some((Instant::now(), budgets.clone()));
+                    budgets
+                }
+            }
+        };
+        if budgets.is_empty() {
+            return;
+        }
+        let money = |micros: f64| micros / MICROS_PER_UNIT as f64;
+        let families: [(&str, &str, Family<BudgetLabels, Gauge<f64, AtomicU64>>); 5] = [
+            (
+                "budget_amount",
+                "The spend budget for its period or window, in units of the currency",
+                Family::default(),
+            ),
+            (
+                "budget_spent",
+                "What reported calls cost in the budget's period (a rolling budget: all its window holds)",
+                Family::default(),
+            ),
+            (
+                "budget_reserved",
+                "What calls not yet reported hold in the budget",
+                Family::default(),
+            ),
+            (
+                "budget_remaining",
+                "What acquires may still take from the budget (negative after overruns)",
+                Family::default(),
+            ),
+            (
+                "budget_resets_at_seconds",
+                "When the budget's calendar period ends, Unix time (0 for a rolling budget)",
+                Family::default(),
+            ),
+        ];
+        for budget in budgets {
+            let labels = BudgetLabels {
+                owner: budget.owner,
+                scope: if budget.group { "group" } else { "limit" },
+                tenant: budget.tenant.unwrap_or_default(),
+                budget: budget.name,
+            };
+            let values = [
+                money(budget.amount as f64),
+                money(budget.spent as f64),
+                money(budget.reserved as f64),
+                money(budget.remaining as f64),
+                budget.resets_at_ms as f64 / 1000.0,
+            ];
+            for ((_, _, family), value) in families.iter().zip(values) {
+                family.get_or_create(&labels).set(value);
+            }
+        }
+        for (name, help, family) in families {
+            r.register(name, help, family);
+        }
     }
 
     /// Waiters per limit, and each bucket's level, capacity and rate from

@@ -210,6 +210,7 @@ fn tags_outlive_a_retried_settlement_and_not_the_lease() {
     let tag = LeaseTag {
         limit: Arc::from("gpt"),
         tokens: 7,
+        tenant: Arc::from(""),
     };
     table.tag(id, tag.clone());
     table.tag(12345, tag.clone());

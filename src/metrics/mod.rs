@@ -11,4 +11,4 @@ mod labels;
 pub mod registry;
 
 pub use labels::{Labels, LimitMeters, OTHER_TENANTS, TenantLabel};
-pub use registry::{Metrics, Name, OpenGuard, StoreCalls};
+pub use registry::{Metrics, Name, OpenGuard, StoreCalls, TenantLabels};

@@ -122,6 +122,7 @@ pub struct Metrics {
     pub(crate) releases: Family<SettleLabels, Counter>,
     pub(crate) estimation_error: Histograms<LimitLabel>,
     pub(crate) refunded_tokens: Family<LimitLabel, Counter>,
+    pub(crate) spent: Family<TenantLabels, Counter>,
     pub(crate) connections: Counter,
     pub(crate) connections_open: Gauge,
     pub(crate) connections_evicted: Counter,
@@ -151,6 +152,7 @@ impl Metrics {
             releases: Family::default(),
             estimation_error: Family::new_with_constructor(estimation_histogram),
             refunded_tokens: Family::default(),
+            spent: Family::default(),
             connections: Counter::default(),
             connections_open: Gauge::default(),
             connections_evicted: Counter::default(),
@@ -196,6 +198,11 @@ impl Metrics {
             "refunded_tokens",
             "Tokens given back to the limit's own token buckets by reports and releases",
             metrics.refunded_tokens.clone(),
+        );
+        r.register(
+            "spent_micros",
+            "What reported calls cost at the limit's price, in micro-units of the currency (limits with a spend budget; by limit and tenant)",
+            metrics.spent.clone(),
         );
         r.register(
             "connections",

@@ -269,6 +269,7 @@ impl Service {
             let tag = LeaseTag {
                 limit: limit.clone(),
                 tokens: *tokens,
+                tenant: tenant.name.clone(),
             };
             self.leases.tag(*lease, tag);
         }

@@ -10,6 +10,7 @@ use super::{ConnectionId, Reported, Service, ServiceError};
 use crate::config::DisconnectRule;
 use crate::leases::{refund_all, refund_fraction, settle_usage};
 use crate::limiter::StoreOps;
+use crate::metrics::TenantLabels;
 use crate::proto::Response;
 
 impl Service {
@@ -39,6 +40,19 @@ impl Service {
                     source,
                 });
             }
+        }
+        if settlement.spent > 0
+            && self.metered
+            && let Some(tag) = self.leases.tag_of(lease_id)
+        {
+            let labels = TenantLabels {
+                limit: tag.limit,
+                tenant: tag.tenant,
+            };
+            self.metrics
+                .spent
+                .get_or_create(&labels)
+                .inc_by(settlement.spent);
         }
         // A report without output tokens (a total reported as input) says
         // nothing about completion sizes.
