@@ -61,6 +61,9 @@ struct BucketLabels {
     tenant: String,
 }
 
+/// One gauge of money per budget.
+type MoneyGauges = Family<BudgetLabels, Gauge<f64, AtomicU64>>;
+
 /// A spend budget: its `owner` (a limit, or a group when `scope` is
 /// `group`), its `tenant` (empty for the owner's own) and its `budget`
 /// (the bucket's name, `budget_day`, `tenant_budget_month`, …).
@@ -248,7 +251,7 @@ impl Exporter {
             return;
         }
         let money = |micros: f64| micros / MICROS_PER_UNIT as f64;
-        let families: [(&str, &str, Family<BudgetLabels, Gauge<f64, AtomicU64>>); 5] = [
+        let families: [(&str, &str, MoneyGauges); 5] = [
             (
                 "budget_amount",
                 "The spend budget for its period or window, in units of the currency",
