@@ -15,6 +15,7 @@ mod support;
 
 mod bad_input;
 mod bounds;
+mod budgets;
 mod cli;
 mod config_examples;
 mod daemon;

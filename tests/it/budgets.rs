@@ -1,0 +1,235 @@
+//! Spend budgets through the daemon's socket: reserved at the price of the
+//! most a call can cost, settled to what its usage cost, denied until the
+//! period ends, shown by `Budgets` and `/metrics`, on the embedded store
+//! and shared by sidecars on one Redis.
+
+use crate::support;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ratekeeper::client::Client;
+use ratekeeper::proto::{Acquire, BudgetStatus, Cost, Request, Response, Usage};
+use support::redis::RedisServer;
+use support::{Daemon, granted};
+
+/// $1 a million input tokens (cache reads $0.50, writes $1.25), $2 a
+/// million output: a call of 1,000 input and 1,000 output tokens may cost
+/// 1,250 + 2,000 micro-units. The limit's day holds $0.01; each tenant's
+/// $0.005, but acme's $0.01; the group's $1 a week for each tenant.
+fn config(redis: Option<&RedisServer>) -> String {
+    let redis = redis.map_or_else(String::new, |server| {
+        format!("[redis]\nurl = \"{}\"\n", server.url())
+    });
+    format!(
+        r#"
+{redis}
+[metrics]
+listen = "127.0.0.1:0"
+tenants = ["acme"]
+
+[[groups]]
+name = "org"
+tenant_budget = {{ week = "1" }}
+
+[[limits]]
+name = "chat"
+group = "org"
+tokens_per_minute = 1000000
+budget = {{ day = "0.01" }}
+tenant_budget = {{ day = "0.005" }}
+tenant_budgets = {{ acme = {{ day = "0.01" }} }}
+price = {{ input = "1", cached_input = "0.50", cache_write = "1.25", output = "2" }}
+"#
+    )
+}
+
+const RESERVED: i64 = 1_250 + 2_000;
+
+fn acquire(tenant: Option<&str>) -> Request {
+    Request::Acquire(Acquire {
+        limit: "chat".into(),
+        tenant: tenant.map(str::to_string),
+        priority: None,
+        cost: Cost::Tokens {
+            input_tokens: 1_000,
+            output_tokens: 1_000,
+        },
+        max_wait_ms: Some(10_000),
+    })
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// The next UTC midnight after `at_ms`.
+fn next_midnight(at_ms: i64) -> i64 {
+    (at_ms / 86_400_000 + 1) * 86_400_000
+}
+
+/// The limit's own daily budget as `Budgets` shows it.
+async fn limit_budget(client: &Client) -> BudgetStatus {
+    let answer = client
+        .call(Request::Budgets {
+            limit: Some("chat".into()),
+        })
+        .await
+        .unwrap();
+    let Response::Budgets { budgets } = answer else {
+        panic!("expected budgets, got {answer:?}");
+    };
+    budgets
+        .into_iter()
+        .find(|budget| budget.name == "budget_day")
+        .expect("the limit's daily budget")
+}
+
+/// Runs the budget through its day: three grants fill it, the fourth is
+/// denied until midnight; a usage report, a report and a release settle.
+async fn spend_the_day(first: &Client, second: &Client) {
+    let started = now_ms();
+    let mut leases = Vec::new();
+    for client in [first, second, first] {
+        leases.push(granted(&client.call(acquire(None)).await.unwrap()).0);
+    }
+    let before = now_ms();
+    let denied = second.call(acquire(None)).await.unwrap();
+    let after = now_ms();
+    let Response::Denied {
+        retry_after_ms,
+        bucket,
+    } = denied
+    else {
+        panic!("expected a denial, got {denied:?}");
+    };
+    assert_eq!(bucket, "budget_day");
+    // Not by waiting: the budget is whole again when the UTC day ends.
+    let latest = next_midnight(before) - before;
+    let earliest = next_midnight(after) - after;
+    assert!(
+        (earliest..=latest).contains(&(retry_after_ms as i64))
+            || next_midnight(before) != next_midnight(after),
+        "retry after {retry_after_ms} ms, expected {earliest}..={latest}"
+    );
+    let shown = limit_budget(first).await;
+    assert_eq!(
+        (shown.amount, shown.spent, shown.reserved, shown.remaining),
+        (10_000, 0, 3 * RESERVED as u64, 10_000 - 3 * RESERVED)
+    );
+    assert!(shown.period.len() == 10 && shown.resets_at_ms as i64 == next_midnight(started));
+    // 500 full-price input, 200 cache reads, 100 cache writes, 250 output:
+    // 500 + 100 + 125 + 500 micro-units.
+    let usage = Usage {
+        input_tokens: 500,
+        cached_input_tokens: 200,
+        cache_write_tokens: 100,
+        output_tokens: 250,
+    };
+    let settled = first
+        .call(Request::UsageReport {
+            lease: leases[0],
+            usage,
+        })
+        .await
+        .unwrap();
+    assert!(matches!(settled, Response::Settled { .. }), "{settled:?}");
+    // A Report does not say how its input was billed: the dearest price.
+    let report = Request::Report {
+        lease: leases[1],
+        input_tokens: 400,
+        output_tokens: 100,
+    };
+    second.call(report).await.unwrap();
+    let released = first
+        .call(Request::Release { lease: leases[2] })
+        .await
+        .unwrap();
+    assert!(
+        matches!(released, Response::Released { .. }),
+        "{released:?}"
+    );
+    let spent = (500 + 100 + 125 + 500) + (500 + 200);
+    let shown = limit_budget(second).await;
+    assert_eq!(
+        (shown.spent, shown.reserved, shown.remaining),
+        (spent as u64, 0, 10_000 - spent)
+    );
+}
+
+#[tokio::test]
+async fn a_daily_budget_reserves_settles_and_denies_until_midnight() {
+    let daemon = Daemon::start(&config(None));
+    let (first, second) = (daemon.client().await, daemon.client().await);
+    spend_the_day(&first, &second).await;
+    // What reports cost is counted per limit and tenant.
+    let exposition = support::http_get(&daemon.metrics_address(), "/metrics").1;
+    let spent = support::metric(
+        &exposition,
+        "ratekeeper_spent_micros_total{limit=\"chat\",tenant=\"\"}",
+    );
+    assert_eq!(spent, Some(1_925.0), "{exposition}");
+    let remaining = support::metric(
+        &exposition,
+        "ratekeeper_budget_remaining{owner=\"chat\",scope=\"limit\",tenant=\"\",budget=\"budget_day\"}",
+    );
+    assert_eq!(remaining, Some((10_000.0 - 1_925.0) / 1e6), "{exposition}");
+}
+
+#[tokio::test]
+async fn sidecars_on_one_redis_spend_one_budget() {
+    let server = RedisServer::start();
+    let first = Daemon::start(&config(Some(&server)));
+    let second = Daemon::start(&config(Some(&server)));
+    spend_the_day(&first.client().await, &second.client().await).await;
+}
+
+#[tokio::test]
+async fn each_tenant_has_its_own_budget_and_a_named_one_its_override() {
+    let daemon = Daemon::start(&config(None));
+    let client = daemon.client().await;
+    // $0.005 a day: one call of at most $0.00325 fits, a second does not.
+    granted(&client.call(acquire(Some("bob"))).await.unwrap());
+    let denied = client.call(acquire(Some("bob"))).await.unwrap();
+    assert!(
+        matches!(&denied, Response::Denied { bucket, .. } if bucket == "tenant_budget_day"),
+        "{denied:?}"
+    );
+    // acme's own $0.01 takes two, then the limit's $0.01 is what is left.
+    granted(&client.call(acquire(Some("acme"))).await.unwrap());
+    granted(&client.call(acquire(Some("acme"))).await.unwrap());
+    let denied = client.call(acquire(Some("acme"))).await.unwrap();
+    assert!(
+        matches!(&denied, Response::Denied { bucket, .. } if bucket == "budget_day"),
+        "{denied:?}"
+    );
+    // Budgets shows acme's (named in the config), each once.
+    let Response::Budgets { budgets } =
+        client.call(Request::Budgets { limit: None }).await.unwrap()
+    else {
+        panic!("expected budgets");
+    };
+    let rows: Vec<(String, Option<String>, u64)> = budgets
+        .iter()
+        .map(|b| (b.name.clone(), b.tenant.clone(), b.reserved))
+        .collect();
+    let reserved = RESERVED as u64;
+    assert_eq!(
+        rows,
+        [
+            ("budget_day".into(), None, 3 * reserved),
+            (
+                "tenant_budget_day".into(),
+                Some("acme".into()),
+                2 * reserved
+            ),
+            (
+                "group_tenant_budget_week".into(),
+                Some("acme".into()),
+                2 * reserved
+            ),
+        ]
+    );
+}
