@@ -9,9 +9,6 @@
 
 use std::sync::Arc;
 
-/// SHIM.
-pub const NEVER_MS: u64 = 1_000_000_000_000_000;
-
 /// Units per token of a bucket refilled per minute: 60 000 makes a rate of
 /// `R` per minute exactly `R` units per millisecond.
 pub const UNITS_PER_TOKEN: i64 = 60_000;
@@ -97,11 +94,6 @@ impl Refill {
             // A bucket that refills must refill something each millisecond.
             units_per_ms: (units_per_ms as u64).max(1),
         }
-    }
-
-    /// SHIM.
-    pub fn refills(&self) -> bool {
-        self.amount > 1
     }
 
     /// Tokens per window.
@@ -212,11 +204,6 @@ impl Draw {
 }
 
 impl BucketSpec {
-    /// SHIM until the store's never-refilling buckets land.
-    pub fn never_refilled(key: impl Into<Arc<str>>, capacity: u64, _keep: i64) -> BucketSpec {
-        BucketSpec::new(key, capacity, Refill::new(1, Window::Day, capacity))
-    }
-
     /// A bucket of `capacity` tokens refilled by `refill`.
     pub fn new(key: impl Into<Arc<str>>, capacity: u64, refill: Refill) -> BucketSpec {
         BucketSpec {
