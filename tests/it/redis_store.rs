@@ -7,7 +7,7 @@ use crate::support;
 use proptest::prelude::*;
 use ratekeeper::app::redis_settings;
 use ratekeeper::config::RedisConfig;
-use ratekeeper::limiter::bucket::{BucketSpec, Draw, NEVER_MS, Refill, Window};
+use ratekeeper::limiter::bucket::{BucketSpec, Draw, KEPT_PAST_MS, NEVER_MS, Refill, Window};
 use ratekeeper::limiter::embedded::Clock;
 use ratekeeper::limiter::overrun;
 use ratekeeper::limiter::redis::{BATCH_LUA, BatchOp, CANCEL_LUA};
@@ -18,6 +18,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use support::draw;
 use support::redis::RedisServer;
+
+/// A plain connection, for what the store does not show; every call on it
+/// has a deadline, as the store's have.
+fn connection(server: &RedisServer) -> redis::Connection {
+    let deadline = std::time::Duration::from_secs(10);
+    let client = redis::Client::open(server.url()).unwrap();
+    let connection = client.get_connection_with_timeout(deadline).unwrap();
+    connection.set_read_timeout(Some(deadline)).unwrap();
+    connection.set_write_timeout(Some(deadline)).unwrap();
+    connection
+}
 
 fn store(server: &RedisServer) -> RedisStore {
     RedisStore::new(&redis_settings(&RedisConfig::with_url(server.url()))).expect("valid config")
@@ -276,12 +287,7 @@ fn lua_batches_and_rust_give_the_same_answers() {
         .unwrap();
     let redis = store(&server);
     // For what the store does not show: the keys' expiry.
-    let direct = std::sync::Mutex::new(
-        redis::Client::open(server.url())
-            .unwrap()
-            .get_connection()
-            .unwrap(),
-    );
+    let direct = std::sync::Mutex::new(connection(&server));
     let case = AtomicI64::new(0);
     let outcomes = std::sync::Mutex::new(std::collections::HashMap::<&str, usize>::new());
     // A fixed seed: the same 64 sequences every run, so the coverage check
@@ -1224,4 +1230,106 @@ async fn the_scripts_follow_a_clock_that_steps_far_back() {
     assert!(granted(redis.batch_at(vec![acquire(100)], back).await));
     assert_eq!(level_at(&redis, &tokens, back).await, 100);
     assert_eq!(level_at(&redis, &tokens, back + 300).await, 400);
+}
+
+/// Issue 30: a budget's key (a bucket that never refills) expires at its
+/// keep-until instant, by the script's clock, whatever its level: never at
+/// time-to-full, which does not come. Written after the instant passed it
+/// is kept `KEPT_PAST_MS`; refunded to full it is deleted like any full
+/// bucket; a cancel restores its level and its expiry.
+#[tokio::test]
+async fn a_budget_key_expires_at_its_keep_until_instant() {
+    let server = RedisServer::start();
+    let redis = store(&server);
+    let mut direct = connection(&server);
+    let t0 = 1_800_000_000_000;
+    let keep = t0 + 3_600_000;
+    let budget = BucketSpec::never_refilled("rk:{l:n}:budget:day:2027-01-15", 100, keep);
+    let spend = |cost| BatchOp::Acquire {
+        draws: vec![draw(&budget, cost)],
+        max_wait_ms: 0,
+    };
+    let pttl = |direct: &mut redis::Connection, key: &str| -> i64 {
+        redis::cmd("PTTL").arg(key).query(direct).unwrap()
+    };
+    // PTTL within the real time since `sent` of what the script gave.
+    let given = |pttl: i64, expiry: i64, sent: std::time::Instant| {
+        let since = sent.elapsed().as_millis() as i64;
+        assert!(
+            (expiry - since - 1..=expiry).contains(&pttl),
+            "pttl {pttl}, given {expiry}, {since} ms ago"
+        );
+    };
+    let written = std::time::Instant::now();
+    let granted = redis.batch_at(vec![spend(30)], t0).await;
+    assert!(matches!(granted[..], [Ok(Some(Decision::Granted { .. }))]));
+    given(pttl(&mut direct, &budget.key), keep - t0, written);
+    // An hour later nothing came back: no wait helps, and a denial writes
+    // nothing (the expiry is the first call's).
+    let results = redis.batch_at(vec![spend(71)], keep - 1).await;
+    assert!(
+        matches!(
+            results[..],
+            [Ok(Some(Decision::Denied {
+                retry_after_ms: NEVER_MS,
+                bucket: 0
+            }))]
+        ),
+        "{results:?}"
+    );
+    assert_eq!(level_at(&redis, &budget, keep).await, 70);
+    given(pttl(&mut direct, &budget.key), keep - t0, written);
+    // Written at or past its instant: a short expiry, never 0 or less.
+    for now in [keep, keep + 3_600_000] {
+        let sent = std::time::Instant::now();
+        redis.batch_at(vec![spend(1)], now).await;
+        given(pttl(&mut direct, &budget.key), KEPT_PAST_MS, sent);
+    }
+    // Refunded to full: deleted, as any full bucket.
+    let refund = BatchOp::Settle(vec![Adjustment {
+        bucket: budget.clone(),
+        tokens: 40,
+    }]);
+    redis.batch_at(vec![refund], keep + 3_600_000).await;
+    assert_eq!(pttl(&mut direct, &budget.key), -2, "no key");
+
+    // A cancelled call gives its draw back and the key keeps its instant.
+    let batch = redis::Script::new(BATCH_LUA);
+    let cancel = redis::Script::new(CANCEL_LUA);
+    let key = "t:{n}:budget";
+    let call = |direct: &mut redis::Connection, record: &str, cost: &str, keep: i64| {
+        let mut invocation = batch.prepare_invoke();
+        invocation.key(record).key(key);
+        invocation
+            .arg(t0.to_string())
+            .arg("10000")
+            .arg("1")
+            .arg("sidecar-1");
+        // Capacity, rate 0, largest cost, keep-until; then the acquire.
+        invocation
+            .arg("100")
+            .arg("0")
+            .arg("100")
+            .arg(keep.to_string());
+        invocation.arg(&["a", "0", "1", "2", cost, "0"]);
+        invocation.invoke::<Vec<Vec<i64>>>(direct).unwrap()
+    };
+    assert_eq!(call(&mut direct, "t:{n}:call:1", "20", keep)[1][0], 1);
+    assert_eq!(call(&mut direct, "t:{n}:call:2", "30", keep)[1][0], 1);
+    let sent = std::time::Instant::now();
+    let mut undo = cancel.prepare_invoke();
+    undo.key("t:{n}:call:2").key(key);
+    undo.arg((t0 + 1_000).to_string()).arg("60000");
+    undo.arg("100").arg("0").arg(keep.to_string());
+    assert_eq!(undo.invoke::<i64>(&mut direct).unwrap(), 1, "undone");
+    let level: String = redis::cmd("HGET")
+        .arg(key)
+        .arg("l")
+        .query(&mut direct)
+        .unwrap();
+    assert_eq!(level, "80");
+    given(pttl(&mut direct, key), keep - t0 - 1_000, sent);
+    // Without an instant (0) the key is kept: a budget always has one.
+    call(&mut direct, "t:{n}:call:3", "5", 0);
+    assert_eq!(pttl(&mut direct, key), -1);
 }
