@@ -19,7 +19,9 @@
 -- ARGV[4]    the sidecar's id (random, one per daemon process): whose shapes
 --            are whose, below
 -- ARGV[5..]  for each bucket of KEYS[2..] in turn: its capacity, refill
---            rate and largest cost (sent once a call, not with every draw);
+--            rate, largest cost and keep-until instant (Unix ms after which
+--            a bucket of rate 0, which never refills, may be forgotten; 0:
+--            none; see write_bucket), sent once a call, not with every draw;
 --            then each operation, every amount in the bucket's units and
 --            every rate in units per ms:
 --   "a", max wait ms, n, and n times: key index (into KEYS), cost, floor
@@ -34,14 +36,19 @@
 --        bucket's n right after it drew, less what may have reached the
 --        provider after it; -1: unknown), and what the answered call holds
 --        in the bucket if the provider refused it (a 429; else 0): see below
---   "c", n, and n times: key index, capacity, refill rate, largest cost:
---        the bucket's shape from the next operation on (a config reload
---        between two of the call's operations); no reply
+--   "c", n, and n times: key index, capacity, refill rate, largest cost,
+--        keep-until: the bucket's shape from the next operation on (a
+--        config reload between two of the call's operations); no reply
 --
 -- A draw whose cost with its floor is above the bucket's capacity, but not
 -- above its largest cost, waits until the bucket is full and then takes it
 -- below zero: a provider that enforces its minute per second still passes
 -- a request larger than a second's worth once its bucket is full.
+--
+-- A bucket of rate 0 never refills (a spend budget per calendar period):
+-- a draw it cannot cover is denied whatever the wait allowed, with a
+-- retry_after of exactly NEVER (NEVER_MS in src/limiter/bucket.rs), and it
+-- is the draw named even when others would wait too (the first such).
 --
 -- Provider feedback across sidecars. A bucket counts in n the units its
 -- acquires ever drew. Once a lowering carries a count, the bucket also
@@ -80,7 +87,9 @@
 -- SHAPE_WINDOW ms (a config rollout under way, or a forgotten sidecar), the
 -- call draws with the smaller capacity, rate and largest cost of the two,
 -- and says so in its status. A sidecar's own earlier shape (before a
--- reload) is replaced, not a disagreement.
+-- reload) is replaced, not a disagreement. The keep-until instant is not
+-- part of a shape: it changes no level, and each sidecar's gives a budget's
+-- key a life past its period's end.
 --
 -- Reply, integers only: {{status}, one reply per operation...}
 --   status 1: ran now; 2: ran before, these are its replies; 0: cancelled
@@ -93,6 +102,8 @@
 --                                                  then each one's p
 --               {0, retry_after_ms, draw_index}    reserved nothing; the draw
 --                                                  (from 1) needing the longest wait
+--                                                  (retry_after_ms NEVER: a
+--                                                  bucket that never refills)
 --               {-1, draw_index}                   that draw can never fit
 --   settlement: {2, (change, units)...}           then, for each overrun not
 --                                                  wholly taken, its number
@@ -128,6 +139,10 @@ local sidecar = ARGV[4]
 -- which are written once at the end.
 local stored_level, stored_at, read = {}, {}, {}
 local level, updated, capacity, rate, largest, delta = {}, {}, {}, {}, {}, {}
+-- Each bucket's keep-until instant (0: none), as its latest shape gives it.
+local keep = {}
+-- The retry_after of a draw that no wait can cover (NEVER_MS in bucket.rs).
+local NEVER = 1000000000000000
 local drawn, history, lowered, lowered_now = {}, {}, {}, {}
 local HISTORY_SLOT, HISTORY_SLOTS, NOTE_LAG = 50, 200, 5
 -- own: the shape this sidecar draws each bucket with; other: another
@@ -135,8 +150,10 @@ local HISTORY_SLOT, HISTORY_SLOTS, NOTE_LAG = 50, 200, 5
 -- (capacity, rate, largest) is the smaller of the two in each figure.
 local own, other, my_slot = {}, {}, {}
 for index = 2, #KEYS do
-  own[index] = {tonumber(ARGV[3 * index - 1]), tonumber(ARGV[3 * index]), tonumber(ARGV[3 * index + 1])}
+  local base = 4 * index - 3
+  own[index] = {tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])}
   capacity[index], rate[index], largest[index] = own[index][1], own[index][2], own[index][3]
+  keep[index] = tonumber(ARGV[base + 3])
 end
 local SHAPE_WINDOW, SHAPE_REFRESH = 30000, 1000
 local function in_force(index)
@@ -335,14 +352,15 @@ local function margin_below(index, seen, counted, refused)
 end
 
 local replies = {{1}}
-local at = 3 * #KEYS + 2
+local at = 4 * #KEYS + 1
 for _ = 1, count do
   local kind = ARGV[at]
   local reply
   if kind == 'a' then
     local max_wait, n = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
     local first = at + 3
-    local longest, longest_draw = 0, 1
+    -- never_draw: the first draw that no wait can cover.
+    local longest, longest_draw, never_draw = 0, 1, nil
     for draw = 1, n do
       local base = first + 3 * (draw - 1)
       local index = tonumber(ARGV[base])
@@ -355,14 +373,20 @@ for _ = 1, count do
       local missing = math.min(cost + floor, capacity[index]) - level[index]
       local wait = 0
       if missing > 0 then
-        wait = ceil_div(missing, rate[index])
+        if rate[index] > 0 then
+          wait = ceil_div(missing, rate[index])
+        else
+          never_draw = never_draw or draw
+        end
       end
       if wait > longest then
         longest, longest_draw = wait, draw
       end
     end
     if reply == nil then
-      if longest > max_wait then
+      if never_draw then
+        reply = {0, NEVER, never_draw}
+      elseif longest > max_wait then
         reply = {0, longest - max_wait, longest_draw}
       else
         local slot = math.floor(now / HISTORY_SLOT)
@@ -390,15 +414,16 @@ for _ = 1, count do
   elseif kind == 'c' then
     local n = tonumber(ARGV[at + 1])
     for change = 1, n do
-      local base = at + 2 + 4 * (change - 1)
+      local base = at + 2 + 5 * (change - 1)
       local index = tonumber(ARGV[base])
       own[index] = {tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])}
+      keep[index] = tonumber(ARGV[base + 4])
       in_force(index)
       if my_slot[index] then
         my_slot[index][2] = true
       end
     end
-    at = at + 2 + 4 * n
+    at = at + 2 + 5 * n
   else
     local n = tonumber(ARGV[at + 1])
     local stride, clips = 2, {}
@@ -506,7 +531,7 @@ end
 local changes = {}
 for index, units in pairs(delta) do
   write_bucket(KEYS[index], level[index], updated[index], capacity[index], rate[index],
-    drawn[index], history[index])
+    keep[index], now, drawn[index], history[index])
   -- A full bucket was deleted: it carries no shape either.
   local slot = my_slot[index]
   if slot and slot[2] and level[index] < capacity[index] then

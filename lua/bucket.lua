@@ -8,6 +8,11 @@
 -- rate per minute, 60000 units a token and R units a ms); every number stays
 -- an integer below 2^53, exact in a double. src/limiter/bucket.rs is the
 -- same arithmetic in Rust.
+--
+-- A rate of 0 is a bucket that never refills (a spend budget for one
+-- calendar period, whose key names the period): only refunds raise it, and
+-- its key is kept until its keep-until instant (Unix ms, given per bucket),
+-- not until it would be full again, which it never is by itself.
 
 -- The script's clock in ms: Redis TIME (argument ""), or a test time.
 local function clock(arg)
@@ -74,11 +79,18 @@ end
 -- sidecar may still name a grant by it (sidecars remember grants for 10 s).
 local PLACED_KEEP = 15000
 
--- Stores a level. The key expires when the bucket would be full again, and
--- a full bucket is deleted: then it carries no information, unless feedback
--- places it (history given), which keeps it PLACED_KEEP ms longer.
+-- How long a never-refilling bucket's key is kept, ms, when it is written
+-- after its keep-until instant has passed (an expiry must be positive):
+-- KEPT_PAST_MS in src/limiter/bucket.rs.
+local KEPT_PAST = 60000
+
+-- Stores a level at `now`. The key expires when the bucket would be full
+-- again, and a full bucket is deleted: then it carries no information,
+-- unless feedback places it (history given), which keeps it PLACED_KEEP ms
+-- longer. A bucket that never refills (rate 0) expires at `keep` (Unix ms;
+-- KEPT_PAST from now once that passed; 0: none, the key is kept).
 -- `drawn` and `history` (batch.lua's n and hs) are written when given.
-local function write_bucket(key, level, updated, capacity, rate, drawn, history)
+local function write_bucket(key, level, updated, capacity, rate, keep, now, drawn, history)
   if level >= capacity then
     if not history then
       redis.call('DEL', key)
@@ -93,7 +105,17 @@ local function write_bucket(key, level, updated, capacity, rate, drawn, history)
   if history then
     redis.call('HSET', key, 'hs', string.format('%d', history))
   end
-  local expiry = ceil_div(capacity - level, rate)
+  local expiry
+  if rate > 0 then
+    expiry = ceil_div(capacity - level, rate)
+  elseif keep > now then
+    expiry = keep - now
+  elseif keep > 0 then
+    expiry = KEPT_PAST
+  else
+    redis.call('PERSIST', key)
+    return
+  end
   if history then
     expiry = expiry + PLACED_KEEP
   end

@@ -11,8 +11,9 @@
 -- KEYS[2..]  the buckets of the call, in the call's order
 -- ARGV[1]    "" to read the clock with Redis TIME, or a time in ms (tests)
 -- ARGV[2]    how long the tombstone is kept, in ms
--- ARGV[1 + 2(i-1)] .. ARGV[2 + 2(i-1)]  for KEYS[i], i >= 2: capacity and
---            refill rate, in the bucket's units (per ms)
+-- ARGV[3(i-1)] .. ARGV[3(i-1) + 2]  for KEYS[i], i >= 2: capacity, refill
+--            rate, in the bucket's units (per ms), and keep-until instant
+--            (Unix ms; 0: none), as batch.lua takes them
 --
 -- Reply: 1 the call had run and is undone; 0 it had not run, and now never
 -- will; -1 it was cancelled already.
@@ -30,11 +31,12 @@ local now = clock(ARGV[1])
 local _, changes = cmsgpack.unpack(previous)
 for index, units in string.gmatch(changes, '(%d+):(%-?%d+)') do
   index = tonumber(index)
-  local base = 1 + 2 * (index - 1)
+  local base = 3 * (index - 1)
   local capacity = tonumber(ARGV[base])
   local rate = tonumber(ARGV[base + 1])
+  local keep = tonumber(ARGV[base + 2])
   local level, updated, drawn, history = read_bucket(KEYS[index], capacity, rate, now)
   write_bucket(KEYS[index], math.min(capacity, level - tonumber(units)), updated, capacity, rate,
-    drawn, history)
+    keep, now, drawn, history)
 end
 return 1

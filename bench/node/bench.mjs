@@ -76,8 +76,9 @@ function scriptArgs() {
   const prefix = `nodebench:{${LIMIT}}`;
   // In the bucket's units, as the sidecar sends them: 60000 a token for a rate
   // per minute, which refills PER_MINUTE units a millisecond; then the largest
-  // cost an acquire may take (the capacity).
-  const shape = [CAPACITY * 60_000, PER_MINUTE, CAPACITY * 60_000];
+  // cost an acquire may take (the capacity), and no keep-until (a bucket that
+  // refills expires when full).
+  const shape = [CAPACITY * 60_000, PER_MINUTE, CAPACITY * 60_000, 0];
   const draw = [TOKENS * 60_000, 0];
   const args = [
     "",

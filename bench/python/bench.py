@@ -99,8 +99,9 @@ def script_args() -> Callable[[], tuple[list[str], list]]:
     prefix = f"pybench:{{{LIMIT}}}"
     # In the bucket's units, as the sidecar sends them: 60000 a token for a
     # rate per minute, which refills PER_MINUTE units a millisecond; then
-    # the largest cost an acquire may take (the capacity).
-    shape = [CAPACITY * 60_000, PER_MINUTE, CAPACITY * 60_000]
+    # the largest cost an acquire may take (the capacity), and no keep-until
+    # (a bucket that refills expires when full).
+    shape = [CAPACITY * 60_000, PER_MINUTE, CAPACITY * 60_000, 0]
     draw = [TOKENS * 60_000, 0]
     args = ["", 10_000, 1, f"pybench-{os.getpid()}", *shape, *shape, "a", 0, 2, 2, *draw, 3, *draw]
     calls = itertools.count()

@@ -22,10 +22,10 @@ start_redis_and_sidecar "$BIN"
 SHA="$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat lua/bucket.lua lua/batch.lua)")"
 # One sidecar acquire of 1 token as its own call: the call's record (a fresh
 # id each time, as the sidecar sends), a sidecar id, and the same two buckets (capacity,
-# rate and largest cost of each, then the acquire), in the units the sidecar
+# rate, largest cost and keep-until (0: none) of each, then the acquire), in the units the sidecar
 # sends (60000 a token for a rate per minute).
 FLOOR_ARGS=(EVALSHA "$SHA" 3 "floor:{b}:call:__rand_int__" "floor:{b}:tokens" "floor:{b}:requests"
-    "" 10000 1 floor 600000000000000 1000000000 600000000000000 600000000000000 1000000000 600000000000000
+    "" 10000 1 floor 600000000000000 1000000000 600000000000000 0 600000000000000 1000000000 600000000000000 0
     a 0 2 2 60000 0 3 60000 0)
 
 echo "| clients | sidecar acquires/s | p50 µs | p99 µs | redis-benchmark EVALSHA/s | p50 µs | p99 µs | sidecar / floor |"

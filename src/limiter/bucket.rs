@@ -6,12 +6,31 @@
 //! 60 000 units a token and refills `R` units a millisecond. `lua/` does the
 //! same arithmetic on Redis, in the units this module hands it; property
 //! tests hold the two to the same answers.
+//!
+//! A bucket may also never refill ([`Refill::never`]): a spend budget per
+//! calendar period, whose key names the period, so that a new period is a
+//! new key that starts full. Such a bucket counts one unit a token, a draw
+//! that does not fit is denied whatever the wait allowed ([`NEVER_MS`]), and
+//! its state is kept until [`BucketSpec::keep_until_ms`] instead of until it
+//! would be full again (it never is, short of refunds).
 
 use std::sync::Arc;
 
 /// Units per token of a bucket refilled per minute: 60 000 makes a rate of
 /// `R` per minute exactly `R` units per millisecond.
 pub const UNITS_PER_TOKEN: i64 = 60_000;
+
+/// The wait, in ms, of a draw that a bucket which never refills cannot
+/// cover: the `retry_after_ms` of its denial ([`Plan::Deny`]). About 31 700
+/// years, below 2^52 so that the Lua scripts (`NEVER` in `lua/batch.lua`)
+/// hold it exactly; recognisable in logs as 10^15.
+pub const NEVER_MS: u64 = 1_000_000_000_000_000;
+
+/// How long, in ms, a store keeps a bucket that never refills when its
+/// [`BucketSpec::keep_until_ms`] has already passed at a write
+/// (`KEPT_PAST_MS` in `lua/bucket.lua`): an expiry must be positive, and a
+/// key past its keep is one nobody should still be drawing from.
+pub const KEPT_PAST_MS: i64 = 60_000;
 
 /// Largest level, in units, that a bucket may hold: the Lua scripts count in
 /// doubles, exact up to 2^53; half of it leaves room below zero.
@@ -70,6 +89,23 @@ pub struct Refill {
 }
 
 impl Refill {
+    /// A bucket that never refills (a spend budget per calendar period): one
+    /// unit a token and none back each millisecond, so that only refunds
+    /// raise its level. Its window means nothing ([`Self::amount`] is 0).
+    pub fn never() -> Refill {
+        Refill {
+            amount: 0,
+            window: Window::Day,
+            units_per_token: 1,
+            units_per_ms: 0,
+        }
+    }
+
+    /// Whether the bucket refills at all (false only for [`Self::never`]).
+    pub fn refills(&self) -> bool {
+        self.units_per_ms > 0
+    }
+
     /// `per_minute` tokens a minute.
     pub fn per_minute(per_minute: u64) -> Refill {
         Refill::new(per_minute, Window::Minute, 0)
@@ -121,8 +157,12 @@ impl Refill {
     }
 
     /// The same window with `amount` scaled by `share` (rounded down, at
-    /// least 1), for a bucket of `capacity` tokens.
+    /// least 1), for a bucket of `capacity` tokens; a bucket that never
+    /// refills still never does.
     pub fn scaled(&self, share: f64, capacity: u64) -> Refill {
+        if !self.refills() {
+            return *self;
+        }
         let amount = ((self.amount as f64 * share).floor() as u64).max(1);
         Refill::new(amount, self.window, capacity)
     }
@@ -151,6 +191,13 @@ pub struct BucketSpec {
     /// minute per second still passes a request larger than a second's
     /// worth once its bucket is full.
     pub largest: u64,
+    /// For a bucket that never refills: the wall-clock instant (Unix ms)
+    /// after which its state may be forgotten, when its period's label can
+    /// no longer be in use. Such a bucket is never full again by itself, so
+    /// time-to-full cannot bound its key's life. `None` for a refilling
+    /// bucket (it is forgotten when full), and a never-refilling bucket
+    /// without it is kept until a refund fills it: every budget sets it.
+    pub keep_until_ms: Option<i64>,
 }
 
 /// One bucket's level at a moment.
@@ -179,6 +226,14 @@ pub enum Plan {
     Grant { wait_ms: u64 },
     /// Reserve nothing; bucket `bucket` (an index into the draws) needs the
     /// longest wait, and no retry can succeed before `retry_after_ms`.
+    ///
+    /// A draw that a bucket which never refills cannot cover is denied
+    /// whatever the wait allowed, and that bucket is the one named (the
+    /// first such, if several), with `retry_after_ms` exactly [`NEVER_MS`]:
+    /// waiting brings it nothing, only its next period (a new key) or a
+    /// refund does. Callers recognise it by the named bucket's
+    /// `refill.refills()` being false and replace the sentinel with the
+    /// time to the period's end.
     Deny { retry_after_ms: u64, bucket: usize },
     /// Bucket `bucket` can never hold `cost` above its floor.
     Impossible { bucket: usize },
@@ -211,7 +266,28 @@ impl BucketSpec {
             capacity,
             refill,
             largest: capacity,
+            keep_until_ms: None,
         }
+    }
+
+    /// A bucket of `capacity` that never refills (a spend budget for one
+    /// calendar period, named in its key), kept until `keep_until_ms`
+    /// (wall-clock Unix ms: the period's end and a margin for clock skew).
+    pub fn never_refilled(
+        key: impl Into<Arc<str>>,
+        capacity: u64,
+        keep_until_ms: i64,
+    ) -> BucketSpec {
+        BucketSpec {
+            keep_until_ms: Some(keep_until_ms),
+            ..BucketSpec::new(key, capacity, Refill::never())
+        }
+    }
+
+    /// [`Self::keep_until_ms`] as the scripts take it: 0 for none; an instant
+    /// at or before the epoch is one long past (1).
+    pub fn keep_until_arg(&self) -> i64 {
+        self.keep_until_ms.map_or(0, |keep| keep.max(1))
     }
 
     /// The same bucket granting single costs up to `largest` (never below
@@ -301,9 +377,32 @@ impl BucketState {
     }
 
     /// Milliseconds until the bucket is full again: when its key may expire.
+    /// `i64::MAX` for a bucket that never refills and is not full.
     pub fn ms_until_full(self, spec: &BucketSpec) -> i64 {
         let missing = spec.capacity_units() - self.level;
-        ceil_div(missing.max(0), spec.units_per_ms())
+        if missing <= 0 {
+            return 0;
+        }
+        match spec.units_per_ms() {
+            0 => i64::MAX,
+            rate => ceil_div(missing, rate),
+        }
+    }
+
+    /// When the state, written at `now_ms`, may be forgotten (a Redis key's
+    /// expiry, as `write_bucket` in `lua/bucket.lua` sets it): when the
+    /// bucket is full again; for one that never refills and is not full,
+    /// its keep-until instant, or [`KEPT_PAST_MS`] from now once that has
+    /// passed, or never without one.
+    pub fn forgettable_at_ms(self, spec: &BucketSpec, now_ms: i64) -> i64 {
+        if spec.refill.refills() || self.level >= spec.capacity_units() {
+            return self.updated_ms.saturating_add(self.ms_until_full(spec));
+        }
+        match spec.keep_until_arg() {
+            0 => i64::MAX,
+            keep if keep > now_ms => keep,
+            _ => now_ms.saturating_add(KEPT_PAST_MS),
+        }
     }
 
     /// Whole tokens available (rounded down, so negative levels round away from zero).
@@ -383,27 +482,45 @@ impl OverrunDebt {
     }
 }
 
-/// Milliseconds until `state` (already refilled) can cover `draw`.
-fn wait_for(draw: &Draw, state: BucketState) -> u64 {
+/// Milliseconds until `state` (already refilled) can cover `draw`; `None`
+/// when it never can (a bucket that never refills, short of the draw).
+fn wait_for(draw: &Draw, state: BucketState) -> Option<u64> {
     let missing = draw.needed_units() - state.level;
-    ceil_div(missing.max(0), draw.bucket.units_per_ms()) as u64
+    if missing <= 0 {
+        return Some(0);
+    }
+    let rate = draw.bucket.units_per_ms();
+    (rate > 0).then(|| ceil_div(missing, rate) as u64)
 }
 
 /// Decides one acquire over refilled `states` (one per draw, same order).
 ///
 /// Grants when every bucket can cover its cost within `max_wait_ms`, with the
 /// longest of the waits; otherwise denies with the earliest time a retry can
-/// succeed. Applying a grant is [`commit`]; a denial changes nothing.
+/// succeed, or with [`NEVER_MS`] when a bucket that never refills cannot
+/// cover its draw. Applying a grant is [`commit`]; a denial changes nothing.
 pub fn plan(draws: &[Draw], states: &[BucketState], max_wait_ms: u64) -> Plan {
     let mut longest = (0, 0);
+    // The first draw that no wait can cover; a later impossible cost still
+    // comes first, as it would have without it.
+    let mut never = None;
     for (index, (draw, state)) in draws.iter().zip(states).enumerate() {
         if !draw.fits_capacity() {
             return Plan::Impossible { bucket: index };
         }
-        let wait = wait_for(draw, *state);
-        if wait > longest.0 {
-            longest = (wait, index);
+        match wait_for(draw, *state) {
+            Some(wait) if wait > longest.0 => longest = (wait, index),
+            Some(_) => {}
+            None => {
+                never.get_or_insert(index);
+            }
         }
+    }
+    if let Some(bucket) = never {
+        return Plan::Deny {
+            retry_after_ms: NEVER_MS,
+            bucket,
+        };
     }
     let (wait_ms, bucket) = longest;
     if wait_ms <= max_wait_ms {

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
@@ -15,29 +15,55 @@ use super::{
     Origin, Store, StoreError, decision_from_plan,
 };
 
-/// Milliseconds on some monotonic clock.
+/// Milliseconds on some monotonic clock. A bucket's keep-until instant
+/// ([`BucketSpec::keep_until_ms`]) is read on it as Unix time, so a clock
+/// for production reads as Unix ms (tests drive their own).
 pub trait Clock: Send + Sync + 'static {
     fn now_ms(&self) -> i64;
 }
 
-/// Milliseconds since the store was created.
+/// Unix time in ms when the store was created, then monotonic from there:
+/// a step of the wall clock moves no bucket, and keep-until instants (wall
+/// clock) still fall when they should, give or take the steps since.
 #[derive(Debug)]
-pub struct MonotonicClock(Instant);
+pub struct MonotonicClock {
+    started: Instant,
+    started_unix_ms: i64,
+}
+
+impl MonotonicClock {
+    pub fn new() -> Self {
+        let unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as i64);
+        MonotonicClock {
+            started: Instant::now(),
+            started_unix_ms: unix_ms,
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl Clock for MonotonicClock {
     fn now_ms(&self) -> i64 {
-        self.0.elapsed().as_millis() as i64
+        self.started_unix_ms + self.started.elapsed().as_millis() as i64
     }
 }
 
 /// Fewest entries before the store looks for full buckets to forget.
 const SWEEP_MIN_ENTRIES: usize = 1024;
 
-/// A remembered bucket and the time it will be full again (its "expiry").
+/// A remembered bucket and the time it may be forgotten (its "expiry"):
+/// when it will be full again, or a never-refilling bucket's keep-until.
 #[derive(Clone, Copy)]
 struct Entry {
     state: BucketState,
-    full_at_ms: i64,
+    forgettable_at_ms: i64,
     /// What drains the provider unseen, learnt from provider corrections.
     drain: Drain,
     /// What overruns took that refill has not yet paid back.
@@ -66,7 +92,7 @@ struct Buckets {
 
 impl EmbeddedStore {
     pub fn new() -> Self {
-        Self::with_clock(Arc::new(MonotonicClock(Instant::now())))
+        Self::with_clock(Arc::new(MonotonicClock::new()))
     }
 
     /// A store driven by `clock`; tests step a manual clock.
@@ -111,20 +137,32 @@ impl Default for EmbeddedStore {
 }
 
 impl Buckets {
-    fn current(&self, spec: &BucketSpec, now_ms: i64) -> BucketState {
+    /// The bucket at `now_ms`. A never-refilling bucket past its keep is
+    /// forgotten first, debt and all, as Redis expires its key (a
+    /// refilling one past its expiry is full anyway).
+    fn current(&mut self, spec: &BucketSpec, now_ms: i64) -> BucketState {
+        if !spec.refill.refills()
+            && self
+                .states
+                .get(&spec.key)
+                .is_some_and(|entry| entry.forgettable_at_ms < now_ms)
+        {
+            self.states.remove(&spec.key);
+        }
         match self.states.get(&spec.key) {
             Some(entry) => entry.state.refilled(spec, now_ms),
             None => BucketState::full(spec, now_ms),
         }
     }
 
-    fn store(&mut self, spec: &BucketSpec, state: BucketState) {
-        let full_at_ms = state.updated_ms.saturating_add(state.ms_until_full(spec));
+    /// Writes `state` at `now_ms`.
+    fn store(&mut self, spec: &BucketSpec, state: BucketState, now_ms: i64) {
+        let forgettable_at_ms = state.forgettable_at_ms(spec, now_ms);
         self.states
             .entry(spec.key.clone())
             .and_modify(|entry| {
                 entry.state = state;
-                entry.full_at_ms = full_at_ms;
+                entry.forgettable_at_ms = forgettable_at_ms;
                 // A full bucket owes nothing (Redis deletes it, debt and all).
                 if state.level >= spec.capacity_units() {
                     entry.overrun = OverrunDebt::default();
@@ -132,7 +170,7 @@ impl Buckets {
             })
             .or_insert(Entry {
                 state,
-                full_at_ms,
+                forgettable_at_ms,
                 drain: Drain::default(),
                 overrun: OverrunDebt::default(),
                 lowered: 0,
@@ -144,14 +182,17 @@ impl Buckets {
         self.states.get(&spec.key).map_or(0, |entry| entry.lowered)
     }
 
-    /// Forgets buckets that are full by `now_ms` once the map has doubled:
-    /// an absent bucket is full, so this loses nothing and bounds memory
-    /// under any tenant churn.
+    /// Forgets buckets that are full by `now_ms`, and never-refilling ones
+    /// past their keep, once the map has doubled: an absent bucket is full,
+    /// so this loses nothing and bounds memory under any tenant churn and
+    /// one budget key per period.
     fn sweep_if_large(&mut self, now_ms: i64) {
         if self.states.len() < self.sweep_at {
             return;
         }
-        self.states.retain(|_, entry| entry.full_at_ms > now_ms);
+        // Kept through its last ms, as Redis keeps a key until past it.
+        self.states
+            .retain(|_, entry| entry.forgettable_at_ms >= now_ms);
         self.sweep_at = (self.states.len() * 2).max(SWEEP_MIN_ENTRIES);
     }
 }
@@ -167,7 +208,7 @@ impl EmbeddedStore {
         let plan = bucket::plan(draws, &states, max_wait_ms);
         if let bucket::Plan::Grant { .. } = plan {
             for (draw, state) in draws.iter().zip(bucket::commit(draws, &states)) {
-                buckets.store(&draw.bucket, state);
+                buckets.store(&draw.bucket, state, now);
             }
             buckets.sweep_if_large(now);
         }
@@ -210,7 +251,7 @@ impl EmbeddedStore {
             let spec = &adjustment.bucket;
             let state = buckets.current(spec, now);
             if adjustment.tokens >= 0 {
-                buckets.store(spec, state.adjusted(spec, adjustment.tokens));
+                buckets.store(spec, state.adjusted(spec, adjustment.tokens), now);
                 continue;
             }
             // An overrun: taken within the bucket's overrun debt.
@@ -220,7 +261,7 @@ impl EmbeddedStore {
                 .map_or_else(OverrunDebt::default, |entry| entry.overrun);
             let (state, debt, clipped) =
                 state.overrun(spec, debt, adjustment.tokens.unsigned_abs(), now);
-            buckets.store(spec, state);
+            buckets.store(spec, state, now);
             if let Some(entry) = buckets.states.get_mut(&spec.key) {
                 entry.overrun = debt;
             }
@@ -240,13 +281,13 @@ impl EmbeddedStore {
                 // A pause, or a count without a provider's view to learn from.
                 let lowered = current.lowered_to(spec, lowering.level);
                 if lowered != current {
-                    buckets.store(spec, lowered);
+                    buckets.store(spec, lowered, now);
                 }
                 continue;
             }
             // A count: a margin below it for what drains the provider unseen
             // (lua/batch.lua does the same for the Redis store).
-            buckets.store(spec, current);
+            buckets.store(spec, current, now);
             let seen = spec.signed_units(lowering.level);
             let counted_ms_ago = lowering
                 .fleet
@@ -271,14 +312,14 @@ impl EmbeddedStore {
                     entry.lowered = entry.lowered.saturating_add(postponed);
                     self.lowered.note(&spec.key, entry.lowered);
                 }
-                buckets.store(spec, BucketState { level, ..current });
+                buckets.store(spec, BucketState { level, ..current }, now);
             }
         }
     }
 
     fn levels_now(&self, specs: &[BucketSpec]) -> Vec<i64> {
         let now = self.clock.now_ms();
-        let buckets = self.lock();
+        let mut buckets = self.lock();
         specs
             .iter()
             .map(|spec| buckets.current(spec, now).tokens(spec))
@@ -468,6 +509,72 @@ mod tests {
         clock.0.store(11, Ordering::SeqCst);
         store.acquire(&[draw("fresh", 1000, 10)], 0).await.unwrap();
         assert_eq!(store.bucket_count(), 1);
+    }
+
+    /// One budget key per period must not stay for ever: a never-refilling
+    /// bucket is forgotten after its keep-until instant, by the sweep and
+    /// on its next use (full again, as an expired Redis key), and a full
+    /// one any time.
+    #[tokio::test]
+    async fn never_refilling_buckets_are_forgotten_after_their_keep() {
+        let clock = Arc::new(ManualClock::default());
+        let store = EmbeddedStore::with_clock(clock.clone());
+        let keep = 1_000_000;
+        let budget = |key: &str| BucketSpec::never_refilled(key, 100, keep);
+        let spend = |key: &str, cost| Draw {
+            bucket: budget(key),
+            cost,
+            floor: 0,
+        };
+        // Short of a sweep until after the keep.
+        for day in 1..SWEEP_MIN_ENTRIES - 2 {
+            let key = format!("budget:{day}");
+            store.acquire(&[spend(&key, 10)], 0).await.unwrap();
+        }
+        store.acquire(&[spend("kept", 60)], 0).await.unwrap();
+        // Just before the keep, nothing has refilled or gone.
+        clock.0.store(keep, Ordering::SeqCst);
+        store.acquire(&[draw("fresh", 1000, 10)], 0).await.unwrap();
+        assert_eq!(store.bucket_count(), SWEEP_MIN_ENTRIES - 1);
+        let kept = budget("kept");
+        let levels = store.levels(std::slice::from_ref(&kept)).await.unwrap();
+        assert_eq!(levels, [40], "no refill in all that time");
+        assert!(matches!(
+            store.acquire(&[spend("kept", 41)], u64::MAX).await.unwrap(),
+            Decision::Denied {
+                retry_after_ms: bucket::NEVER_MS,
+                bucket: 0
+            }
+        ));
+        // After it: forgotten by the sweep, and full on the next use.
+        clock.0.store(keep + 1, Ordering::SeqCst);
+        let levels = store.levels(std::slice::from_ref(&kept)).await.unwrap();
+        assert_eq!(levels, [100]);
+        assert_eq!(store.bucket_count(), SWEEP_MIN_ENTRIES - 2);
+        store.acquire(&[draw("fresh2", 1000, 10)], 0).await.unwrap();
+        store.acquire(&[draw("fresh3", 1000, 10)], 0).await.unwrap();
+        assert_eq!(store.bucket_count(), 3, "only the refilling ones");
+        // A budget refunded to full is forgotten like any full bucket.
+        store.acquire(&[spend("refunded", 10)], 0).await.unwrap();
+        let refund = Adjustment {
+            bucket: budget("refunded"),
+            tokens: 10,
+        };
+        store.adjust(&[refund], Origin::Store).await.unwrap();
+        clock.0.store(keep + 2, Ordering::SeqCst);
+        let levels = store.levels(&[budget("refunded")]).await.unwrap();
+        assert_eq!(levels, [100]);
+    }
+
+    #[test]
+    fn the_production_clock_reads_as_unix_time() {
+        let unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let clock = MonotonicClock::new();
+        // Monotonic from then on; no more than the test's own runtime apart.
+        assert!((clock.now_ms() - unix_ms).abs() < 60_000);
     }
 
     #[tokio::test]

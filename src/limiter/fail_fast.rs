@@ -9,6 +9,11 @@
 //! sidecar clear the note at once; refunds from other sidecars can make a
 //! local denial stale by at most the `retry_after` it carries, after which the
 //! client's retry reaches Redis. Nothing is ever granted locally.
+//!
+//! A bucket that never refills (a spend budget) denies with [`NEVER_MS`]:
+//! its note lasts [`NEVER_NOTE_MS`] only, since a refund from another
+//! sidecar is the one thing that makes room, and its local denial repeats
+//! the sentinel exactly, whatever the wait allowed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,11 +22,15 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::bucket::Draw;
+use super::bucket::{Draw, NEVER_MS};
 use super::{Answer, Decision, Lifecycle, Op, Store, StoreError};
 
 /// Notes kept before expired ones are pruned.
 const PRUNE_AT: usize = 1024;
+
+/// How long a denial by a bucket that never refills is repeated locally:
+/// the staleness a refund through another sidecar may see.
+pub const NEVER_NOTE_MS: u64 = 1_000;
 
 /// A store that remembers recent denials and repeats them locally.
 pub struct FailFastStore {
@@ -35,8 +44,11 @@ pub struct FailFastStore {
 struct Blocked {
     cost: u64,
     floor: u64,
-    /// When a reservation of `cost` above `floor` stops needing any wait.
+    /// When a reservation of `cost` above `floor` stops needing any wait
+    /// (for a bucket that never refills: when the note is dropped).
     clear_at: Instant,
+    /// The bucket never refills: no wait helps ([`NEVER_MS`]).
+    never: bool,
 }
 
 impl FailFastStore {
@@ -57,16 +69,19 @@ impl FailFastStore {
     /// whose bucket needs the longest, and how long past `max_wait_ms`.
     fn known_denial(&self, draws: &[Draw], max_wait_ms: u64, now: Instant) -> Option<Decision> {
         let blocked = self.lock();
-        draws
-            .iter()
-            .enumerate()
-            .filter_map(|(index, draw)| {
-                let note = blocked.get(&draw.bucket.key)?;
-                let covered = draw.cost >= note.cost && draw.floor >= note.floor;
-                let needed = note.clear_at.checked_duration_since(now)?.as_millis() as u64;
-                (covered && needed > max_wait_ms).then(|| (needed - max_wait_ms, index))
-            })
-            .max_by_key(|(retry_after_ms, _)| *retry_after_ms)
+        let known = draws.iter().enumerate().filter_map(|(index, draw)| {
+            let note = blocked.get(&draw.bucket.key)?;
+            let covered = draw.cost >= note.cost && draw.floor >= note.floor;
+            let needed = note.clear_at.checked_duration_since(now)?.as_millis() as u64;
+            if note.never {
+                // As `bucket::plan`: named first, whatever the wait.
+                return covered.then_some((NEVER_MS, index));
+            }
+            (covered && needed > max_wait_ms).then(|| (needed - max_wait_ms, index))
+        });
+        // The longest wait; among equals (two budgets) the first, as `plan`.
+        known
+            .reduce(|longest, next| if next.0 > longest.0 { next } else { longest })
             .map(|(retry_after_ms, bucket)| Decision::Denied {
                 retry_after_ms,
                 bucket,
@@ -121,9 +136,14 @@ impl FailFastStore {
                 bucket,
             } => {
                 let draw = &draws[bucket];
+                let never = !draw.bucket.refill.refills();
                 // Measured from when we asked: the store's answer is at least
                 // that fresh, so the note never outlives the real shortage.
-                let needed = Duration::from_millis(retry_after_ms.saturating_add(max_wait_ms));
+                let needed = Duration::from_millis(if never {
+                    NEVER_NOTE_MS
+                } else {
+                    retry_after_ms.saturating_add(max_wait_ms)
+                });
                 let mut blocked = self.lock();
                 if blocked.len() >= PRUNE_AT {
                     blocked.retain(|_, note| note.clear_at > asked);
@@ -134,6 +154,7 @@ impl FailFastStore {
                         cost: draw.cost,
                         floor: draw.floor,
                         clear_at: asked + needed,
+                        never,
                     },
                 );
             }
@@ -268,5 +289,45 @@ mod tests {
             Decision::Granted { .. }
         ));
         assert_eq!(store.local_denials(), 0);
+    }
+
+    /// A budget's denial is repeated with the sentinel whatever the wait,
+    /// naming the budget, and only for a short while (other sidecars'
+    /// refunds may make room); a refund through this sidecar clears it.
+    #[tokio::test]
+    async fn a_budget_denial_is_repeated_with_the_sentinel_for_a_short_while() {
+        let clock = Arc::new(FrozenClock(AtomicI64::new(0)));
+        let store = FailFastStore::new(Arc::new(EmbeddedStore::with_clock(clock)));
+        let budget = BucketSpec::never_refilled("budget", 100, 1_000_000);
+        let spend = |cost| Draw {
+            bucket: budget.clone(),
+            cost,
+            floor: 0,
+        };
+        let both = |cost| [draw(900, 0), spend(cost)];
+        store.acquire(&both(90), 0).await.unwrap();
+        let denied = Decision::Denied {
+            retry_after_ms: NEVER_MS,
+            bucket: 1,
+        };
+        let asked = Instant::now();
+        assert_eq!(store.acquire(&both(20), 0).await.unwrap(), denied);
+        // The tokens would wait too; the budget is named, whatever the wait.
+        assert_eq!(store.acquire(&both(20), u64::MAX).await.unwrap(), denied);
+        if asked.elapsed() < Duration::from_millis(NEVER_NOTE_MS) {
+            assert_eq!(store.local_denials(), 1, "repeated locally");
+        }
+        let note = store.lock()["budget"];
+        assert!(note.never);
+        assert!(note.clear_at <= Instant::now() + Duration::from_millis(NEVER_NOTE_MS));
+        let refund = Adjustment {
+            bucket: budget.clone(),
+            tokens: 50,
+        };
+        store.adjust(&[refund], Origin::Store).await.unwrap();
+        assert!(matches!(
+            store.acquire(&[spend(20)], 0).await.unwrap(),
+            Decision::Granted { .. }
+        ));
     }
 }

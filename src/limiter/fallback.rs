@@ -190,11 +190,15 @@ impl FallbackStore {
     fn local_draw(&self, draw: &Draw) -> Draw {
         let scaled = |value: u64| ((value as f64 * self.local_share).floor() as u64).max(1);
         let capacity = scaled(draw.bucket.capacity);
-        let local = BucketSpec::new(
-            draw.bucket.key.clone(),
-            capacity,
-            draw.bucket.refill.scaled(self.local_share, capacity),
-        );
+        let local = BucketSpec {
+            // A budget's share is kept as long as the budget.
+            keep_until_ms: draw.bucket.keep_until_ms,
+            ..BucketSpec::new(
+                draw.bucket.key.clone(),
+                capacity,
+                draw.bucket.refill.scaled(self.local_share, capacity),
+            )
+        };
         // A bucket that grants a cost above its capacity once full (a
         // second's enforcement) does so with this sidecar's share too.
         let local = if draw.bucket.largest > draw.bucket.capacity {

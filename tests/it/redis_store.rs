@@ -7,7 +7,7 @@ use crate::support;
 use proptest::prelude::*;
 use ratekeeper::app::redis_settings;
 use ratekeeper::config::RedisConfig;
-use ratekeeper::limiter::bucket::{BucketSpec, Draw, Refill, Window};
+use ratekeeper::limiter::bucket::{BucketSpec, Draw, KEPT_PAST_MS, NEVER_MS, Refill, Window};
 use ratekeeper::limiter::embedded::Clock;
 use ratekeeper::limiter::overrun;
 use ratekeeper::limiter::redis::{BATCH_LUA, BatchOp, CANCEL_LUA};
@@ -18,6 +18,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use support::draw;
 use support::redis::RedisServer;
+
+/// A plain connection, for what the store does not show; every call on it
+/// has a deadline, as the store's have.
+fn connection(server: &RedisServer) -> redis::Connection {
+    let deadline = std::time::Duration::from_secs(10);
+    let client = redis::Client::open(server.url()).unwrap();
+    let connection = client.get_connection_with_timeout(deadline).unwrap();
+    connection.set_read_timeout(Some(deadline)).unwrap();
+    connection.set_write_timeout(Some(deadline)).unwrap();
+    connection
+}
 
 fn store(server: &RedisServer) -> RedisStore {
     RedisStore::new(&redis_settings(&RedisConfig::with_url(server.url()))).expect("valid config")
@@ -203,8 +214,13 @@ enum Step {
 }
 
 /// The buckets of each sequence: per minute (fast, slow and odd), per
-/// second, and per day (units of their own, see `Refill`).
-const BUCKETS: usize = 5;
+/// second, per day (units of their own, see `Refill`), and two budgets that
+/// never refill.
+const BUCKETS: usize = 7;
+
+/// The buckets of `BUCKETS` that never refill, drawn from less often (each
+/// would deny most acquires once spent).
+const NEVER_BUCKETS: usize = 2;
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -214,15 +230,22 @@ fn op() -> impl Strategy<Value = Op> {
             // under a second's enforcement) waits for a full bucket.
             prop::collection::vec(
                 prop_oneof![12 => 0u64..=60, 1 => Just(101u64), 1 => 150u64..=320],
-                BUCKETS,
+                BUCKETS - NEVER_BUCKETS,
+            ),
+            prop::collection::vec(
+                prop_oneof![12 => Just(0u64), 6 => 1u64..=40, 1 => Just(101u64)],
+                NEVER_BUCKETS,
             ),
             prop::collection::vec(prop_oneof![3 => Just(0u64), 1 => 0u64..30], BUCKETS),
             prop_oneof![Just(0u64), 0u64..60_000],
         )
-            .prop_map(|(cost_percent, floor_percent, max_wait_ms)| Op::Acquire {
-                cost_percent,
-                floor_percent,
-                max_wait_ms
+            .prop_map(|(mut cost_percent, never_percent, floor_percent, max_wait_ms)| {
+                cost_percent.extend(never_percent);
+                Op::Acquire {
+                    cost_percent,
+                    floor_percent,
+                    max_wait_ms,
+                }
             }),
         1 => (0usize..BUCKETS, -500i64..500).prop_map(|(bucket, tokens)| Op::Adjust { bucket, tokens }),
         1 => (0usize..BUCKETS, -2_000i64..1_500).prop_map(|(bucket, level)| Op::Lower { bucket, level }),
@@ -236,6 +259,12 @@ fn step() -> impl Strategy<Value = Step> {
         2 => prop::collection::vec(op(), 1..6).prop_map(Step::Batch),
     ]
 }
+
+const DAY_MS: i64 = 86_400_000;
+
+/// The budgets' keep-until instant: well after any sequence's end, so the
+/// embedded store (on the test clock) and Redis (on real time) never part.
+const KEEP_UNTIL: i64 = 1_700_000_000_000 + 30 * DAY_MS;
 
 struct StepClock(AtomicI64);
 
@@ -257,6 +286,8 @@ fn lua_batches_and_rust_give_the_same_answers() {
         .build()
         .unwrap();
     let redis = store(&server);
+    // For what the store does not show: the keys' expiry.
+    let direct = std::sync::Mutex::new(connection(&server));
     let case = AtomicI64::new(0);
     let outcomes = std::sync::Mutex::new(std::collections::HashMap::<&str, usize>::new());
     // A fixed seed: the same 64 sequences every run, so the coverage check
@@ -277,6 +308,8 @@ fn lua_batches_and_rust_give_the_same_answers() {
             bucket(&format!("p{case}:{{x}}:tenant"), 1_200, 60_000).with_largest(2_400),
             BucketSpec::new(format!("p{case}:{{x}}:second"), 30, Refill::new(30, Window::Second, 30)),
             BucketSpec::new(format!("p{case}:{{x}}:day"), 5_000, Refill::new(5_000, Window::Day, 5_000)),
+            BucketSpec::never_refilled(format!("p{case}:{{x}}:budget"), 2_000, KEEP_UNTIL),
+            BucketSpec::never_refilled(format!("p{case}:{{x}}:credits"), 40, KEEP_UNTIL),
         ];
         // What a reload puts in place: the same keys, smaller capacities,
         // other rates.
@@ -286,7 +319,15 @@ fn lua_batches_and_rust_give_the_same_answers() {
             bucket(&format!("p{case}:{{x}}:tenant"), 900, 30_000),
             BucketSpec::new(format!("p{case}:{{x}}:second"), 20, Refill::new(20, Window::Second, 20)),
             BucketSpec::new(format!("p{case}:{{x}}:day"), 3_000, Refill::new(3_000, Window::Day, 3_000)),
+            // Another keep-until instant too: the key's expiry follows it.
+            BucketSpec::never_refilled(format!("p{case}:{{x}}:budget"), 1_500, KEEP_UNTIL + DAY_MS),
+            BucketSpec::never_refilled(format!("p{case}:{{x}}:credits"), 30, KEEP_UNTIL),
         ];
+        // When each batch's time was first sent (real time), to bound the
+        // expiry a budget's key was given then (see below).
+        let mut sent_at = std::collections::HashMap::<i64, std::time::Instant>::new();
+        // And the keep-until each budget went with, by key and batch time.
+        let mut written_keeps = std::collections::HashMap::<(Arc<str>, i64), Vec<i64>>::new();
         let clock = Arc::new(StepClock(AtomicI64::new(1_700_000_000_000)));
         let embedded = EmbeddedStore::with_clock(clock.clone());
         // Redis expires keys in real time, so the test clock never runs
@@ -326,6 +367,20 @@ fn lua_batches_and_rust_give_the_same_answers() {
                             let answer = embedded.acquire(&draws, *max_wait_ms).await;
                             let mut outcomes = outcomes.lock().unwrap();
                             *outcomes.entry(outcome_kind(&answer)).or_default() += 1;
+                            let budgets = draws.iter().filter(|draw| !draw.bucket.refill.refills()).count();
+                            match &answer {
+                                Ok(Decision::Denied { retry_after_ms: NEVER_MS, bucket }) => {
+                                    prop_assert!(!draws[*bucket].bucket.refill.refills());
+                                    *outcomes.entry("denied by a budget").or_default() += 1;
+                                    if draws.len() > budgets {
+                                        *outcomes.entry("denied by a budget beside refilling buckets").or_default() += 1;
+                                    }
+                                }
+                                Ok(Decision::Granted { .. }) if budgets > 0 && draws.len() > budgets => {
+                                    *outcomes.entry("granted with a budget").or_default() += 1;
+                                }
+                                _ => {}
+                            }
                             let oversized = draws.iter().any(|draw| draw.cost + draw.floor > draw.bucket.capacity);
                             if oversized && matches!(answer, Ok(Decision::Granted { .. })) {
                                 *outcomes.entry("granted above the capacity").or_default() += 1;
@@ -353,6 +408,25 @@ fn lua_batches_and_rust_give_the_same_answers() {
                 }
                 if !batch.is_empty() {
                     let rust_clipped = overrun::clipped_tokens() - clipped_before;
+                    sent_at.entry(now).or_insert_with(std::time::Instant::now);
+                    // The call writes each bucket once, at its end, with the
+                    // shape of the last operation that touched it.
+                    let mut last_keep = std::collections::HashMap::new();
+                    for op in &batch {
+                        let touched: Vec<&BucketSpec> = match op {
+                            BatchOp::Acquire { draws, .. } => draws.iter().map(|draw| &draw.bucket).collect(),
+                            BatchOp::Settle(adjustments) => adjustments.iter().map(|a| &a.bucket).collect(),
+                            BatchOp::Lower(lowerings) => lowerings.iter().map(|l| &l.bucket).collect(),
+                        };
+                        for bucket in touched {
+                            last_keep.insert(bucket.key.clone(), bucket.keep_until_ms);
+                        }
+                    }
+                    for (key, keep) in last_keep {
+                        if let Some(keep) = keep {
+                            written_keeps.entry((key, now)).or_default().push(keep);
+                        }
+                    }
                     // Marks differ by nature: Redis counts the fleet's draws.
                     let lua: Vec<String> = redis.batch_at(batch, now).await
                         .into_iter()
@@ -369,6 +443,33 @@ fn lua_batches_and_rust_give_the_same_answers() {
                 let lua = redis.levels_at(&buckets, Some(clock.now_ms())).await.unwrap();
                 let rust = embedded.levels(&buckets).await.unwrap();
                 prop_assert_eq!(lua, rust, "levels after {:?}", step);
+                // A budget's key expires at its keep-until, not when full
+                // (it never is again): given keep - now by the batch that
+                // last wrote it (its time is the bucket's t), less the real
+                // time since that batch was sent.
+                let mut direct = direct.lock().unwrap();
+                for budget in &buckets[BUCKETS - NEVER_BUCKETS..] {
+                    let written: Option<i64> =
+                        redis::cmd("HGET").arg(&*budget.key).arg("t").query(&mut *direct).unwrap();
+                    let pttl: i64 = redis::cmd("PTTL").arg(&*budget.key).query(&mut *direct).unwrap();
+                    let Some(written) = written else {
+                        prop_assert!(pttl < 0, "a budget without a level has no key: {}", pttl);
+                        continue;
+                    };
+                    let since = sent_at.get(&written).map(|sent| sent.elapsed().as_millis() as i64);
+                    let keeps = written_keeps.get(&(budget.key.clone(), written));
+                    prop_assert!(since.is_some() && keeps.is_some(), "written at {} by no batch", written);
+                    let since = since.unwrap();
+                    let fits = keeps.unwrap().iter().any(|keep| {
+                        let given = keep - written;
+                        (given - since - 1..=given).contains(&pttl)
+                    });
+                    prop_assert!(
+                        fits,
+                        "{} pttl {} for keeps {:?} written at {}, {} ms ago", budget.key, pttl, keeps, written, since
+                    );
+                    *outcomes.lock().unwrap().entry("budget key kept").or_default() += 1;
+                }
             }
             Ok(())
         })?;
@@ -383,6 +484,10 @@ fn lua_batches_and_rust_give_the_same_answers() {
         "impossible",
         "granted above the capacity",
         "overrun clipped",
+        "denied by a budget",
+        "denied by a budget beside refilling buckets",
+        "granted with a budget",
+        "budget key kept",
     ] {
         assert!(
             outcomes.get(kind).copied().unwrap_or(0) >= 5,
@@ -1022,9 +1127,9 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
         let mut invocation = batch.prepare_invoke();
         invocation.key(record).key(big).key(small);
         invocation.arg(clock).arg("10000").arg("3").arg("sidecar-1");
-        // Each bucket's capacity, rate and largest cost.
-        invocation.arg(&big_bucket).arg(big_bucket[0]);
-        invocation.arg("100").arg("10").arg("100");
+        // Each bucket's capacity, rate, largest cost and keep-until (none).
+        invocation.arg(&big_bucket).arg(big_bucket[0]).arg("0");
+        invocation.arg("100").arg("10").arg("100").arg("0");
         invocation.arg(&acquire("0", "2", "9000000000000000"));
         invocation.arg(&acquire("5", "2", "9000000000000000"));
         invocation.arg(&acquire("10", "3", "150"));
@@ -1057,8 +1162,10 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
             .arg("1000200")
             .arg("60000")
             .arg(&big_bucket)
+            .arg("0")
             .arg("100")
-            .arg("10");
+            .arg("10")
+            .arg("0");
         invocation.invoke::<i64>(redis).unwrap()
     };
     assert_eq!(undo(&mut redis), 1, "it had run: undone");
@@ -1075,7 +1182,12 @@ fn a_call_sent_again_replays_its_answers_and_a_cancel_undoes_it() {
         .arg("0")
         .arg("sidecar-1")
         .arg(&big_bucket);
-    late.arg(big_bucket[0]).arg("100").arg("10").arg("100");
+    late.arg(big_bucket[0])
+        .arg("0")
+        .arg("100")
+        .arg("10")
+        .arg("100")
+        .arg("0");
     assert_eq!(late.invoke::<Vec<Vec<i64>>>(&mut redis).unwrap(), [vec![0]]);
 }
 
@@ -1118,4 +1230,106 @@ async fn the_scripts_follow_a_clock_that_steps_far_back() {
     assert!(granted(redis.batch_at(vec![acquire(100)], back).await));
     assert_eq!(level_at(&redis, &tokens, back).await, 100);
     assert_eq!(level_at(&redis, &tokens, back + 300).await, 400);
+}
+
+/// Issue 30: a budget's key (a bucket that never refills) expires at its
+/// keep-until instant, by the script's clock, whatever its level: never at
+/// time-to-full, which does not come. Written after the instant passed it
+/// is kept `KEPT_PAST_MS`; refunded to full it is deleted like any full
+/// bucket; a cancel restores its level and its expiry.
+#[tokio::test]
+async fn a_budget_key_expires_at_its_keep_until_instant() {
+    let server = RedisServer::start();
+    let redis = store(&server);
+    let mut direct = connection(&server);
+    let t0 = 1_800_000_000_000;
+    let keep = t0 + 3_600_000;
+    let budget = BucketSpec::never_refilled("rk:{l:n}:budget:day:2027-01-15", 100, keep);
+    let spend = |cost| BatchOp::Acquire {
+        draws: vec![draw(&budget, cost)],
+        max_wait_ms: 0,
+    };
+    let pttl = |direct: &mut redis::Connection, key: &str| -> i64 {
+        redis::cmd("PTTL").arg(key).query(direct).unwrap()
+    };
+    // PTTL within the real time since `sent` of what the script gave.
+    let given = |pttl: i64, expiry: i64, sent: std::time::Instant| {
+        let since = sent.elapsed().as_millis() as i64;
+        assert!(
+            (expiry - since - 1..=expiry).contains(&pttl),
+            "pttl {pttl}, given {expiry}, {since} ms ago"
+        );
+    };
+    let written = std::time::Instant::now();
+    let granted = redis.batch_at(vec![spend(30)], t0).await;
+    assert!(matches!(granted[..], [Ok(Some(Decision::Granted { .. }))]));
+    given(pttl(&mut direct, &budget.key), keep - t0, written);
+    // An hour later nothing came back: no wait helps, and a denial writes
+    // nothing (the expiry is the first call's).
+    let results = redis.batch_at(vec![spend(71)], keep - 1).await;
+    assert!(
+        matches!(
+            results[..],
+            [Ok(Some(Decision::Denied {
+                retry_after_ms: NEVER_MS,
+                bucket: 0
+            }))]
+        ),
+        "{results:?}"
+    );
+    assert_eq!(level_at(&redis, &budget, keep).await, 70);
+    given(pttl(&mut direct, &budget.key), keep - t0, written);
+    // Written at or past its instant: a short expiry, never 0 or less.
+    for now in [keep, keep + 3_600_000] {
+        let sent = std::time::Instant::now();
+        redis.batch_at(vec![spend(1)], now).await;
+        given(pttl(&mut direct, &budget.key), KEPT_PAST_MS, sent);
+    }
+    // Refunded to full: deleted, as any full bucket.
+    let refund = BatchOp::Settle(vec![Adjustment {
+        bucket: budget.clone(),
+        tokens: 40,
+    }]);
+    redis.batch_at(vec![refund], keep + 3_600_000).await;
+    assert_eq!(pttl(&mut direct, &budget.key), -2, "no key");
+
+    // A cancelled call gives its draw back and the key keeps its instant.
+    let batch = redis::Script::new(BATCH_LUA);
+    let cancel = redis::Script::new(CANCEL_LUA);
+    let key = "t:{n}:budget";
+    let call = |direct: &mut redis::Connection, record: &str, cost: &str, keep: i64| {
+        let mut invocation = batch.prepare_invoke();
+        invocation.key(record).key(key);
+        invocation
+            .arg(t0.to_string())
+            .arg("10000")
+            .arg("1")
+            .arg("sidecar-1");
+        // Capacity, rate 0, largest cost, keep-until; then the acquire.
+        invocation
+            .arg("100")
+            .arg("0")
+            .arg("100")
+            .arg(keep.to_string());
+        invocation.arg(&["a", "0", "1", "2", cost, "0"]);
+        invocation.invoke::<Vec<Vec<i64>>>(direct).unwrap()
+    };
+    assert_eq!(call(&mut direct, "t:{n}:call:1", "20", keep)[1][0], 1);
+    assert_eq!(call(&mut direct, "t:{n}:call:2", "30", keep)[1][0], 1);
+    let sent = std::time::Instant::now();
+    let mut undo = cancel.prepare_invoke();
+    undo.key("t:{n}:call:2").key(key);
+    undo.arg((t0 + 1_000).to_string()).arg("60000");
+    undo.arg("100").arg("0").arg(keep.to_string());
+    assert_eq!(undo.invoke::<i64>(&mut direct).unwrap(), 1, "undone");
+    let level: String = redis::cmd("HGET")
+        .arg(key)
+        .arg("l")
+        .query(&mut direct)
+        .unwrap();
+    assert_eq!(level, "80");
+    given(pttl(&mut direct, key), keep - t0 - 1_000, sent);
+    // Without an instant (0) the key is kept: a budget always has one.
+    call(&mut direct, "t:{n}:call:3", "5", 0);
+    assert_eq!(pttl(&mut direct, key), -1);
 }

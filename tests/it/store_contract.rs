@@ -6,14 +6,14 @@
 //! only forward, fails here.
 //!
 //! The buckets refill by the day, so the few seconds a busy machine may add
-//! between calls move no level by a whole token.
+//! between calls move no level by a whole token; the budget never refills.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use ratekeeper::app::redis_settings;
 use ratekeeper::config::RedisConfig;
-use ratekeeper::limiter::bucket::{BucketSpec, Refill, Window};
+use ratekeeper::limiter::bucket::{BucketSpec, NEVER_MS, Refill, Window};
 use ratekeeper::limiter::{
     Adjustment, Decision, EmbeddedStore, FailFastStore, FailurePolicy, FallbackStore,
     InstrumentedStore, Lowering, Origin, RedisStore, SlotSpec, Store, StoreError, StoreOps, Stores,
@@ -32,6 +32,20 @@ fn per_day(name: &str, capacity: u64) -> BucketSpec {
         format!("rk:{{contract}}:{name}"),
         capacity,
         Refill::new(capacity, Window::Day, capacity),
+    )
+}
+
+/// A budget of `capacity` that never refills, kept for two days from now
+/// (every store's clock reads as Unix ms; Redis's is `TIME`).
+fn never_refilled(name: &str, capacity: u64) -> BucketSpec {
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    BucketSpec::never_refilled(
+        format!("rk:{{contract}}:{name}"),
+        capacity,
+        unix_ms + 2 * DAY_MS as i64,
     )
 }
 
@@ -156,6 +170,8 @@ async fn holds_the_contract(store: &dyn Store, kind: &str) {
     }
     store.lower(&[]).await.unwrap();
 
+    holds_the_budget_contract(store).await;
+
     // Slots: two holders at most; a holder's second take keeps its slot.
     let slots = SlotSpec {
         key: "rk:{contract}:slots".into(),
@@ -179,6 +195,79 @@ async fn holds_the_contract(store: &dyn Store, kind: &str) {
         Some(Origin::Store)
     );
     assert_eq!(store.slots_held(&slots).await.unwrap(), 2);
+}
+
+/// A budget (issue 30): a bucket that never refills, drawn beside one that
+/// does. No wait makes room in it: a denial says so with `NEVER_MS` and
+/// names it, every time (a decorator that repeats denials too); refunds
+/// fill it up to its capacity, overruns take, floors hold.
+async fn holds_the_budget_contract(store: &dyn Store) {
+    let budget = never_refilled("budget:day:2026-12-07", 100);
+    let tokens = per_day("budget_tokens", 1000);
+    let both = [tokens.clone(), budget.clone()];
+    assert_eq!(store.levels(&both).await.unwrap(), [1000, 100], "fresh");
+    let grant = store
+        .acquire(&[draw(&tokens, 900), draw(&budget, 60)], 0)
+        .await
+        .unwrap();
+    assert!(
+        matches!(grant, Decision::Granted { wait_ms: 0, .. }),
+        "{grant:?}"
+    );
+    assert_eq!(store.levels(&both).await.unwrap(), [100, 40]);
+    // The tokens would wait (within the day allowed), the budget never
+    // has room: it is the one named, with the sentinel, and nothing is taken.
+    for attempt in 0..2 {
+        let denied = store
+            .acquire(&[draw(&tokens, 500), draw(&budget, 50)], DAY_MS)
+            .await
+            .unwrap();
+        assert_eq!(
+            denied,
+            Decision::Denied {
+                retry_after_ms: NEVER_MS,
+                bucket: 1
+            },
+            "attempt {attempt}"
+        );
+    }
+    assert_eq!(store.levels(&both).await.unwrap(), [100, 40]);
+    // A floor held for higher classes counts as for any bucket.
+    let floored = ratekeeper::limiter::bucket::Draw {
+        floor: 10,
+        ..draw(&budget, 31)
+    };
+    assert!(matches!(
+        store.acquire(&[floored], 0).await.unwrap(),
+        Decision::Denied {
+            retry_after_ms: NEVER_MS,
+            bucket: 0
+        }
+    ));
+    match store.acquire(&[draw(&budget, 40)], 0).await.unwrap() {
+        Decision::Granted { wait_ms: 0, .. } => {}
+        other => panic!("what is left is granted at once: {other:?}"),
+    }
+    assert!(matches!(
+        store.acquire(&[draw(&budget, 101)], DAY_MS).await,
+        Err(StoreError::CostExceedsCapacity { .. })
+    ));
+    // Refunds fill up to the capacity; a debit (an overrun) takes.
+    store
+        .adjust(&[adjustment(&budget, 30)], Origin::Store)
+        .await
+        .unwrap();
+    assert_eq!(store.levels(&both).await.unwrap(), [100, 30]);
+    store
+        .adjust(&[adjustment(&budget, 500)], Origin::Store)
+        .await
+        .unwrap();
+    assert_eq!(store.levels(&both).await.unwrap(), [100, 100], "capped");
+    store
+        .adjust(&[adjustment(&budget, -30)], Origin::Store)
+        .await
+        .unwrap();
+    assert_eq!(store.levels(&both).await.unwrap(), [100, 70]);
 }
 
 fn redis(urls: Vec<String>) -> Arc<RedisStore> {

@@ -279,3 +279,186 @@ fn windows_refill_in_exact_units_where_they_can() {
     assert!(rounded.refilled_in(Window::Day.ms()) <= 100_000_007);
     assert!(rounded.refilled_in(Window::Day.ms()) > 100_000_007 - 1_440);
 }
+
+/// A budget of 1000 that never refills, kept until `KEEP`.
+const KEEP: i64 = 1_800_000_000_000;
+
+fn budget(capacity: u64) -> BucketSpec {
+    BucketSpec::never_refilled("budget", capacity, KEEP)
+}
+
+/// `tokens` of a never-refilling bucket (one unit a token) at time 0.
+fn budget_at(tokens: i64) -> BucketState {
+    BucketState {
+        level: tokens,
+        updated_ms: 0,
+    }
+}
+
+#[test]
+fn a_never_refilling_bucket_counts_one_unit_a_token_and_refills_nothing() {
+    let never = Refill::never();
+    assert!(!never.refills());
+    assert!(Refill::per_minute(1).refills());
+    assert_eq!(
+        (never.units_per_token(), never.units_per_ms()),
+        (1, 0),
+        "a token is a unit, none comes back"
+    );
+    assert_eq!((never.amount(), never.per_minute_rounded()), (0, 0));
+    assert_eq!(never.scaled(0.5, 10), never, "a share never refills either");
+    let bucket = budget(1000);
+    assert_eq!((bucket.largest, bucket.keep_until_ms), (1000, Some(KEEP)));
+    assert_eq!(bucket.capacity_units(), 1000);
+    assert_eq!(bucket.refilled_in(86_400_000 * 365), 0);
+    // Days later, still where it was; the time moves on.
+    let days = 10 * 86_400_000;
+    let later = budget_at(-50).refilled(&bucket, days);
+    assert_eq!((later.level, later.updated_ms), (-50, days));
+    assert_eq!(later.ms_until_full(&bucket), i64::MAX);
+    assert_eq!(budget_at(1000).ms_until_full(&bucket), 0);
+    // Existing constructors keep no instant.
+    assert_eq!(spec(10).keep_until_ms, None);
+}
+
+#[test]
+fn a_never_refilling_bucket_denies_what_it_cannot_cover_whatever_the_wait() {
+    let deny = Plan::Deny {
+        retry_after_ms: NEVER_MS,
+        bucket: 0,
+    };
+    let grant = Plan::Grant { wait_ms: 0 };
+    let impossible = Plan::Impossible { bucket: 0 };
+    // (level, cost, floor, max wait) → plan
+    let cases: &[(i64, u64, u64, u64, Plan)] = &[
+        (1000, 1000, 0, 0, grant),
+        (100, 100, 0, 0, grant),
+        (100, 101, 0, 0, deny),
+        (100, 101, 0, u64::MAX, deny),
+        (0, 1, 0, NEVER_MS, deny),
+        (-30, 1, 0, u64::MAX, deny),
+        // A floor of 20 held for higher classes: usable level is 80.
+        (100, 80, 20, 0, grant),
+        (100, 81, 20, u64::MAX, deny),
+        (1000, 1001, 0, u64::MAX, impossible),
+        (1000, 900, 101, 0, impossible),
+    ];
+    for &(level, cost, floor, max_wait, expected) in cases {
+        let draw = Draw {
+            bucket: budget(1000),
+            cost,
+            floor,
+        };
+        assert_eq!(
+            plan(&[draw], &[budget_at(level)], max_wait),
+            expected,
+            "level {level}, cost {cost}, floor {floor}, max wait {max_wait}"
+        );
+    }
+}
+
+#[test]
+fn a_never_refilling_bucket_short_of_its_draw_is_the_one_named() {
+    let tokens = Draw {
+        bucket: spec(1000),
+        cost: 10,
+        floor: 0,
+    };
+    let money = |cost| Draw {
+        bucket: budget(1000),
+        cost,
+        floor: 0,
+    };
+    // The tokens wait 30 ms; the budget has 5 and no wait helps.
+    let draws = [tokens.clone(), money(10), money(20)];
+    let states = [at(-20), budget_at(5), budget_at(5)];
+    let denied = Plan::Deny {
+        retry_after_ms: NEVER_MS,
+        bucket: 1,
+    };
+    assert_eq!(plan(&draws, &states, u64::MAX), denied, "the first budget");
+    // A refilling wait even longer than the sentinel does not hide it.
+    let slow = Draw {
+        bucket: BucketSpec::per_minute("slow", 1 << 40, 1),
+        cost: 1 << 40,
+        floor: 0,
+    };
+    let deep = BucketState {
+        level: -(1 << 50),
+        updated_ms: 0,
+    };
+    assert_eq!(
+        plan(&[slow, money(10)], &[deep, budget_at(5)], 0),
+        Plan::Deny {
+            retry_after_ms: NEVER_MS,
+            bucket: 1
+        }
+    );
+    // An impossible cost after it still comes first.
+    let oversized = Draw {
+        cost: 1001,
+        ..tokens.clone()
+    };
+    assert_eq!(
+        plan(&[money(10), oversized], &[budget_at(5), at(1000)], 0),
+        Plan::Impossible { bucket: 1 }
+    );
+    // Covered, the budget waits for no one: the tokens' wait is the grant's.
+    assert_eq!(
+        plan(&[tokens, money(5)], &[at(-20), budget_at(5)], 100),
+        Plan::Grant { wait_ms: 30 }
+    );
+}
+
+#[test]
+fn a_never_refilling_bucket_takes_refunds_up_to_its_capacity_and_overruns_within_its_debt() {
+    let bucket = budget(1000);
+    assert_eq!(budget_at(900).adjusted(&bucket, 50), budget_at(950));
+    assert_eq!(budget_at(900).adjusted(&bucket, 500), budget_at(1000));
+    assert_eq!(budget_at(10).adjusted(&bucket, -40), budget_at(-30));
+    // The debt never decays (nothing refills), and stays within one capacity.
+    let no_debt = OverrunDebt::default();
+    let (state, debt, clipped) = budget_at(500).overrun(&bucket, no_debt, 300, 0);
+    assert_eq!((state, debt.units, clipped), (budget_at(200), 300, 0));
+    let days = 30 * 86_400_000;
+    assert_eq!(
+        debt.now(&bucket, state, days),
+        300,
+        "no refill pays it back"
+    );
+    let (state, debt, clipped) = state.overrun(&bucket, debt, 1_000, days);
+    assert_eq!((state, debt.units, clipped), (budget_at(-500), 1_000, 300));
+    // A refund pays it back.
+    let refunded = state.adjusted(&bucket, 1_000);
+    assert_eq!(debt.now(&bucket, refunded, days), 500);
+}
+
+#[test]
+fn a_never_refilling_bucket_is_kept_until_its_instant_and_a_full_one_not_at_all() {
+    let bucket = budget(1000);
+    let now = KEEP - 3_600_000;
+    let drawn = budget_at(400);
+    assert_eq!(drawn.forgettable_at_ms(&bucket, now), KEEP);
+    // Written after its instant passed: kept a short while, never 0.
+    assert_eq!(drawn.forgettable_at_ms(&bucket, KEEP), KEEP + KEPT_PAST_MS);
+    let full = BucketState {
+        level: 1000,
+        updated_ms: now,
+    };
+    assert_eq!(full.forgettable_at_ms(&bucket, now), now);
+    // Without an instant it is kept; a refilling bucket ignores one.
+    let unkept = BucketSpec::new("b", 1000, Refill::never());
+    assert_eq!(drawn.forgettable_at_ms(&unkept, now), i64::MAX);
+    let refilling = BucketSpec {
+        keep_until_ms: Some(KEEP),
+        ..spec(1000)
+    };
+    assert_eq!(at(400).forgettable_at_ms(&refilling, now), 600);
+    // The scripts' argument: 0 for none, an instant at or before 1970 as 1.
+    assert_eq!(
+        (unkept.keep_until_arg(), bucket.keep_until_arg()),
+        (0, KEEP)
+    );
+    let ancient = BucketSpec::never_refilled("b", 1, -5);
+    assert_eq!(ancient.keep_until_arg(), 1);
+}

@@ -90,6 +90,8 @@ struct Shape {
     units_per_ms: i64,
     /// The largest cost (with its floor) one acquire may take.
     largest: i64,
+    /// When a bucket that never refills may be forgotten (Unix ms; 0: none).
+    keep_until: i64,
     /// Not sent: what turns the script's units back into tokens.
     units_per_token: i64,
 }
@@ -100,6 +102,7 @@ impl Shape {
             capacity: bucket.capacity_units(),
             units_per_ms: bucket.units_per_ms(),
             largest: bucket.largest_units(),
+            keep_until: bucket.keep_until_arg(),
             units_per_token: bucket.refill.units_per_token(),
         }
     }
@@ -200,7 +203,8 @@ impl Call {
         for shape in &self.shapes {
             args.int(shape.capacity)
                 .int(shape.units_per_ms)
-                .int(shape.largest);
+                .int(shape.largest)
+                .int(shape.keep_until);
         }
         let mut reshapes = self.reshapes.as_slice();
         for (at, (op, indices)) in self.ops.iter().zip(&self.indices).enumerate() {
@@ -214,7 +218,8 @@ impl Call {
                     args.size(reshape.index)
                         .int(reshape.shape.capacity)
                         .int(reshape.shape.units_per_ms)
-                        .int(reshape.shape.largest);
+                        .int(reshape.shape.largest)
+                        .int(reshape.shape.keep_until);
                 }
                 reshapes = &reshapes[here..];
             }
@@ -276,7 +281,9 @@ impl Call {
         let mut cmd = evalsha(script, &self.keys);
         cmd.arg(clock).arg(tombstone_ttl_ms);
         for shape in &self.shapes {
-            cmd.arg(shape.capacity).arg(shape.units_per_ms);
+            cmd.arg(shape.capacity)
+                .arg(shape.units_per_ms)
+                .arg(shape.keep_until);
         }
         cmd
     }
@@ -573,8 +580,8 @@ mod tests {
         assert_eq!(
             arguments(&Call::new(ops.clone(), 1)),
             [
-                "", "10000", "2", "s1", "6000000", "60", "6000000", "a", "0", "1", "2", "600000",
-                "0", "a", "0", "1", "2", "60000", "0"
+                "", "10000", "2", "s1", "6000000", "60", "6000000", "0", "a", "0", "1", "2",
+                "600000", "0", "a", "0", "1", "2", "60000", "0"
             ]
         );
         let reloaded = BatchOp::Acquire {
@@ -589,11 +596,58 @@ mod tests {
         assert_eq!(
             arguments(&call)[..],
             [
-                "", "10000", "5", "s1", "6000000", "60", "6000000", "a", "0", "1", "2", "600000",
-                "0", "c", "1", "2", "12000000", "120", "12000000", "a", "0", "1", "2", "60000",
-                "0", "c", "1", "2", "6000000", "60", "6000000", "a", "0", "1", "2", "60000", "0"
+                "", "10000", "5", "s1", "6000000", "60", "6000000", "0", "a", "0", "1", "2",
+                "600000", "0", "c", "1", "2", "12000000", "120", "12000000", "0", "a", "0", "1",
+                "2", "60000", "0", "c", "1", "2", "6000000", "60", "6000000", "0", "a", "0", "1",
+                "2", "60000", "0"
             ]
         );
+    }
+
+    #[test]
+    fn a_never_refilling_bucket_goes_with_rate_0_and_its_keep_until_instant() {
+        let budget = BucketSpec::never_refilled("rk:{l:a}:a:budget:day:2026-12-07", 5_000, 1_234);
+        let spend = |cost| BatchOp::Acquire {
+            draws: vec![Draw {
+                bucket: budget.clone(),
+                cost,
+                floor: 0,
+            }],
+            max_wait_ms: 0,
+        };
+        // One unit a token; capacity, rate 0, largest, keep-until.
+        assert_eq!(
+            arguments(&Call::new(vec![spend(7)], 1)),
+            [
+                "", "10000", "1", "s1", "5000", "0", "5000", "1234", "a", "0", "1", "2", "7", "0"
+            ]
+        );
+        // Another instant is another shape: the call re-sends it.
+        let later = BatchOp::Acquire {
+            draws: vec![Draw {
+                bucket: BucketSpec::never_refilled(budget.key.clone(), 5_000, 9_999),
+                cost: 1,
+                floor: 0,
+            }],
+            max_wait_ms: 0,
+        };
+        assert_eq!(
+            arguments(&Call::new(vec![spend(7), later], 1))[14..],
+            [
+                "c", "1", "2", "5000", "0", "5000", "9999", "a", "0", "1", "2", "1", "0"
+            ]
+        );
+        let call = Call::new(vec![spend(7)], 1);
+        let cancel = call.cancel_command(&Script::new("return 1"), "", 60_000);
+        let args: Vec<String> = cancel
+            .args_iter()
+            .skip(3 + call.keys.len())
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                other => panic!("not a plain argument: {other:?}"),
+            })
+            .collect();
+        assert_eq!(args, ["", "60000", "5000", "0", "1234"]);
     }
 
     #[test]
