@@ -18,18 +18,10 @@ fn ping_has_the_documented_layout() {
 }
 
 #[test]
-fn known_tags_end_with_usage_report_the_last_request() {
+fn known_tags_end_with_budgets_the_last_request() {
     let frame = ClientFrame {
         request_id: 7,
-        request: Request::UsageReport {
-            lease: 9,
-            usage: crate::proto::Usage {
-                input_tokens: 1,
-                cached_input_tokens: 2,
-                cache_write_tokens: 3,
-                output_tokens: 4,
-            },
-        },
+        request: Request::Budgets { limit: None },
     };
     let mut bytes = Vec::new();
     encode_frame(&frame, &mut bytes).unwrap();
