@@ -13,7 +13,7 @@
 //! | [`leases`] | granted reservations awaiting their report, and settlement arithmetic |
 //! | [`limiter`] | the store interface (one `Op` enum, `Store::call`, `Lifecycle`) and the key schema: Redis (the only module touching redis types), embedded, fail-fast, failure policy; the stack one daemon answers from; store health and its watcher |
 //! | [`feedback`] | what a provider's rate-limit headers say: a pause after a 429, what remains |
-//! | [`budget`] | spend budgets, as far as they are built: the calendar periods a budget resets on, in a time zone, and money in micro-units with the price of a call (issue 30) |
+//! | [`budget`] | what spend budgets are made of: the calendar periods a budget resets on, in a time zone; money in micro-units with the price of a call; the shipped price table; budgets as the config declares them (docs/budgets.md) |
 //! | [`tokens`] | token counting: tiktoken encoders, character estimates, the providers' image and tool-prompt rules, provider presets |
 //! | [`metrics`] | the Prometheus registry, the label sets a configuration allows, the counters a store records into (a leaf) |
 //! | [`exporter`] | the `/metrics` `/healthz` `/readyz` listener, what is read at scrape time, the shutdown summary |

@@ -62,7 +62,7 @@ pub struct AcquireArgs {
     /// Longest acceptable wait in milliseconds (default: the priority class's).
     #[arg(long, value_name = "MS")]
     max_wait: Option<u64>,
-    /// Also draw from this tenant's share.
+    /// Also draw from this tenant's share and its spend budgets.
     #[arg(long)]
     tenant: Option<String>,
     /// Priority class (default: the configured default class).

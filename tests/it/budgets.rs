@@ -233,3 +233,28 @@ async fn each_tenant_has_its_own_budget_and_a_named_one_its_override() {
         ]
     );
 }
+
+/// The budget configs the README and docs/budgets.md show are read as
+/// written (so a page cannot drift from the config it describes).
+#[test]
+fn the_documented_budget_configs_load() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for page in ["README.md", "docs/budgets.md"] {
+        let text = std::fs::read_to_string(root.join(page)).unwrap();
+        let blocks: Vec<&str> = text
+            .split("```toml\n")
+            .skip(1)
+            .filter_map(|rest| rest.split("```").next())
+            .filter(|block| block.contains("budget"))
+            .collect();
+        assert!(!blocks.is_empty(), "{page} shows a budget config");
+        for block in blocks {
+            let config = ratekeeper::config::from_toml_str(block, page)
+                .unwrap_or_else(|error| panic!("{page}:\n{block}\n{error}"));
+            assert!(
+                config.limits.iter().any(|limit| limit.budgets.any()),
+                "{page}: {block}"
+            );
+        }
+    }
+}

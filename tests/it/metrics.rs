@@ -404,10 +404,13 @@ async fn every_metric_is_documented_and_the_dashboard_uses_only_those() {
     let documented = metric_names(&table);
 
     let mut redis = RedisServer::start();
-    // A shadow limit too, and an outage at the end: families without a
-    // sample are not exported, and every documented one must be.
+    // A shadow limit and a spend budget too, and an outage at the end:
+    // families without a sample are not exported, and every documented
+    // one must be.
     let with_shadow = format!(
-        "{}\n[[limits]]\nname = \"watch\"\nmode = \"shadow\"\ntokens_per_minute = 60\n",
+        "{}\n[[limits]]\nname = \"watch\"\nmode = \"shadow\"\ntokens_per_minute = 60\n\
+         \n[[limits]]\nname = \"paid\"\ntokens_per_minute = 600\nbudget = {{ day = \"100\" }}\n\
+         price = {{ input = \"1\", output = \"1\" }}\n",
         config(Some((&redis, "")))
     );
     let daemon = Daemon::start(&with_shadow);
@@ -419,6 +422,8 @@ async fn every_metric_is_documented_and_the_dashboard_uses_only_those() {
     client.call(Request::Release { lease }).await.unwrap();
     client.call(acquire("gpt", 100_000, 0)).await.unwrap();
     client.call(acquire("watch", 10, 0)).await.unwrap();
+    let (lease, _, _) = granted(&client.call(acquire("paid", 10, 0)).await.unwrap());
+    client.call(report(lease, 5)).await.unwrap();
     daemon
         .reload_with(&with_shadow)
         .await
