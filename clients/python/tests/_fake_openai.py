@@ -697,12 +697,19 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--tpm", type=float, required=True, help="tokens per minute")
     parser.add_argument("--rpm", type=float, required=True, help="requests per minute")
     parser.add_argument("--chars-per-token", type=float, default=CHARS_PER_TOKEN)
+    parser.add_argument(
+        "--cached-tokens",
+        type=int,
+        default=0,
+        help="of each prompt, the tokens the usage says were read from the cache",
+    )
     add_limit_options(parser)
     args = parser.parse_args(argv)
     provider = FakeProvider(
         args.tpm,
         args.rpm,
         args.completion_tokens,
+        cached_tokens=args.cached_tokens,
         chars_per_token=args.chars_per_token,
         latency=latency_option(args),
         foreign_fraction=args.foreign,
