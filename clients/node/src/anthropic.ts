@@ -17,10 +17,12 @@
  * `beta.messages`) acquires from the limit — the daemon counts the request's
  * `system`, messages (text, images by Anthropic's formula, tool use and
  * results) and `tools`, and reserves `max_tokens` as output — calls
- * Anthropic, and reports the `usage` it answered: input `input_tokens +
- * cache_creation_input_tokens`, output `output_tokens`. Cache reads are not
- * reported: they do not count towards Anthropic's input-tokens-per-minute
- * limit. Streams report when they end (`message_stop`); a stream left
+ * Anthropic, and reports the `usage` it answered: `input_tokens`,
+ * `cache_read_input_tokens` (cache reads) and `cache_creation_input_tokens`
+ * (cache writes) apart, and `output_tokens`. The daemon settles the limit by
+ * what Anthropic counts: input tokens per minute are `input_tokens +
+ * cache_creation_input_tokens` (cache reads do not count for current models),
+ * output tokens per minute `output_tokens`. Streams report when they end (`message_stop`); a stream left
  * half-way reports its input and keeps its reserved output.
  *
  * A 429 (rate limited) keeps the request and its input spent and gives the
@@ -82,17 +84,28 @@ export function messagesCost(body: Body): CostOptions {
   };
 }
 
+/** The fields of Anthropic's `usage` that the wrapper reports. */
+const USAGE_FIELDS = [
+  "input_tokens",
+  "cache_read_input_tokens",
+  "cache_creation_input_tokens",
+  "output_tokens",
+];
+
 /**
- * (input, output) to report for a reply's `usage`: input is `input_tokens +
- * cache_creation_input_tokens` (what counts towards ITPM), output `output_tokens`.
+ * What to report for a reply's `usage`: `input_tokens`, `output_tokens`, and
+ * the cache reads and writes (`cache_read_input_tokens`,
+ * `cache_creation_input_tokens`; 0 when absent).
  */
 export function usageCounts(usage: unknown): Counts | null {
   if (usage == null) return null;
   const input = tokens(field(usage, "input_tokens"));
   const output = tokens(field(usage, "output_tokens"));
   if (input === undefined && output === undefined) return null;
+  const read = tokens(field(usage, "cache_read_input_tokens")) ?? 0;
   const created = tokens(field(usage, "cache_creation_input_tokens")) ?? 0;
-  return [(input ?? 0) + created, output ?? 0];
+  if (read === 0 && created === 0) return [input ?? 0, output ?? 0];
+  return [input ?? 0, output ?? 0, read, created];
 }
 
 /**
@@ -113,7 +126,7 @@ export class StreamUsage {
       this.complete ||= kind === "message_stop";
       return;
     }
-    for (const name of ["input_tokens", "cache_creation_input_tokens", "output_tokens"]) {
+    for (const name of USAGE_FIELDS) {
       const value = tokens(field(usage, name));
       if (value !== undefined) this.usage[name] = value;
     }
@@ -123,7 +136,9 @@ export class StreamUsage {
   counts(reservedOutput: number): Counts | null {
     const counts = usageCounts(this.usage);
     if (counts === null || this.complete) return counts;
-    return [counts[0], Math.max(counts[1], reservedOutput)];
+    const [input, output, cachedInput, cacheWrite] = counts;
+    const kept = Math.max(output, reservedOutput);
+    return cachedInput === undefined ? [input, kept] : [input, kept, cachedInput, cacheWrite];
   }
 }
 

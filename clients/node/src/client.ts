@@ -18,6 +18,7 @@ import {
   shapeOf,
 } from "./content.js";
 import {
+  BudgetExhausted,
   ErrorCode,
   errorForCode,
   ProtocolError,
@@ -264,6 +265,19 @@ export function expect<K extends Response["type"]>(
   throw new ProtocolError(`expected ${kind}, the daemon answered ${response.type}`);
 }
 
+/** What every spend budget's bucket name contains, and no other bucket's (PROTOCOL.md §4.2). */
+const BUDGET = "budget";
+
+/**
+ * The error of a denial: `BudgetExhausted` when the bucket is a spend budget's
+ * (its name contains `budget`), else `RateLimited`.
+ */
+export function denied(retryAfter: number, bucket: string, limit = ""): RateLimited {
+  return bucket.includes(BUDGET)
+    ? new BudgetExhausted(retryAfter, bucket, limit)
+    : new RateLimited(retryAfter, bucket, limit);
+}
+
 /** Whether `response` refuses a request of a later revision (PROTOCOL.md §10). */
 export function unsupported(response: Response): boolean {
   return (
@@ -450,7 +464,8 @@ export class Client {
    * Give `tokens` (the prompt's tokens, or your whole estimate) and optionally
    * `maxTokens` (output tokens to reserve on top), or the chat `messages` for
    * the daemon to count. Resolves with a granted `Lease`; rejects with
-   * `RateLimited` (with `retryAfter`) when the wait would be longer, with the
+   * `RateLimited` (with `retryAfter`; `BudgetExhausted` when a spend budget
+   * refused) when the wait would be longer, with the
    * signal's reason when `signal` aborts first (the daemon gives the
    * reservation back), and with the mapped error for any other answer.
    */
@@ -509,7 +524,7 @@ export class Client {
       }
       if (response.type === "Granted") return new Lease(this, conn, limit, cost, response);
       if (response.type === "Denied") {
-        throw new RateLimited(Number(response.retry_after_ms), response.bucket, limit);
+        throw denied(Number(response.retry_after_ms), response.bucket, limit);
       }
       if (response.type === "Error" && response.code === ErrorCode.ShuttingDown) {
         // This daemon is draining: ask its successor, within the deadline.

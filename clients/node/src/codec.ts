@@ -88,6 +88,18 @@ export interface Feedback {
   headers: Header[];
 }
 
+/**
+ * `Usage`: what a call used in four disjoint kinds of token, as providers bill
+ * them (revision 6): `input_tokens` is the full-price input only, neither read
+ * from nor written to the prompt cache.
+ */
+export interface Usage {
+  input_tokens: bigint;
+  cached_input_tokens: bigint;
+  cache_write_tokens: bigint;
+  output_tokens: bigint;
+}
+
 /** `Request` (client → daemon), §4.1. */
 export type Request =
   | { type: "Hello"; protocol_version: number; client_name: string }
@@ -108,7 +120,8 @@ export type Request =
   | { type: "Health" }
   | { type: "Inspect"; limit: string | null }
   | ({ type: "Feedback" } & Feedback)
-  | { type: "LeaseFeedback"; lease: bigint; feedback: Feedback };
+  | { type: "LeaseFeedback"; lease: bigint; feedback: Feedback }
+  | { type: "UsageReport"; lease: bigint; usage: Usage };
 
 /** `BucketStatus`: one bucket of a `Status` answer. */
 export interface BucketStatus {
@@ -276,6 +289,12 @@ const FEEDBACK: Fields = [
     },
   ],
 ];
+const USAGE: Fields = [
+  ["input_tokens", "u64"],
+  ["cached_input_tokens", "u64"],
+  ["cache_write_tokens", "u64"],
+  ["output_tokens", "u64"],
+];
 const REQUEST: Wire = {
   enum: "Request",
   variants: [
@@ -323,6 +342,13 @@ const REQUEST: Wire = {
       [
         ["lease", "u64"],
         ["feedback", { struct: FEEDBACK }],
+      ],
+    ],
+    [
+      "UsageReport",
+      [
+        ["lease", "u64"],
+        ["usage", { struct: USAGE }],
       ],
     ],
   ],

@@ -56,6 +56,11 @@ export class Connection {
   alive = true;
   /** Set when the daemon drains (`ShuttingDown`): new calls go to a new connection. */
   retired = false;
+  /**
+   * Cleared when the daemon answers a `UsageReport` as unsupported (it predates
+   * revision 6): the lease reports on this connection then go as `Report`.
+   */
+  usageReports = true;
   private readonly pending = new Map<bigint, Pending>();
   private readonly waiting: (() => void)[] = [];
   private counted = 0;

@@ -51,7 +51,7 @@ export class RatekeeperError extends Error {
  * refused (`"tokens"`, `"requests"`, `"tenant"`, …; new names may appear).
  */
 export class RateLimited extends RatekeeperError {
-  override readonly retryable = true;
+  override readonly retryable: boolean = true;
 
   constructor(
     readonly retryAfter: number,
@@ -62,6 +62,24 @@ export class RateLimited extends RatekeeperError {
     super(
       `rate limited by the ${JSON.stringify(bucket)} bucket${where}; retry after ${retryAfter} ms`,
     );
+  }
+}
+
+/**
+ * A spend budget refused the acquire: the money it allows for its period is
+ * spent. A `RateLimited`, so code that backs off on a denial keeps working,
+ * but waiting a moment will not help: `retryAfter` (ms) is the time to the
+ * budget period's reset (a day, a month), and `bucket` names the budget
+ * (`"budget_day"`, `"tenant_budget_month"`, …). Not `retryable`: no retry
+ * loop should sleep that long.
+ */
+export class BudgetExhausted extends RateLimited {
+  override readonly retryable: boolean = false;
+
+  constructor(retryAfter: number, bucket: string, limit = "") {
+    super(retryAfter, bucket, limit);
+    const where = limit ? ` on limit ${JSON.stringify(limit)}` : "";
+    this.message = `spend budget ${JSON.stringify(bucket)}${where} is exhausted; it resets in ${retryAfter} ms`;
   }
 }
 

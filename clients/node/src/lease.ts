@@ -6,7 +6,7 @@
  */
 
 import type { Client, HeadersLike, Noted } from "./client.js";
-import type { Cost, Request, Response } from "./codec.js";
+import type { Cost, Request, Response, Usage as WireUsage } from "./codec.js";
 import { type Connection, ConnectionLost } from "./connection.js";
 import { ErrorCode, errorForCode, ProtocolError, UnknownLease } from "./errors.js";
 
@@ -45,11 +45,21 @@ export function failedCall(error: unknown, called: boolean): "rejected" | "relea
   return "keep";
 }
 
-/** What `report` takes: a total (counted as input tokens), or the two sides. */
+/**
+ * What `report` takes: a total (counted as input tokens), or the two sides,
+ * with the input read from and written to the provider's prompt cache apart
+ * (`cachedInputTokens`, `cacheWriteTokens`; `inputTokens` is then the
+ * full-price input only).
+ */
 export type Usage =
   | number
   | bigint
-  | { inputTokens?: number | bigint; outputTokens?: number | bigint };
+  | {
+      inputTokens?: number | bigint;
+      outputTokens?: number | bigint;
+      cachedInputTokens?: number | bigint;
+      cacheWriteTokens?: number | bigint;
+    };
 
 function count(name: string, value: number | bigint | undefined): bigint {
   if (value === undefined) return 0n;
@@ -61,6 +71,21 @@ function count(name: string, value: number | bigint | undefined): bigint {
     throw new RangeError(`${name} must be a whole, non-negative number of tokens, got ${value}`);
   }
   return BigInt(value);
+}
+
+/**
+ * The `Report` of a `UsageReport` for a daemon that predates it: every input
+ * token as input, which errs high where the provider does not count cache
+ * reads, never low.
+ */
+function asReport(request: Extract<Request, { type: "UsageReport" }>): Request {
+  const { input_tokens, cached_input_tokens, cache_write_tokens, output_tokens } = request.usage;
+  return {
+    type: "Report",
+    lease: request.lease,
+    input_tokens: input_tokens + cached_input_tokens + cache_write_tokens,
+    output_tokens,
+  };
 }
 
 /**
@@ -111,18 +136,40 @@ export class Lease {
    * `report({inputTokens, outputTokens})`. Resolves with the tokens given back
    * (negative when the usage exceeded the reservation), or `null` when nothing
    * was sent.
+   *
+   * `cachedInputTokens` (input read from the provider's prompt cache) and
+   * `cacheWriteTokens` (input written to it) let spend budgets price the call
+   * by kind of token; given, `inputTokens` counts only the input billed at the
+   * full price, the three never overlapping (OpenAI: `prompt_tokens -
+   * cached_tokens`; Anthropic: `input_tokens`). The daemon works out what the
+   * rate limit counts. A report with cache figures goes as a `UsageReport`
+   * (protocol revision 6); a daemon that predates it gets a `Report` whose
+   * input is the three input figures added up (remembered for the
+   * connection): conservative, since it counts cache reads even where the
+   * provider's limit does not.
    */
   report(usage: Usage): Promise<number | null> {
-    const [input, output] =
-      typeof usage === "object"
-        ? [count("inputTokens", usage.inputTokens), count("outputTokens", usage.outputTokens)]
-        : [count("usage", usage), 0n];
-    return this.settle({
-      type: "Report",
-      lease: this.id ?? 0n,
-      input_tokens: input,
-      output_tokens: output,
-    });
+    const lease = this.id ?? 0n;
+    if (typeof usage !== "object") {
+      return this.settle({
+        type: "Report",
+        lease,
+        input_tokens: count("usage", usage),
+        output_tokens: 0n,
+      });
+    }
+    const billed: WireUsage = {
+      input_tokens: count("inputTokens", usage.inputTokens),
+      cached_input_tokens: count("cachedInputTokens", usage.cachedInputTokens),
+      cache_write_tokens: count("cacheWriteTokens", usage.cacheWriteTokens),
+      output_tokens: count("outputTokens", usage.outputTokens),
+    };
+    if (billed.cached_input_tokens === 0n && billed.cache_write_tokens === 0n) {
+      // It says what a Report says, and every daemon knows a Report.
+      const { input_tokens, output_tokens } = billed;
+      return this.settle({ type: "Report", lease, input_tokens, output_tokens });
+    }
+    return this.settle({ type: "UsageReport", lease, usage: billed });
   }
 
   /** Gives the whole reservation back: the provider was never called. */
@@ -193,12 +240,21 @@ export class Lease {
     });
   }
 
+  /**
+   * Sends `request` on the lease's connection until it is settled: again after
+   * a `StoreUnavailable` (the daemon kept the lease), and as a `Report` of
+   * every input token after a `UsageReport` the daemon does not know
+   * (PROTOCOL.md §10), as every later one on that connection.
+   */
   private async settle(request: Request): Promise<number | null> {
     if (this.settled || this.id === null) {
       if (this.id !== null) throw new UnknownLease(`lease ${this.id} is already settled`);
       return null;
     }
-    const kind = request.type === "Report" ? "Settled" : "Released";
+    if (request.type === "UsageReport" && this.conn?.usageReports === false) {
+      request = asReport(request);
+    }
+    const kind = request.type === "Release" ? "Released" : "Settled";
     const deadlineAt = performance.now() + this.client.timeout;
     const pauses = [...SETTLE_RETRY_DELAYS];
     for (;;) {
@@ -218,6 +274,13 @@ export class Lease {
       }
       if (response.type !== "Error") {
         throw new ProtocolError(`expected ${kind}, the daemon answered ${response.type}`);
+      }
+      const older =
+        response.code === ErrorCode.Unsupported || response.code === ErrorCode.MalformedMessage;
+      if (request.type === "UsageReport" && older && this.conn !== undefined) {
+        this.conn.usageReports = false;
+        request = asReport(request);
+        continue;
       }
       if (response.code === ErrorCode.UnknownLease) this.settled = true;
       const pause = response.code === ErrorCode.StoreUnavailable ? pauses.shift() : undefined;

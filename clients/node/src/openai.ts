@@ -87,6 +87,11 @@ interface Api {
   path: string;
   /** The usage fields read as (input, output); output undefined: the answer has none. */
   usage: readonly [string, string | undefined];
+  /**
+   * The usage's details whose `cached_tokens` are the input read from the
+   * prompt cache (included in the input field); undefined: it has none.
+   */
+  cachedDetails?: string;
   /** Its methods that spend tokens unlimited: they warn. */
   unlimited: ReadonlySet<string>;
   cost(body: Body): CostOptions;
@@ -98,14 +103,22 @@ interface Api {
   usageOnly(event: unknown): boolean;
 }
 
-/** (input, output) of an answer's `usage`; null when it has none. */
+/**
+ * What an answer's `usage` says was used; null when it has none. OpenAI's
+ * input includes the tokens read from the prompt cache (`cached_tokens` of
+ * its details; none when they are missing): they are reported apart, and the
+ * input as the rest, billed at the full price. OpenAI bills no cache writes.
+ */
 function counts(api: Api, usage: unknown): Counts | null {
   if (usage == null) return null;
   const [inputName, outputName] = api.usage;
   const input = tokens(field(usage, inputName));
   const output = outputName === undefined ? undefined : tokens(field(usage, outputName));
   if (input === undefined && output === undefined) return null;
-  return [input ?? 0, output ?? 0];
+  const details = api.cachedDetails === undefined ? undefined : field(usage, api.cachedDetails);
+  const cached = Math.min(tokens(field(details, "cached_tokens")) ?? 0, input ?? 0);
+  if (cached === 0) return [input ?? 0, output ?? 0];
+  return [(input ?? 0) - cached, output ?? 0, cached, 0];
 }
 
 /** A token count the request named: a whole number; undefined for anything else. */
@@ -125,6 +138,7 @@ function list(value: unknown): unknown[] | undefined {
 const CHAT: Api = {
   path: "chat.completions",
   usage: ["prompt_tokens", "completion_tokens"],
+  cachedDetails: "prompt_tokens_details",
   unlimited: new Set(["parse", "stream", "runTools"]),
   cost(body) {
     const tools = list(body.tools) ?? list(body.functions);
@@ -153,6 +167,7 @@ const FINAL_EVENTS = new Set(["response.completed", "response.incomplete", "resp
 const RESPONSES: Api = {
   path: "responses",
   usage: ["input_tokens", "output_tokens"],
+  cachedDetails: "input_tokens_details",
   unlimited: new Set(["parse", "stream", "compact"]),
   cost(body) {
     const tools = responsesTools(list(body.tools));

@@ -37,8 +37,17 @@ export interface WrapOptions {
   feedbackInterval?: number | null;
 }
 
-/** The input and output tokens an answer used. */
-export type Counts = readonly [input: number, output: number];
+/**
+ * The input and output tokens an answer used, and of the input what was read
+ * from the provider's prompt cache and written to it, apart (`input` is then
+ * the full-price input only; absent: 0).
+ */
+export type Counts = readonly [
+  input: number,
+  output: number,
+  cachedInput?: number,
+  cacheWrite?: number,
+];
 
 /** The SDKs' per-request options, as far as the wrappers touch them. */
 export interface RequestOptionsLike {
@@ -290,7 +299,10 @@ export class Gate {
   async settle(lease: Lease, counts: Counts | null, headers?: HeadersLike): Promise<void> {
     try {
       if (counts === null) await lease.settleAsReserved();
-      else await lease.report({ inputTokens: counts[0], outputTokens: counts[1] });
+      else {
+        const [inputTokens, outputTokens, cachedInputTokens, cacheWriteTokens] = counts;
+        await lease.report({ inputTokens, outputTokens, cachedInputTokens, cacheWriteTokens });
+      }
     } catch (error) {
       this.settleError(lease, error);
     }

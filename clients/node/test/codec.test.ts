@@ -109,6 +109,7 @@ describe("vectors", () => {
       "Inspect",
       "Feedback",
       "LeaseFeedback",
+      "UsageReport",
     ]);
     assert.deepEqual(VARIANTS.Cost, ["Tokens", "Messages", "Conversation"]);
     assert.deepEqual(VARIANTS.Block, ["Text", "Image"]);

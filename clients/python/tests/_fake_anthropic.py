@@ -27,7 +27,8 @@ application, the latency and the records of the OpenAI-shaped fake
   `input_tokens` and `cache_creation_input_tokens` but not
   `cache_read_input_tokens` for current models; the fake knows its count at
   arrival and caches nothing, so its estimate is the count and it reports
-  no cache tokens;
+  no cache tokens (unless a test asks it to report some:
+  `--cache-read-tokens`, `--cache-write-tokens`, never charged);
 - output: "OTPM rate limits are estimated based on max_tokens at the
   beginning of each request, and the estimate is adjusted at the end of the
   request to reflect the actual number of output tokens used": `max_tokens`
@@ -318,6 +319,8 @@ class StrictAnthropic(BucketedProvider):
         count_rejected: bool = True,
         rejected_tokens: bool = False,
         round_remaining: bool = True,
+        cache_read_input_tokens: int = 0,
+        cache_creation_input_tokens: int = 0,
         seed: Optional[int] = None,
         port: int = 0,
     ) -> None:
@@ -339,6 +342,11 @@ class StrictAnthropic(BucketedProvider):
         self.chars_per_token = chars_per_token
         self.foreign_fraction = foreign_fraction
         self.round_remaining = round_remaining
+        #: The cache figures each answer's usage reports, as a test asks: the
+        #: prompt's own count is `input_tokens` whatever they are, and only
+        #: it is charged (this fake caches nothing).
+        self.cache_read_input_tokens = cache_read_input_tokens
+        self.cache_creation_input_tokens = cache_creation_input_tokens
         self.bodies: list[dict] = []
         self.served = 0
         self.rate_limited = 0
@@ -434,8 +442,8 @@ class StrictAnthropic(BucketedProvider):
             self.buckets["output_tokens"].give_back(estimate - output, time.monotonic())
         usage = {
             "input_tokens": counted,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": self.cache_creation_input_tokens,
+            "cache_read_input_tokens": self.cache_read_input_tokens,
             "output_tokens": output,
         }
         return 200, headers, message_reply(body, usage)
@@ -475,6 +483,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         action="store_true",
         help="do not round the token counts of the remaining headers to thousands",
     )
+    parser.add_argument("--cache-read-tokens", type=int, default=0, help="reported in each usage")
+    parser.add_argument("--cache-write-tokens", type=int, default=0, help="reported in each usage")
     add_limit_options(parser)
     args = parser.parse_args(argv)
     provider = StrictAnthropic(
@@ -489,6 +499,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         count_rejected=args.count_rejected,
         rejected_tokens=args.rejected_tokens,
         round_remaining=not args.exact_remaining,
+        cache_read_input_tokens=args.cache_read_tokens,
+        cache_creation_input_tokens=args.cache_write_tokens,
         seed=args.seed,
         port=args.port,
     )

@@ -426,6 +426,7 @@ class FakeProvider(BucketedProvider):
         requests_per_minute: float = 1e9,
         completion_tokens: int = 20,
         *,
+        cached_tokens: int = 0,
         chars_per_token: float = CHARS_PER_TOKEN,
         latency: Optional[tuple[float, float]] = None,
         foreign_fraction: float = 0.0,
@@ -449,6 +450,9 @@ class FakeProvider(BucketedProvider):
             port=port,
         )
         self.completion_tokens = completion_tokens
+        #: Of each prompt's tokens, how many the usage says were read from
+        #: the prompt cache (at most the prompt; 0: no details in the usage).
+        self.cached_tokens = cached_tokens
         self.chars_per_token = chars_per_token
         self.foreign_fraction = foreign_fraction
         self.bodies: list[dict] = []
@@ -495,7 +499,7 @@ class FakeProvider(BucketedProvider):
     def _decide(self, endpoint: Any, body: dict) -> tuple[int, dict, dict, Optional[dict]]:
         """(status, headers, usage, error) for one request, charging the buckets."""
         charge = endpoint.charge(body, self.chars_per_token)
-        usage = endpoint.usage(body, self.completion_tokens)
+        usage = endpoint.usage(body, self.completion_tokens, self.cached_tokens)
         with self.lock:
             self.bodies.append(body)
             error = None
@@ -693,12 +697,19 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--tpm", type=float, required=True, help="tokens per minute")
     parser.add_argument("--rpm", type=float, required=True, help="requests per minute")
     parser.add_argument("--chars-per-token", type=float, default=CHARS_PER_TOKEN)
+    parser.add_argument(
+        "--cached-tokens",
+        type=int,
+        default=0,
+        help="of each prompt, the tokens the usage says were read from the cache",
+    )
     add_limit_options(parser)
     args = parser.parse_args(argv)
     provider = FakeProvider(
         args.tpm,
         args.rpm,
         args.completion_tokens,
+        cached_tokens=args.cached_tokens,
         chars_per_token=args.chars_per_token,
         latency=latency_option(args),
         foreign_fraction=args.foreign,

@@ -98,14 +98,17 @@ class Chat:
     def charge(self, body: dict, chars_per_token: float) -> int:
         return rate_limit_charge(body, chars_per_token)
 
-    def usage(self, body: dict, completion_tokens: int) -> dict:
+    def usage(self, body: dict, completion_tokens: int, cached_tokens: int = 0) -> dict:
         prompt = prompt_tokens(body.get("messages") or [], body.get("tools"))
         completion = min(completion_tokens, max_output_tokens(body))
-        return {
+        usage = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         }
+        if cached_tokens:  # as OpenAI: the cached tokens are part of prompt_tokens
+            usage["prompt_tokens_details"] = {"cached_tokens": min(cached_tokens, prompt)}
+        return usage
 
     def reply(self, body: dict, usage: dict) -> dict:
         return {
@@ -191,12 +194,12 @@ class Responses:
         given = body.get("max_output_tokens")
         return DEFAULT_MAX_TOKENS if given is None else int(given)
 
-    def usage(self, body: dict, completion_tokens: int) -> dict:
+    def usage(self, body: dict, completion_tokens: int, cached_tokens: int = 0) -> dict:
         prompt = prompt_tokens(responses_messages(body), body.get("tools"))
         output = min(completion_tokens, self._max_output(body))
         return {
             "input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": min(cached_tokens, prompt)},
             "output_tokens": output,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + output,
@@ -298,7 +301,7 @@ class Embeddings:
     def charge(self, body: dict, chars_per_token: float) -> int:
         return self._tokens(body, chars_per_token)
 
-    def usage(self, body: dict, completion_tokens: int) -> dict:
+    def usage(self, body: dict, completion_tokens: int, cached_tokens: int = 0) -> dict:
         prompt = self._tokens(body, CHARS_PER_TOKEN)
         return {"prompt_tokens": prompt, "total_tokens": prompt}
 

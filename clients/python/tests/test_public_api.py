@@ -21,6 +21,7 @@ EXPORTED = {
         "AsyncClient",
         "AsyncLease",
         "BucketStatus",
+        "BudgetExhausted",
         "Cancelled",
         "ChatMessage",
         "Client",

@@ -39,6 +39,7 @@ SPEC_VARIANTS = {
         "Inspect",
         "Feedback",
         "LeaseFeedback",
+        "UsageReport",
     ],
     p.COST: ["Tokens", "Messages", "Conversation"],
     p.BLOCK: ["Text", "Image"],
@@ -241,9 +242,9 @@ def test_encode_request_gives_the_vector_bytes(frame_type, case):
 
 
 def settlement_vectors():
-    """The valid client vectors of a Report or a Release: the frames a
-    `Settlement` packs (every other vector has no settlement to compare)."""
-    settlements = (p.Report, p.Release)
+    """The valid client vectors of a Report, a UsageReport or a Release: the
+    frames a `Settlement` packs (every other vector has no settlement to compare)."""
+    settlements = (p.Report, p.UsageReport, p.Release)
     vectors = [
         param
         for param in CLIENT_VALID
@@ -261,10 +262,35 @@ def test_a_settlement_packs_the_vector_bytes(frame_type, case):
     request = frame.request
     if isinstance(request, p.Report):
         settlement = Settlement(request.lease, request.input_tokens, request.output_tokens, False)
+    elif isinstance(request, p.UsageReport):
+        usage = request.usage
+        settlement = Settlement(
+            request.lease,
+            usage.input_tokens,
+            usage.output_tokens,
+            False,
+            usage.cached_input_tokens,
+            usage.cache_write_tokens,
+        )
+        if not settlement.usage_report:
+            # Without cache figures a report says as much as a Report, which
+            # every daemon knows: the client sends that instead.
+            report = p.Report(request.lease, usage.input_tokens, usage.output_tokens)
+            assert settlement.message() == report
+            return
     else:
         settlement = Settlement(request.lease, 0, 0, True)
     assert settlement.message() == request
     assert settlement.frame(frame.request_id, p.MAX_FRAME_LEN).hex() == case["hex"]
+
+
+def test_a_usage_report_falls_back_to_a_report_of_every_input_token():
+    settlement = Settlement(42, 120, 230, False, 1000, 300)
+    assert settlement.usage_report
+    fallback = settlement.as_report()
+    assert fallback.message() == p.Report(42, 120 + 1000 + 300, 230)
+    assert not fallback.usage_report
+    assert fallback.as_report() is fallback
 
 
 @pytest.mark.parametrize(

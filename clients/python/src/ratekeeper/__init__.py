@@ -8,14 +8,20 @@
         lease.report(response.usage.total_tokens)
 
 `Client` is thread-safe and fork-safe; `AsyncClient` is its asyncio twin.
-A denial raises `RateLimited` with `retry_after` in seconds; every protocol
+A denial raises `RateLimited` with `retry_after` in seconds (`BudgetExhausted`,
+a subclass, when a spend budget refused); every protocol
 error code has its own exception class (see `ERROR_CLASSES`).
 `ratekeeper.openai.wrap` limits an OpenAI client's chat completions.
 """
 
 from ._async.client import AsyncClient
 from ._async.lease import AsyncLease
-from ._core.errors import RateLimited, SidecarUnavailable, SidecarUnavailableWarning
+from ._core.errors import (
+    BudgetExhausted,
+    RateLimited,
+    SidecarUnavailable,
+    SidecarUnavailableWarning,
+)
 from ._core.estimate import estimate_prompt_tokens
 from ._core.settings import DEFAULT_SOCKET, ENV_SOCKET
 from ._proto import BucketStatus, ChatMessage, Estimated, LimitStatus, StatusReply
@@ -55,6 +61,7 @@ __all__ = [
     "AsyncClient",
     "AsyncLease",
     "BucketStatus",
+    "BudgetExhausted",
     "Cancelled",
     "ChatMessage",
     "Client",

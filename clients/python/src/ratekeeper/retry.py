@@ -32,7 +32,9 @@ def is_retryable(error: Optional[BaseException]) -> bool:
 
     `RateLimited`, `SidecarUnavailable`, `StoreUnavailable`, `ShuttingDown`,
     `TooManyInFlight` and `Overloaded` are; configuration and request errors
-    (`UnknownLimit`, `CostExceedsCapacity`, …) and foreign exceptions are not.
+    (`UnknownLimit`, `CostExceedsCapacity`, …), `BudgetExhausted` (a spend
+    budget resets in hours or days, no retry loop should sleep that long)
+    and foreign exceptions are not.
     """
     return isinstance(error, RatekeeperError) and error.retryable
 

@@ -139,6 +139,9 @@ class Connection:
         self._closed: Optional[ConnectionLost] = None
         #: Set when the daemon said ShuttingDown: new acquires go elsewhere.
         self.retired = False
+        #: Cleared when the daemon answered a `UsageReport` as unsupported (it
+        #: predates revision 6): the lease reports on it go as `Report`.
+        self.usage_reports = True
         self._in_flight = 0  # unanswered requests that count against the daemon's bound
         self._room: collections.deque[asyncio.Future] = collections.deque()  # tasks waiting
         for frame in leftover:

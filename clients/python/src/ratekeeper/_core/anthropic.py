@@ -8,10 +8,13 @@ both are retried (`RETRIED`) with an acquire of their own. The halves
 that do wait are written once in `_async/anthropic.py`, and
 `_sync/anthropic.py` is generated from it.
 
-Settlement follows what Anthropic counts towards its limits: input tokens per
-minute are `input_tokens + cache_creation_input_tokens` — cache reads
-(`cache_read_input_tokens`) do not count towards ITPM for current models, so
-they are not reported — and output tokens per minute are `output_tokens`.
+Usage is reported as Anthropic bills it (`Counts`): `input_tokens` at the
+full price, `cache_read_input_tokens` as cache reads and
+`cache_creation_input_tokens` as cache writes (three disjoint figures), and
+`output_tokens`. The daemon settles the rate limit by what Anthropic counts
+towards it: input tokens per minute are `input_tokens +
+cache_creation_input_tokens` (cache reads do not count towards ITPM for
+current models), output tokens per minute `output_tokens`.
 
 Which parts of the client are limited (`MESSAGES`, `BETA_MESSAGES`: `create`
 and `parse`, also under `with_raw_response` and `with_streaming_response`,
@@ -27,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .calls import Cost
+from .calls import Cost, Counts
 
 log = logging.getLogger("ratekeeper.anthropic")
 
@@ -57,16 +60,30 @@ def _field(usage: Any, name: str) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def usage_counts(usage: Any) -> Optional[tuple[int, int]]:
-    """(input, output) to report for a reply's `usage`: input is `input_tokens +
-    cache_creation_input_tokens` (what counts towards ITPM), output `output_tokens`."""
+#: The fields of Anthropic's `usage` that the wrapper reports.
+USAGE_FIELDS = (
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "output_tokens",
+)
+
+
+def usage_counts(usage: Any) -> Optional[Counts]:
+    """What to report for a reply's `usage`: `input_tokens`, `output_tokens`,
+    and the cache reads and writes (`cache_read_input_tokens`,
+    `cache_creation_input_tokens`; 0 when absent)."""
     if usage is None:
         return None
     given = _field(usage, "input_tokens"), _field(usage, "output_tokens")
     if given == (None, None):
         return None
-    created = _field(usage, "cache_creation_input_tokens") or 0
-    return (given[0] or 0) + created, given[1] or 0
+    return Counts(
+        given[0] or 0,
+        given[1] or 0,
+        cached_input_tokens=_field(usage, "cache_read_input_tokens") or 0,
+        cache_write_tokens=_field(usage, "cache_creation_input_tokens") or 0,
+    )
 
 
 class StreamUsage:
@@ -88,21 +105,21 @@ class StreamUsage:
         else:
             self.complete = self.complete or kind == "message_stop"
             return
-        for name in ("input_tokens", "cache_creation_input_tokens", "output_tokens"):
+        for name in USAGE_FIELDS:
             value = _field(usage, name)
             if value is not None:
                 self.usage[name] = value
 
-    def counts(self, reserved_output: int) -> Optional[tuple[int, int]]:
-        """(input, output) to report; an unfinished stream keeps its reserved output."""
+    def counts(self, reserved_output: int) -> Optional[Counts]:
+        """What to report; an unfinished stream keeps its reserved output."""
         counts = usage_counts(self.usage)
         if counts is None or self.complete:
             return counts
-        return counts[0], max(counts[1], reserved_output)
+        return counts._replace(output_tokens=max(counts.output_tokens, reserved_output))
 
 
-def snapshot_counts(stream: Any, reserved_output: int) -> Optional[tuple[int, int]]:
-    """(input, output) of a `messages.stream()` stream from its message snapshot."""
+def snapshot_counts(stream: Any, reserved_output: int) -> Optional[Counts]:
+    """What a `messages.stream()` stream used, from its message snapshot."""
     try:
         snapshot = stream.current_message_snapshot  # asserts that one exists
     except (AssertionError, AttributeError):
@@ -110,16 +127,16 @@ def snapshot_counts(stream: Any, reserved_output: int) -> Optional[tuple[int, in
     counts = usage_counts(getattr(snapshot, "usage", None))
     if counts is None or getattr(snapshot, "stop_reason", None) is not None:
         return counts
-    return counts[0], max(counts[1], reserved_output)
+    return counts._replace(output_tokens=max(counts.output_tokens, reserved_output))
 
 
-def reply_counts(reply: Any) -> Optional[tuple[int, int]]:
-    """(input, output) of a whole answer: the SDK's message, or its JSON body (a dict)."""
+def reply_counts(reply: Any) -> Optional[Counts]:
+    """What a whole answer used: the SDK's message, or its JSON body (a dict)."""
     return usage_counts(_get(reply, "usage"))
 
 
-def body_counts(body: Any, reserved_output: int) -> Optional[tuple[int, int]]:
-    """(input, output) of an answer's body as the caller read it
+def body_counts(body: Any, reserved_output: int) -> Optional[Counts]:
+    """What an answer's body used as the caller read it
     (`with_streaming_response`): a message's JSON, or a stream's server-sent
     events, whose usage is added up as `StreamUsage` does (an unfinished
     stream keeps its reserved output). None: no usage in it."""

@@ -19,7 +19,7 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,18 @@ class CallOptions:
     max_wait: Optional[float] = None
 
 
-#: The input and output tokens an answer used.
-Counts = tuple[int, int]
+class Counts(NamedTuple):
+    """The tokens an answer used, as the wrappers report them (`Lease.report`).
+
+    The input is split as providers bill it: `input_tokens` is the full-price
+    input only, apart from what was read from the prompt cache
+    (`cached_input_tokens`) and written to it (`cache_write_tokens`).
+    """
+
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 @dataclass(frozen=True)

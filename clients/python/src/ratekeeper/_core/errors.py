@@ -1,5 +1,6 @@
 """The failures the client detects itself, beside the protocol's error codes
-(`_proto.errors`): a denial raised as `RateLimited`, a sidecar that cannot be
+(`_proto.errors`): a denial raised as `RateLimited` (`BudgetExhausted` when
+a spend budget refused), a sidecar that cannot be
 reached or whose connection broke, and the warning of a call let through
 unlimited meanwhile.
 """
@@ -29,6 +30,34 @@ class RateLimited(RatekeeperError):
         self.retry_after = retry_after
         self.bucket = bucket
         self.limit = limit
+
+
+class BudgetExhausted(RateLimited):
+    """A spend budget refused the acquire: the money it allows for its period
+    is spent. A `RateLimited`, so code that backs off on a denial keeps
+    working, but waiting a moment will not help: `retry_after` is the time
+    to the budget period's reset (a day, a month), and `bucket` names the
+    budget (`"budget_day"`, `"tenant_budget_month"`, ...).
+    """
+
+    retryable = False
+
+    def __init__(self, retry_after: float, bucket: str, limit: str = "") -> None:
+        super().__init__(retry_after, bucket, limit)
+        where = f" on limit {limit!r}" if limit else ""
+        self.message = f"spend budget {bucket!r}{where} is exhausted; it resets in {retry_after}s"
+        self.args = (self.message,)
+
+
+def denied(retry_after: float, bucket: str, limit: str = "") -> RateLimited:
+    """The exception of a denial: `BudgetExhausted` when the bucket is a spend
+    budget's (its name contains `budget`, PROTOCOL.md §4.2), else `RateLimited`."""
+    kind = BudgetExhausted if BUDGET in bucket else RateLimited
+    return kind(retry_after, bucket, limit)
+
+
+#: What every spend budget's bucket name contains, and no other bucket's.
+BUDGET = "budget"
 
 
 class SidecarUnavailable(RatekeeperError):

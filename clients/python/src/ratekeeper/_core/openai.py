@@ -7,7 +7,9 @@ here exactly (embeddings given as token ids). A Responses request becomes
 messages the way the daemon's own `ratekeeper count-tokens` reads one
 (`src/tokens/request_json.rs`): `instructions` a system message, then one
 message per input item, function tools nested as chat tools. Each answer's
-usage is read back as (input, output), from a reply, a stream's events or
+usage is read back as `Counts` (input, output, and the cached input apart:
+`prompt_tokens_details.cached_tokens`, or the Responses API's
+`input_tokens_details.cached_tokens`), from a reply, a stream's events or
 a body the caller read. Which parts of the OpenAI client spend tokens
 unlimited, and warn once, are here too.
 """
@@ -102,6 +104,9 @@ class Api:
     path = ""
     #: The usage fields read as (input, output); output None: the answer has none.
     usage_fields: tuple[str, Optional[str]] = ("prompt_tokens", "completion_tokens")
+    #: Where the usage says how many of its input tokens were cache reads
+    #: (included in the input field); None: it never does.
+    cached_field: Optional[str] = "prompt_tokens_details"
     #: The SDK methods of the endpoint that are limited (also under
     #: `with_raw_response` and `with_streaming_response`).
     methods: frozenset = frozenset({"create"})
@@ -117,7 +122,13 @@ class Api:
         return False
 
     def counts(self, usage: Any) -> Optional[Counts]:
-        """(input, output) of an answer's `usage`, a dict or an SDK object."""
+        """What an answer's `usage` (a dict or an SDK object) says was used.
+
+        OpenAI's input count includes the tokens read from the prompt cache
+        (`cached_tokens` of its details; none when the details are missing):
+        they are reported apart, and the input as the rest, billed at the
+        full price. OpenAI bills no cache writes.
+        """
         if usage is None:
             return None
         input_name, output_name = self.usage_fields
@@ -125,7 +136,12 @@ class Api:
         used = _tokens(_get(usage, input_name)), output
         if used == (None, None):
             return None
-        return used[0] or 0, used[1] or 0
+        input_tokens = used[0] or 0
+        cached = 0
+        if self.cached_field is not None:
+            details = _get(usage, self.cached_field)
+            cached = min(_tokens(_get(details, "cached_tokens")) or 0, input_tokens)
+        return Counts(input_tokens - cached, used[1] or 0, cached_input_tokens=cached)
 
     def reply_counts(self, reply: Any) -> Optional[Counts]:
         """(input, output) of a whole answer (the SDK's object, or its JSON body)."""
@@ -212,6 +228,7 @@ class Responses(Api):
 
     path = "responses"
     usage_fields = ("input_tokens", "output_tokens")
+    cached_field = "input_tokens_details"
     methods = frozenset({"create", "parse"})
     #: `compact` runs the model over a conversation; `connect` opens a WebSocket.
     unlimited = frozenset({"compact", "connect"})
@@ -323,6 +340,7 @@ class Embeddings(Api):
 
     path = "embeddings"
     usage_fields = ("prompt_tokens", None)
+    cached_field = None
 
     def cost(self, kwargs: dict) -> Cost:
         """Texts are sent as the parts of one user message: the daemon counts each

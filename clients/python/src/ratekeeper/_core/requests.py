@@ -334,29 +334,74 @@ def build_acquire(
 
 
 class Settlement:
-    """A lease's `Report` or `Release` as the policy sends it: its integers.
+    """A lease's `Report`, `UsageReport` or `Release` as the policy sends it:
+    its integers.
 
-    Not a message: packed by the precompiled layout of its message type
-    (`p.FIXED_REQUESTS`) with no dataclass built on the way; `message()` is
-    the `p.Report` or `p.Release` it stands for, byte for byte.
+    Not a message: a `Report` or `Release` is packed by the precompiled layout
+    of its message type (`p.FIXED_REQUESTS`) with no dataclass built on the
+    way; `message()` is the message it stands for, byte for byte. A report
+    with cache figures is a `UsageReport` (revision 6), whose `input_tokens`
+    is the full-price input only; `as_report()` is the `Report` to send
+    instead to a daemon that predates it.
     """
 
-    __slots__ = ("input_tokens", "lease", "output_tokens", "release")
+    __slots__ = (
+        "cache_write_tokens",
+        "cached_input_tokens",
+        "input_tokens",
+        "lease",
+        "output_tokens",
+        "release",
+    )
 
-    def __init__(self, lease: int, input_tokens: int, output_tokens: int, release: bool) -> None:
+    def __init__(
+        self,
+        lease: int,
+        input_tokens: int,
+        output_tokens: int,
+        release: bool,
+        cached_input_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> None:
         self.lease = lease
         self.input_tokens = input_tokens
         self.output_tokens = output_tokens
-        #: A `Release` (give everything back) rather than a `Report` of the counts.
+        #: A `Release` (give everything back) rather than a report of the counts.
         self.release = release
+        self.cached_input_tokens = cached_input_tokens
+        self.cache_write_tokens = cache_write_tokens
 
-    def message(self) -> Union[p.Report, p.Release]:
+    @property
+    def usage_report(self) -> bool:
+        """Whether this is a `UsageReport`: a report with cache figures."""
+        return not self.release and bool(self.cached_input_tokens or self.cache_write_tokens)
+
+    def as_report(self) -> Settlement:
+        """The `Report` of this settlement for a daemon without `UsageReport`:
+        every input token as input (cache reads and writes included), which
+        errs high where the provider does not count cache reads, never low."""
+        if not self.usage_report:
+            return self
+        input_tokens = self.input_tokens + self.cached_input_tokens + self.cache_write_tokens
+        return Settlement(self.lease, input_tokens, self.output_tokens, False)
+
+    def message(self) -> Union[p.Report, p.UsageReport, p.Release]:
         if self.release:
             return p.Release(self.lease)
+        if self.usage_report:
+            usage = p.Usage(
+                self.input_tokens,
+                self.cached_input_tokens,
+                self.cache_write_tokens,
+                self.output_tokens,
+            )
+            return p.UsageReport(self.lease, usage)
         return p.Report(self.lease, self.input_tokens, self.output_tokens)
 
     def frame(self, request_id: int, max_frame_len: int) -> bytes:
         """The encoded `ClientFrame` of the settlement under `request_id`."""
+        if self.usage_report:
+            return p.encode_request(request_id, self.message(), max_frame_len)
         try:
             if self.release:
                 return _RELEASE.pack(_RELEASE.size - 4, request_id, _RELEASE_TAG, self.lease)
@@ -462,7 +507,8 @@ def report_counts(
     """`report(used)` or `report(input_tokens=, output_tokens=)` as the wire's two counts.
 
     A single total is sent as input tokens: limits that share one token bucket
-    only look at the sum.
+    only look at the sum. (The cache figures, checked by `cache_counts`, come
+    on top.)
     """
     if type(used) is int and used >= 0 and input_tokens is None and output_tokens is None:
         return used, 0  # the usual: report(total)
@@ -475,4 +521,14 @@ def report_counts(
     return (
         0 if input_tokens is None else token_count("input_tokens", input_tokens),
         0 if output_tokens is None else token_count("output_tokens", output_tokens),
+    )
+
+
+def cache_counts(cached_input_tokens: int, cache_write_tokens: int) -> tuple[int, int]:
+    """A report's cache reads and writes, checked as token counts."""
+    if cached_input_tokens == 0 and cache_write_tokens == 0:
+        return 0, 0  # the usual: no cache figures
+    return (
+        token_count("cached_input_tokens", cached_input_tokens),
+        token_count("cache_write_tokens", cache_write_tokens),
     )

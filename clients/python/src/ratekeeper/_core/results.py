@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import _proto as p
 from .._proto.errors import ProtocolError
-from .errors import RateLimited
+from .errors import denied
 
 
 def expect(response: p.Response, kind: type) -> Any:
@@ -21,7 +21,8 @@ def expect(response: p.Response, kind: type) -> Any:
 
 
 def granted_or_raise(response: p.Response, limit: str) -> p.Granted:
-    """The grant, or `RateLimited` for a denial, or the mapped error."""
+    """The grant, or `RateLimited` for a denial (`BudgetExhausted` for a spend
+    budget's), or the mapped error."""
     if isinstance(response, p.Denied):
-        raise RateLimited(response.retry_after_ms / 1000.0, response.bucket, limit)
+        raise denied(response.retry_after_ms / 1000.0, response.bucket, limit)
     return expect(response, p.Granted)

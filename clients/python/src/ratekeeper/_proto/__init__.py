@@ -82,6 +82,8 @@ from .messages import (
     TextBlock,
     TokenCost,
     Turn,
+    Usage,
+    UsageReport,
 )
 from .wire import (
     BOOL,
@@ -165,6 +167,8 @@ __all__ = [
     "TextBlock",
     "TokenCost",
     "Turn",
+    "Usage",
+    "UsageReport",
     "Vec",
     "WireType",
     "decode_frame",

@@ -244,6 +244,30 @@ class LeaseFeedback:
     TAG: ClassVar[int]
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What a call used in four disjoint kinds of token, as providers bill them
+    (revision 6): `input_tokens` is the full-price input only, neither read from
+    nor written to the prompt cache; cache reads and writes are apart."""
+
+    input_tokens: int
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+    WIRE: ClassVar[tuple] = ()
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    """Request 12 (revision 6): `Report` with the usage split by kind of token,
+    so that spend budgets price it; answered by `Settled`."""
+
+    lease: int
+    usage: Usage
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
 Request = Union[
     Hello,
     Acquire,
@@ -257,6 +281,7 @@ Request = Union[
     Inspect,
     Feedback,
     LeaseFeedback,
+    UsageReport,
 ]
 
 
@@ -294,6 +319,7 @@ REQUEST = Enum(
         Inspect,
         Feedback,
         LeaseFeedback,
+        UsageReport,
     ),
 )
 RESPONSE = Enum(
@@ -400,6 +426,13 @@ Feedback.WIRE = (
     ("headers", Vec(Struct(Header))),
 )
 LeaseFeedback.WIRE = (("lease", U64), ("feedback", Struct(Feedback)))
+Usage.WIRE = (
+    ("input_tokens", U64),
+    ("cached_input_tokens", U64),
+    ("cache_write_tokens", U64),
+    ("output_tokens", U64),
+)
+UsageReport.WIRE = (("lease", U64), ("usage", Struct(Usage)))
 Noted.WIRE = (("paused_ms", U64), ("lowered", U32))
 InspectReply.WIRE = (
     ("health", Struct(HealthReply)),

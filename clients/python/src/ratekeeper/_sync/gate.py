@@ -109,13 +109,18 @@ class Gate:
         return noted is not None and noted.paused_ms > 0
 
     def report(self, lease: Lease, counts: Optional[Counts]) -> None:
-        """Settles with the provider's (input, output) usage; without one, the
-        reservation counts as spent. Never raises."""
+        """Settles with the provider's usage, cache reads and writes apart;
+        without one, the reservation counts as spent. Never raises."""
         try:
             if counts is None:
                 lease.settle_as_reserved()
             else:
-                lease.report(input_tokens=counts[0], output_tokens=counts[1])
+                lease.report(
+                    input_tokens=counts.input_tokens,
+                    output_tokens=counts.output_tokens,
+                    cached_input_tokens=counts.cached_input_tokens,
+                    cache_write_tokens=counts.cache_write_tokens,
+                )
         except RatekeeperError as error:
             self.log.warning("could not settle lease %s: %s", lease.lease_id, error)
 

@@ -15,7 +15,7 @@ from .._core import requests as req
 from .._core.deadlines import SETTLE_RETRY_DELAYS, Deadline, settle_retry_pause
 from .._core.errors import ConnectionLost
 from .._core.failed_call import failed_call
-from .._core.requests import Reservation, report_counts
+from .._core.requests import Reservation, cache_counts, report_counts
 from .._core.results import expect
 from .._proto.errors import ErrorCode, RatekeeperError
 from .transport import Connection, sleep
@@ -82,14 +82,29 @@ class Lease:
         *,
         input_tokens: Optional[int] = None,
         output_tokens: Optional[int] = None,
+        cached_input_tokens: int = 0,
+        cache_write_tokens: int = 0,
     ) -> Optional[int]:
         """Settles the lease with the provider's usage: `report(total)` or by side.
+
+        `cached_input_tokens` (input read from the provider's prompt cache) and
+        `cache_write_tokens` (input written to it) let spend budgets price the
+        call by kind of token; given, `input_tokens` (or `used`) counts only
+        the input billed at the full price, the three never overlapping
+        (OpenAI: `prompt_tokens - cached_tokens`; Anthropic: `input_tokens`).
+        The daemon works out what the rate limit counts. A report with cache
+        figures goes as a `UsageReport` (protocol revision 6); a daemon that
+        predates it gets a `Report` whose input is all three input figures
+        added up (remembered for the connection): conservative, since it
+        counts cache reads even where the provider's limit does not.
 
         Returns the tokens given back (negative when the usage exceeded the
         reservation and the overrun was debited), or None when nothing was sent.
         """
         counts = report_counts(used, input_tokens, output_tokens)
-        settlement = req.Settlement(self.lease_id or 0, counts[0], counts[1], False)
+        cached, written = cache_counts(cached_input_tokens, cache_write_tokens)
+        lease = self.lease_id or 0
+        settlement = req.Settlement(lease, counts[0], counts[1], False, cached, written)
         return self._settle(settlement, p.Settled)
 
     def release(self) -> Optional[int]:
@@ -158,12 +173,16 @@ class Lease:
         A `StoreUnavailable` answer means the daemon could not apply the
         settlement and kept the lease: the same request is sent again after
         each pause of `SETTLE_RETRY_DELAYS`, within `timeout`, and the
-        last answer is raised if none settled it.
+        last answer is raised if none settled it. A `UsageReport` that the
+        daemon does not know (PROTOCOL.md §10) is sent again as a `Report`,
+        and so is every later one on that connection.
         """
         if self.unlimited:
             self.settled = True
             return None
         conn = self._conn
+        if request.usage_report and conn is not None and not conn.usage_reports:
+            request = request.as_report()
         deadline = Deadline(self._client.timeout)
         pauses = iter(SETTLE_RETRY_DELAYS)
         while True:
@@ -175,6 +194,11 @@ class Lease:
                 self.settled = True
                 log.info("lease %s was lost with its connection; the daemon kept it", self.lease_id)
                 return None
+            if request.usage_report and req.unsupported(response):
+                log.info("the sidecar predates usage reports; reporting lease %s", self.lease_id)
+                conn.usage_reports = False
+                request = request.as_report()
+                continue
             try:
                 answer = expect(response, kind)
                 break

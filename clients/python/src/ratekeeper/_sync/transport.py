@@ -182,6 +182,9 @@ class Connection:
         self._sleepers: dict[Future, None] = {}  # callers waiting on the reader, in order
         #: Set when the daemon said ShuttingDown: new acquires go elsewhere.
         self.retired = False
+        #: Cleared when the daemon answered a `UsageReport` as unsupported (it
+        #: predates revision 6): the lease reports on it go as `Report`.
+        self.usage_reports = True
         self._in_flight = 0  # unanswered requests that count against the daemon's bound
         self._room = threading.Condition(self._state)  # notified when one of those is answered
         self._room_waiters = 0
