@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::ArgGroup;
 
-use ratekeeper::proto::{Acquire, Cost, Request, Response};
+use ratekeeper::proto::{Acquire, Cost, Request, Response, Usage};
 use ratekeeper::tokens::request_json;
 
 use super::{ApiArg, EXIT_DENIED, answer_failure, connect};
@@ -69,7 +69,11 @@ pub struct AcquireArgs {
     #[arg(long)]
     priority: Option<String>,
     /// Settle the lease with this total usage right after the grant.
-    #[arg(long, value_name = "USED", conflicts_with_all = ["report_input", "report_output"])]
+    #[arg(
+        long,
+        value_name = "USED",
+        conflicts_with_all = ["report_input", "report_output", "report_cached_input", "report_cache_write"]
+    )]
     report: Option<u64>,
     /// Settle the lease with this many input tokens used (0 if only
     /// --report-output is given).
@@ -79,8 +83,20 @@ pub struct AcquireArgs {
     /// --report-input is given).
     #[arg(long, value_name = "N")]
     report_output: Option<u64>,
+    /// Of the input, this many tokens were read from the provider's prompt
+    /// cache (a spend budget prices them apart; --report-input is then the
+    /// full-price input only).
+    #[arg(long, value_name = "N")]
+    report_cached_input: Option<u64>,
+    /// Of the input, this many tokens were written to the prompt cache
+    /// (--report-input is then the full-price input only).
+    #[arg(long, value_name = "N")]
+    report_cache_write: Option<u64>,
     /// Give the reservation back right after the grant (a dry run).
-    #[arg(long, conflicts_with_all = ["report", "report_input", "report_output"])]
+    #[arg(
+        long,
+        conflicts_with_all = ["report", "report_input", "report_output", "report_cached_input", "report_cache_write"]
+    )]
     release: bool,
 }
 
@@ -116,6 +132,17 @@ impl AcquireArgs {
                 lease,
                 input_tokens: used,
                 output_tokens: 0,
+            });
+        }
+        if self.report_cached_input.is_some() || self.report_cache_write.is_some() {
+            return Some(Request::UsageReport {
+                lease,
+                usage: Usage {
+                    input_tokens: self.report_input.unwrap_or(0),
+                    cached_input_tokens: self.report_cached_input.unwrap_or(0),
+                    cache_write_tokens: self.report_cache_write.unwrap_or(0),
+                    output_tokens: self.report_output.unwrap_or(0),
+                },
             });
         }
         if self.report_input.is_some() || self.report_output.is_some() {
