@@ -130,6 +130,9 @@ struct LimitBuckets {
     fixed: Vec<(BucketRole, BucketSpec)>,
     /// Its concurrency slots, with `max_concurrent`.
     slots: Option<SlotSpec>,
+    /// Whether any budget applies to it (its own, its tenants', its
+    /// group's): acquires of the others skip budgets at no cost.
+    budgeted: bool,
 }
 
 /// An acquire whose names and wait are valid.
@@ -474,6 +477,9 @@ impl Planner {
         tenant: Option<&str>,
         at_ms: i64,
     ) -> Vec<BudgetBucket> {
+        if !self.buckets[&limit.name].budgeted {
+            return Vec::new();
+        }
         let group = limit.group.as_deref();
         let group_budgets = group.and_then(|name| self.config.group(name));
         let mut budgets: Vec<(BudgetOwner, BucketOwner<'_>, &Budget)> = Vec::new();
@@ -642,7 +648,17 @@ impl LimitBuckets {
             max,
             timeout_ms: limit.concurrent_timeout_ms,
         });
-        LimitBuckets { fixed, slots }
+        let budgeted = limit.budgets.any()
+            || limit
+                .group
+                .as_deref()
+                .and_then(|name| config.group(name))
+                .is_some_and(|group| group.budgets.any());
+        LimitBuckets {
+            fixed,
+            slots,
+            budgeted,
+        }
     }
 }
 

@@ -164,3 +164,82 @@ fn a_call_that_can_cost_more_than_a_budget_is_refused_in_money() {
          limit \"chat\" is 0.10 less 0.01 kept for classes above \"normal\""
     );
 }
+
+mod periods {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::budget::period::{Calendar, zone};
+
+    const ZONES: [&str; 5] = [
+        "UTC",
+        "America/New_York",
+        "Europe/Berlin",
+        "Asia/Kolkata",
+        "Australia/Lord_Howe",
+    ];
+
+    fn planner_in(zone_name: &str) -> Planner {
+        let config = CONFIG.replace("America/New_York", zone_name);
+        Planner::new(Arc::new(from_toml_str(&config, "test.toml").unwrap()))
+    }
+
+    /// The calendar budget buckets of an acquire at `at_ms`: (name, key,
+    /// resets at, kept until).
+    fn calendar_buckets(planner: &Planner, at_ms: i64) -> Vec<(String, String, i64, i64)> {
+        plan(planner, "chat", Some("acme"), (1, 1), at_ms)
+            .unwrap()
+            .reserved
+            .iter()
+            .filter(|r| r.resets_at_ms.is_some())
+            .map(|r| {
+                (
+                    r.role.name().to_string(),
+                    r.draw.bucket.key.to_string(),
+                    r.resets_at_ms.unwrap(),
+                    r.draw.bucket.keep_until_ms.unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Whatever the instant and the zone, each calendar budget draws
+        /// the bucket of the period the instant is in, until the period's
+        /// last millisecond, and the next period's from its first: a
+        /// budget starts over exactly at midnight, on Monday, on the 1st,
+        /// daylight saving or not; and its key outlives the period by the
+        /// margin.
+        #[test]
+        fn a_budget_draws_its_periods_bucket_until_the_period_ends(
+            at_ms in 946_684_800_000_i64..4_102_444_800_000,
+            zone_index in 0..ZONES.len(),
+        ) {
+            let zone_name = ZONES[zone_index];
+            let planner = planner_in(zone_name);
+            let tz = zone(zone_name).unwrap();
+            for (name, key, resets_at, keep_until) in calendar_buckets(&planner, at_ms) {
+                let calendar = if name.ends_with("_day") {
+                    Calendar::Day
+                } else if name.ends_with("_week") {
+                    Calendar::Week
+                } else {
+                    Calendar::Month
+                };
+                let period = calendar.period_at(at_ms, &tz).unwrap();
+                prop_assert!(key.ends_with(&format!(":{}", period.label)), "{key} {period:?}");
+                prop_assert_eq!(resets_at, period.end_ms);
+                prop_assert_eq!(keep_until, period.end_ms + KEEP_AFTER_PERIOD_MS);
+                let last = calendar_buckets(&planner, period.end_ms - 1);
+                let next = calendar_buckets(&planner, period.end_ms);
+                let same = |buckets: &[(String, String, i64, i64)]| {
+                    buckets.iter().find(|b| b.0 == name).map(|b| b.1.clone())
+                };
+                prop_assert_eq!(same(&last), Some(key.clone()));
+                prop_assert_ne!(same(&next), Some(key.clone()));
+            }
+        }
+    }
+}
