@@ -119,7 +119,7 @@ Exit codes: 0 ready, 1 not ready or unreachable, 2 usage error."
         #[command(flatten)]
         socket: SocketArgs,
         #[command(flatten)]
-        args: commands::AcquireArgs,
+        args: Box<commands::AcquireArgs>,
     },
     /// Count the prompt tokens of a request read on stdin (OpenAI's or Anthropic's), as the daemon would.
     #[command(after_help = count_tokens_help())]
@@ -304,7 +304,7 @@ async fn run(cli: Cli, loaded: Option<Config>) -> anyhow::Result<ExitCode> {
             max_tokens,
         ),
         Command::Ping { socket } => commands::ping(&socket.socket).await,
-        Command::Acquire { socket, args } => commands::acquire(&socket.socket, args).await,
+        Command::Acquire { socket, args } => commands::acquire(&socket.socket, *args).await,
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut command = Cli::command();
