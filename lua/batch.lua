@@ -38,7 +38,8 @@
 --        in the bucket if the provider refused it (a 429; else 0): see below
 --   "c", n, and n times: key index, capacity, refill rate, largest cost,
 --        keep-until: the bucket's shape from the next operation on (a
---        config reload between two of the call's operations); no reply
+--        config reload between two of the call's operations; a bucket of
+--        rate 0 moves by the change of capacity, see below); no reply
 --
 -- A draw whose cost with its floor is above the bucket's capacity, but not
 -- above its largest cost, waits until the bucket is full and then takes it
@@ -48,7 +49,14 @@
 -- A bucket of rate 0 never refills (a spend budget per calendar period):
 -- a draw it cannot cover is denied whatever the wait allowed, with a
 -- retry_after of exactly NEVER (NEVER_MS in src/limiter/bucket.rs), and it
--- is the draw named even when others would wait too (the first such).
+-- is the draw named even when others would wait too (the first such). Its
+-- level is written with the capacity in force (field k), and whenever the
+-- capacity in force differs from the one its level is at (a reload, from
+-- the next call or the next "c" on; another sidecar's shape coming into
+-- force or leaving it), the level first moves by the difference: the
+-- budget's new amount holds for the current period at once, and what was
+-- spent stays spent (refill in bucket.lua, BucketState::rebased in
+-- src/limiter/bucket.rs).
 --
 -- Provider feedback across sidecars. A bucket counts in n the units its
 -- acquires ever drew. Once a lowering carries a count, the bucket also
@@ -136,8 +144,11 @@ local sidecar = ARGV[4]
 
 -- Each touched bucket: level and time as stored, read once, and as the
 -- batch has them now; the net change (units) of those the batch changed,
--- which are written once at the end.
-local stored_level, stored_at, read = {}, {}, {}
+-- which are written once at the end. For a bucket of rate 0, also the
+-- capacity its stored level was written under (k; nil: the one in force)
+-- and the one its level in the batch is at (basis; the capacity in force
+-- when the batch last brought it to now).
+local stored_level, stored_at, read, written, basis = {}, {}, {}, {}, {}
 local level, updated, capacity, rate, largest, delta = {}, {}, {}, {}, {}, {}
 -- Each bucket's keep-until instant (0: none), as its latest shape gives it.
 local keep = {}
@@ -198,23 +209,37 @@ local function read_shapes(index, slots)
   in_force(index)
 end
 
+-- Moves the level of a bucket of rate 0 that the batch changed by the
+-- change of its capacity in force since (see refill in bucket.lua), as an
+-- operation alone would find it after the last one wrote it.
+local function rebase(index)
+  if rate[index] == 0 and basis[index] then
+    level[index] = level[index] + capacity[index] - basis[index]
+  end
+  basis[index] = rate[index] == 0 and capacity[index] or nil
+end
 -- Brings a bucket to now for the next operation, as if it ran alone: until
 -- the batch changes it, from the stored state with the bucket's shape at
 -- this point (a reload, "c", may have changed it since the last operation);
--- after, capped (the time is the same for the whole call).
+-- after, moved by a changed capacity and capped (the time is the same for
+-- the whole call).
 local function touch(index)
   if not read[index] then
     read[index] = true
     local w1, w2
-    stored_level[index], stored_at[index], drawn[index], history[index], w1, w2, lowered[index] =
-      read_stored(KEYS[index])
+    stored_level[index], stored_at[index], drawn[index], history[index], w1, w2, lowered[index],
+      written[index] = read_stored(KEYS[index])
     read_shapes(index, {w1, w2})
   end
   if delta[index] == nil then
-    level[index], updated[index] =
-      refill(stored_level[index], stored_at[index], capacity[index], rate[index], now)
-  elseif level[index] > capacity[index] then
-    level[index] = capacity[index]
+    level[index], updated[index] = refill(stored_level[index], stored_at[index], capacity[index],
+      rate[index], now, written[index])
+    basis[index] = rate[index] == 0 and capacity[index] or nil
+  else
+    rebase(index)
+    if level[index] > capacity[index] then
+      level[index] = capacity[index]
+    end
   end
 end
 -- Each bucket's overrun debt once the call read it: what reports above
@@ -530,6 +555,8 @@ end
 
 local changes = {}
 for index, units in pairs(delta) do
+  -- Written under the capacity in force at the end ("c" may have changed it).
+  rebase(index)
   write_bucket(KEYS[index], level[index], updated[index], capacity[index], rate[index],
     keep[index], now, drawn[index], history[index])
   -- A full bucket was deleted: it carries no shape either.

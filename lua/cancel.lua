@@ -13,7 +13,9 @@
 -- ARGV[2]    how long the tombstone is kept, in ms
 -- ARGV[3(i-1)] .. ARGV[3(i-1) + 2]  for KEYS[i], i >= 2: capacity, refill
 --            rate, in the bucket's units (per ms), and keep-until instant
---            (Unix ms; 0: none), as batch.lua takes them
+--            (Unix ms; 0: none), as batch.lua takes them; a bucket of rate 0
+--            is read and written under that capacity (k, see refill in
+--            bucket.lua), so that a reload since moves it as a batch would
 --
 -- Reply: 1 the call had run and is undone; 0 it had not run, and now never
 -- will; -1 it was cancelled already.

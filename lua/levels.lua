@@ -7,7 +7,9 @@
 --          in its units (per ms)
 --
 -- Reply: one integer per bucket, its level in units (negative while
--- reservations wait); the daemon turns it into whole tokens.
+-- reservations wait; a bucket of rate 0 moved by a change of capacity since
+-- it was written, as the next batch would move it: see refill in
+-- bucket.lua); the daemon turns it into whole tokens.
 local now = clock(ARGV[1])
 
 local reply = {}

@@ -12,7 +12,11 @@
 //! new key that starts full. Such a bucket counts one unit a token, a draw
 //! that does not fit is denied whatever the wait allowed ([`NEVER_MS`]), and
 //! its state is kept until [`BucketSpec::keep_until_ms`] instead of until it
-//! would be full again (it never is, short of refunds).
+//! would be full again (it never is, short of refunds). Nor can it fill up
+//! to a capacity that a reload raised: a store remembers the capacity its
+//! level was written under, and a read under another moves the level by the
+//! change ([`BucketState::rebased`]), so that a budget's new amount holds
+//! for the current period at once and what was spent stays spent.
 
 use std::sync::Arc;
 
@@ -314,6 +318,14 @@ impl BucketSpec {
         self.units(self.capacity)
     }
 
+    /// The capacity, in units, a store remembers with a level it writes
+    /// under this spec, for [`BucketState::rebased`]: only for a bucket that
+    /// never refills (`None` for a refilling one, which fills up to a
+    /// raised capacity by itself; Redis writes no field `k` for it).
+    pub fn written_capacity(&self) -> Option<i64> {
+        (!self.refill.refills()).then(|| self.capacity_units())
+    }
+
     /// Refill rate in units per millisecond.
     pub fn units_per_ms(&self) -> i64 {
         self.refill.units_per_ms()
@@ -354,6 +366,28 @@ impl BucketState {
         BucketState {
             level: spec.capacity_units(),
             updated_ms: now_ms,
+        }
+    }
+
+    /// The state of a bucket read under `spec` whose level was written
+    /// under a capacity of `written` units ([`BucketSpec::written_capacity`]
+    /// then). A bucket that never refills cannot fill up to a capacity a
+    /// reload raised, nor should a cut one leave what was spent above it
+    /// uncounted: its level moves by the change, so that capacity less
+    /// level (what was spent and reserved) stays what it was. Comes before
+    /// [`Self::refilled`], whose cap then binds nothing. A refilling
+    /// bucket, or one written with no capacity remembered (before this
+    /// rule; a missing one is full), is as written. `refill` in
+    /// `lua/bucket.lua` is the same rule, with the capacity in field `k`.
+    pub fn rebased(self, spec: &BucketSpec, written: Option<i64>) -> Self {
+        match written {
+            Some(written) if !spec.refill.refills() => BucketState {
+                level: self
+                    .level
+                    .saturating_add(spec.capacity_units().saturating_sub(written)),
+                updated_ms: self.updated_ms,
+            },
+            _ => self,
         }
     }
 

@@ -71,6 +71,10 @@ struct Entry {
     /// The units lowerings took, as far as the provider had room (see
     /// [`super::lowered`]).
     lowered: i64,
+    /// For a bucket that never refills, the capacity (units) `state` was
+    /// written under: a read under another moves it ([`BucketState::rebased`]),
+    /// as Redis does with the bucket's field `k`.
+    capacity: Option<i64>,
 }
 
 /// Buckets in a map under one mutex; no await happens while it is held.
@@ -139,7 +143,8 @@ impl Default for EmbeddedStore {
 impl Buckets {
     /// The bucket at `now_ms`. A never-refilling bucket past its keep is
     /// forgotten first, debt and all, as Redis expires its key (a
-    /// refilling one past its expiry is full anyway).
+    /// refilling one past its expiry is full anyway); one remembered under
+    /// another capacity moves by the change.
     fn current(&mut self, spec: &BucketSpec, now_ms: i64) -> BucketState {
         if !spec.refill.refills()
             && self
@@ -150,19 +155,24 @@ impl Buckets {
             self.states.remove(&spec.key);
         }
         match self.states.get(&spec.key) {
-            Some(entry) => entry.state.refilled(spec, now_ms),
+            Some(entry) => entry
+                .state
+                .rebased(spec, entry.capacity)
+                .refilled(spec, now_ms),
             None => BucketState::full(spec, now_ms),
         }
     }
 
-    /// Writes `state` at `now_ms`.
+    /// Writes `state` at `now_ms`, under `spec`'s capacity.
     fn store(&mut self, spec: &BucketSpec, state: BucketState, now_ms: i64) {
         let forgettable_at_ms = state.forgettable_at_ms(spec, now_ms);
+        let capacity = spec.written_capacity();
         self.states
             .entry(spec.key.clone())
             .and_modify(|entry| {
                 entry.state = state;
                 entry.forgettable_at_ms = forgettable_at_ms;
+                entry.capacity = capacity;
                 // A full bucket owes nothing (Redis deletes it, debt and all).
                 if state.level >= spec.capacity_units() {
                     entry.overrun = OverrunDebt::default();
@@ -174,6 +184,7 @@ impl Buckets {
                 drain: Drain::default(),
                 overrun: OverrunDebt::default(),
                 lowered: 0,
+                capacity,
             });
     }
 

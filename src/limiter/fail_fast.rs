@@ -14,6 +14,10 @@
 //! its note lasts [`NEVER_NOTE_MS`] only, since a refund from another
 //! sidecar is the one thing that makes room, and its local denial repeats
 //! the sentinel exactly, whatever the wait allowed.
+//!
+//! A note holds for the bucket's shape it was taken under: a reload that
+//! gives the bucket another capacity or rate (a budget's raised amount
+//! holds at once) lets the next request ask the store.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::bucket::{Draw, NEVER_MS};
+use super::bucket::{Draw, NEVER_MS, Refill};
 use super::{Answer, Decision, Lifecycle, Op, Store, StoreError};
 
 /// Notes kept before expired ones are pruned.
@@ -49,6 +53,10 @@ struct Blocked {
     clear_at: Instant,
     /// The bucket never refills: no wait helps ([`NEVER_MS`]).
     never: bool,
+    /// The bucket's capacity and refill when it denied: under another
+    /// shape (a reload) the note proves nothing.
+    capacity: u64,
+    refill: Refill,
 }
 
 impl FailFastStore {
@@ -71,7 +79,9 @@ impl FailFastStore {
         let blocked = self.lock();
         let known = draws.iter().enumerate().filter_map(|(index, draw)| {
             let note = blocked.get(&draw.bucket.key)?;
-            let covered = draw.cost >= note.cost && draw.floor >= note.floor;
+            let same_shape =
+                draw.bucket.capacity == note.capacity && draw.bucket.refill == note.refill;
+            let covered = same_shape && draw.cost >= note.cost && draw.floor >= note.floor;
             let needed = note.clear_at.checked_duration_since(now)?.as_millis() as u64;
             if note.never {
                 // As `bucket::plan`: named first, whatever the wait.
@@ -155,6 +165,8 @@ impl FailFastStore {
                         floor: draw.floor,
                         clear_at: asked + needed,
                         never,
+                        capacity: draw.bucket.capacity,
+                        refill: draw.bucket.refill,
                     },
                 );
             }
@@ -329,5 +341,30 @@ mod tests {
             store.acquire(&[spend(20)], 0).await.unwrap(),
             Decision::Granted { .. }
         ));
+    }
+
+    /// A reload that raises a budget's amount holds at once: the note of a
+    /// denial under the old amount proves nothing under the new one.
+    #[tokio::test]
+    async fn a_note_holds_only_for_the_shape_it_was_taken_under() {
+        let clock = Arc::new(FrozenClock(AtomicI64::new(0)));
+        let store = FailFastStore::new(Arc::new(EmbeddedStore::with_clock(clock)));
+        let amount = |capacity| BucketSpec::never_refilled("budget", capacity, 1_000_000);
+        let spend = |capacity, cost| Draw {
+            bucket: amount(capacity),
+            cost,
+            floor: 0,
+        };
+        store.acquire(&[spend(100, 90)], 0).await.unwrap();
+        assert!(matches!(
+            store.acquire(&[spend(100, 20)], 0).await.unwrap(),
+            Decision::Denied { .. }
+        ));
+        // 90 spent of 200: 110 left.
+        assert!(matches!(
+            store.acquire(&[spend(200, 20)], 0).await.unwrap(),
+            Decision::Granted { .. }
+        ));
+        assert_eq!(store.local_denials(), 0);
     }
 }

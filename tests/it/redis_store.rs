@@ -198,11 +198,14 @@ enum Op {
     Adjust { bucket: usize, tokens: i64 },
     /// Lower one bucket to a level (provider feedback).
     Lower { bucket: usize, level: i64 },
-    /// A config reload: one bucket takes a smaller capacity and another rate
-    /// (same key) from the next operation on, even within a batch. (Not a
-    /// larger one: Redis forgets a full bucket, so there a raised capacity is
-    /// full at once, while the embedded store refills to it.)
-    Reload { bucket: usize },
+    /// A config reload: one bucket takes another shape (same key) from the
+    /// next operation on, even within a batch. A refilling bucket takes a
+    /// smaller capacity and another rate (not a larger one: Redis forgets a
+    /// full bucket, so there a raised capacity is full at once, while the
+    /// embedded store refills to it); a budget that never refills takes
+    /// shape `shape` of its original, a cut and a raised amount, and its
+    /// level moves by the change in both stores alike.
+    Reload { bucket: usize, shape: usize },
 }
 
 #[derive(Debug, Clone)]
@@ -249,7 +252,9 @@ fn op() -> impl Strategy<Value = Op> {
             }),
         1 => (0usize..BUCKETS, -500i64..500).prop_map(|(bucket, tokens)| Op::Adjust { bucket, tokens }),
         1 => (0usize..BUCKETS, -2_000i64..1_500).prop_map(|(bucket, level)| Op::Lower { bucket, level }),
-        1 => (0usize..BUCKETS).prop_map(|bucket| Op::Reload { bucket }),
+        // Budgets more often: their levels move by a reload.
+        1 => (prop_oneof![0usize..BUCKETS, BUCKETS - NEVER_BUCKETS..BUCKETS], 0usize..3)
+            .prop_map(|(bucket, shape)| Op::Reload { bucket, shape }),
     ]
 }
 
@@ -311,6 +316,7 @@ fn lua_batches_and_rust_give_the_same_answers() {
             BucketSpec::never_refilled(format!("p{case}:{{x}}:budget"), 2_000, KEEP_UNTIL),
             BucketSpec::never_refilled(format!("p{case}:{{x}}:credits"), 40, KEEP_UNTIL),
         ];
+        let originals = buckets.clone();
         // What a reload puts in place: the same keys, smaller capacities,
         // other rates.
         let reloaded: [BucketSpec; BUCKETS] = [
@@ -323,6 +329,14 @@ fn lua_batches_and_rust_give_the_same_answers() {
             BucketSpec::never_refilled(format!("p{case}:{{x}}:budget"), 1_500, KEEP_UNTIL + DAY_MS),
             BucketSpec::never_refilled(format!("p{case}:{{x}}:credits"), 30, KEEP_UNTIL),
         ];
+        // And for the budgets, raised amounts too.
+        let raised: [BucketSpec; NEVER_BUCKETS] = [
+            BucketSpec::never_refilled(format!("p{case}:{{x}}:budget"), 3_000, KEEP_UNTIL),
+            BucketSpec::never_refilled(format!("p{case}:{{x}}:credits"), 55, KEEP_UNTIL + DAY_MS),
+        ];
+        // The levels after the last step (the embedded store's, which Redis's
+        // equal), to tell a budget reloaded while partly spent.
+        let mut last_levels: Vec<i64> = buckets.iter().map(|bucket| bucket.capacity as i64).collect();
         // When each batch's time was first sent (real time), to bound the
         // expiry a budget's key was given then (see below).
         let mut sent_at = std::collections::HashMap::<i64, std::time::Instant>::new();
@@ -395,8 +409,23 @@ fn lua_batches_and_rust_give_the_same_answers() {
                             rust.push(format!("{:?}", Ok::<_, ()>(None::<Decision>)));
                             batch.push(BatchOp::Lower(lowering));
                         }
-                        Op::Reload { bucket } => {
-                            buckets[*bucket] = reloaded[*bucket].clone();
+                        Op::Reload { bucket, shape } => {
+                            let never = BUCKETS - NEVER_BUCKETS;
+                            let next = match (*bucket >= never, shape) {
+                                (true, 0) => originals[*bucket].clone(),
+                                (true, 2) => raised[*bucket - never].clone(),
+                                _ => reloaded[*bucket].clone(),
+                            };
+                            let spent = last_levels[*bucket] < buckets[*bucket].capacity as i64;
+                            if *bucket >= never && spent && next.capacity != buckets[*bucket].capacity {
+                                let kind = if next.capacity > buckets[*bucket].capacity {
+                                    "budget raised while spent"
+                                } else {
+                                    "budget cut while spent"
+                                };
+                                *outcomes.lock().unwrap().entry(kind).or_default() += 1;
+                            }
+                            buckets[*bucket] = next;
                         }
                         Op::Adjust { bucket, tokens } => {
                             let adjustment = vec![Adjustment { bucket: buckets[*bucket].clone(), tokens: *tokens }];
@@ -442,7 +471,8 @@ fn lua_batches_and_rust_give_the_same_answers() {
                 freeze(waited);
                 let lua = redis.levels_at(&buckets, Some(clock.now_ms())).await.unwrap();
                 let rust = embedded.levels(&buckets).await.unwrap();
-                prop_assert_eq!(lua, rust, "levels after {:?}", step);
+                prop_assert_eq!(&lua, &rust, "levels after {:?}", step);
+                last_levels = rust;
                 // A budget's key expires at its keep-until, not when full
                 // (it never is again): given keep - now by the batch that
                 // last wrote it (its time is the bucket's t), less the real
@@ -488,6 +518,8 @@ fn lua_batches_and_rust_give_the_same_answers() {
         "denied by a budget beside refilling buckets",
         "granted with a budget",
         "budget key kept",
+        "budget raised while spent",
+        "budget cut while spent",
     ] {
         assert!(
             outcomes.get(kind).copied().unwrap_or(0) >= 5,
@@ -1332,4 +1364,165 @@ async fn a_budget_key_expires_at_its_keep_until_instant() {
     // Without an instant (0) the key is kept: a budget always has one.
     call(&mut direct, "t:{n}:call:3", "5", 0);
     assert_eq!(pttl(&mut direct, key), -1);
+}
+
+/// A budget of `capacity` for one day, by the key every amount shares.
+fn day_budget(capacity: u64) -> BucketSpec {
+    BucketSpec::never_refilled("rk:{r}:budget:day:2023-11-14", capacity, KEEP_UNTIL)
+}
+
+/// Issue 30: a budget whose amount a reload changes between two operations
+/// of one call (the script's `c`) moves by the change there as between
+/// calls, and as the embedded store moves it one operation at a time:
+/// what was spent stays spent. Its field `k` holds the amount its level
+/// was written under.
+#[tokio::test]
+async fn a_budget_reloaded_within_a_call_keeps_what_was_spent() {
+    let server = RedisServer::start();
+    let redis = store(&server);
+    let clock = Arc::new(StepClock(AtomicI64::new(1_700_000_000_000)));
+    let embedded = EmbeddedStore::with_clock(clock.clone());
+    let (day, raised, cut) = (day_budget(10), day_budget(20), day_budget(5));
+    let spend = |bucket: &BucketSpec, cost| BatchOp::Acquire {
+        draws: vec![draw(bucket, cost)],
+        max_wait_ms: 0,
+    };
+    let settle = |bucket: &BucketSpec, tokens| {
+        BatchOp::Settle(vec![Adjustment {
+            bucket: bucket.clone(),
+            tokens,
+        }])
+    };
+    let ops = vec![
+        spend(&day, 9),     // 1 of 10 left
+        spend(&raised, 10), // 11 of 20: 1 left
+        spend(&cut, 1),     // -14 of 5: denied
+        settle(&cut, -2),   // an overrun: -16
+        settle(&day, 3),    // -11 + 3
+        spend(&day, 1),     // -8 of 10: denied
+    ];
+    let mut rust = Vec::new();
+    for op in &ops {
+        rust.push(match op {
+            BatchOp::Acquire { draws, max_wait_ms } => Some(without_marks(
+                embedded.acquire(draws, *max_wait_ms).await.unwrap(),
+            )),
+            BatchOp::Settle(adjustments) => {
+                embedded.adjust(adjustments, Origin::Store).await.unwrap();
+                None
+            }
+            BatchOp::Lower(_) => unreachable!(),
+        });
+    }
+    let denied = Some(Decision::Denied {
+        retry_after_ms: NEVER_MS,
+        bucket: 0,
+    });
+    let granted = Some(Decision::Granted {
+        wait_ms: 0,
+        origin: Origin::Store,
+        marks: None,
+    });
+    let expected = [granted.clone(), granted, denied.clone(), None, None, denied];
+    assert_eq!(rust, expected, "embedded");
+    let lua: Vec<Option<Decision>> = redis
+        .batch_at(ops, clock.now_ms())
+        .await
+        .into_iter()
+        .map(|result| result.unwrap().map(without_marks))
+        .collect();
+    assert_eq!(lua, expected, "one call on Redis");
+    let all = [day.clone(), raised, cut];
+    let levels = redis.levels_at(&all, Some(clock.now_ms())).await.unwrap();
+    assert_eq!(levels, [-8, 2, -13], "18 spent of each amount");
+    assert_eq!(embedded.levels(&all).await.unwrap(), levels);
+    let mut direct = connection(&server);
+    let stored: (String, String) = redis::cmd("HMGET")
+        .arg(&*day.key)
+        .arg("l")
+        .arg("k")
+        .query(&mut direct)
+        .unwrap();
+    assert_eq!(
+        stored,
+        ("-8".into(), "10".into()),
+        "the level and its amount"
+    );
+}
+
+/// Sidecars that disagree on a budget's amount (a reload under way) draw
+/// with the smaller while both draw; once the other's shape is gone the
+/// larger holds, and what was spent under either stays spent. A cancel
+/// reads and writes it under the amount it is given, as a call would.
+#[tokio::test]
+async fn sidecars_that_disagree_on_a_budget_keep_what_was_spent() {
+    let server = RedisServer::start();
+    let (old, new) = (store(&server), store(&server));
+    let (ten, twenty) = (day_budget(10), day_budget(20));
+    async fn spend(redis: &RedisStore, bucket: &BucketSpec, cost: u64, at: i64) -> bool {
+        let op = BatchOp::Acquire {
+            draws: vec![draw(bucket, cost)],
+            max_wait_ms: 0,
+        };
+        let answer = redis.batch_at(vec![op], at).await.remove(0).unwrap();
+        matches!(answer, Some(Decision::Granted { .. }))
+    }
+    let start = 1_700_000_000_000;
+    assert!(spend(&old, &ten, 9, start).await);
+    // The new sidecar draws with the old one's 10 while it draws too.
+    assert!(!spend(&new, &twenty, 2, start + 1).await, "1 left of 10");
+    assert!(spend(&new, &twenty, 1, start + 2).await);
+    assert!(!spend(&old, &ten, 1, start + 3).await, "10 spent of 10");
+    // 30 s later, only the new sidecar draws: 20 holds, 10 left.
+    let later = start + 40_000;
+    assert!(!spend(&new, &twenty, 11, later).await);
+    assert!(spend(&new, &twenty, 4, later).await);
+    assert_eq!(level_at(&new, &twenty, later).await, 6, "14 spent of 20");
+    // The old sidecar, back within the window: the smaller amount again.
+    assert!(!spend(&old, &ten, 1, later + 1).await, "14 spent of 10");
+    assert_eq!(level_at(&old, &ten, later + 1).await, -4);
+    assert_eq!(level_at(&new, &twenty, later + 1).await, 6);
+}
+
+/// A cancel undoes a call under the amount it is given: the budget moves
+/// by a change since, as a call would move it, and only the call's draw
+/// comes back.
+#[test]
+fn a_cancel_gives_back_a_budget_under_its_new_amount() {
+    let server = RedisServer::start();
+    let mut redis = connection(&server);
+    let batch = redis::Script::new(BATCH_LUA);
+    let cancel = redis::Script::new(CANCEL_LUA);
+    let budget = "t:{c}:budget";
+    let keep = KEEP_UNTIL.to_string();
+    let call = |redis: &mut redis::Connection, record: &str, cost: &str| {
+        let mut invocation = batch.prepare_invoke();
+        invocation.key(record).key(budget);
+        invocation
+            .arg("1700000000000")
+            .arg("10000")
+            .arg("1")
+            .arg("sidecar-1");
+        // Capacity 10, rate 0, largest 10, keep-until; then one draw.
+        invocation.arg("10").arg("0").arg("10").arg(&keep);
+        invocation.arg(&["a", "0", "1", "2", cost, "0"]);
+        invocation.invoke::<Vec<Vec<i64>>>(redis).unwrap()
+    };
+    assert_eq!(call(&mut redis, "t:{c}:call:1", "4")[1][0], 1);
+    assert_eq!(call(&mut redis, "t:{c}:call:2", "5")[1][0], 1);
+    let mut undo = cancel.prepare_invoke();
+    undo.key("t:{c}:call:2").key(budget);
+    undo.arg("1700000000100")
+        .arg("60000")
+        .arg("20")
+        .arg("0")
+        .arg(&keep);
+    assert_eq!(undo.invoke::<i64>(&mut redis).unwrap(), 1);
+    let stored: (String, String) = redis::cmd("HMGET")
+        .arg(budget)
+        .arg("l")
+        .arg("k")
+        .query(&mut redis)
+        .unwrap();
+    assert_eq!(stored, ("16".into(), "20".into()), "4 spent of 20");
 }

@@ -171,6 +171,7 @@ async fn holds_the_contract(store: &dyn Store, kind: &str) {
     store.lower(&[]).await.unwrap();
 
     holds_the_budget_contract(store).await;
+    holds_a_reloaded_budget(store).await;
 
     // Slots: two holders at most; a holder's second take keeps its slot.
     let slots = SlotSpec {
@@ -268,6 +269,68 @@ async fn holds_the_budget_contract(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(store.levels(&both).await.unwrap(), [100, 70]);
+}
+
+/// A budget whose amount a reload changes (issue 30): the new amount holds
+/// for the current period at once, and what was spent stays spent. A
+/// bucket that never refills cannot fill up to a raised capacity as a
+/// refilling one does, so its level moves by the change: $9 spent of $10,
+/// raised to $20, leaves $11; cut to $5, leaves -$4 (nothing more is
+/// granted until refunds cover it). Reading under another amount moves
+/// nothing stored, and a full budget reads full under any amount.
+async fn holds_a_reloaded_budget(store: &dyn Store) {
+    let day = never_refilled("budget:day:2026-12-08", 10);
+    let with_amount = |capacity| BucketSpec {
+        capacity,
+        largest: capacity,
+        ..day.clone()
+    };
+    let (raised, cut) = (with_amount(20), with_amount(5));
+    let levels = |bucket: &BucketSpec| {
+        let bucket = bucket.clone();
+        async move { store.levels(&[bucket]).await.unwrap()[0] }
+    };
+    let granted = |decision: Decision| matches!(decision, Decision::Granted { wait_ms: 0, .. });
+    assert!(granted(store.acquire(&[draw(&day, 9)], 0).await.unwrap()));
+    assert_eq!(levels(&day).await, 1);
+    assert_eq!(levels(&raised).await, 11, "raised by 10: 10 more to spend");
+    assert_eq!(levels(&cut).await, -4, "cut by 5: 4 spent above it");
+    assert_eq!(levels(&day).await, 1, "a read writes nothing");
+
+    // Drawn under the raised amount: what is left of it.
+    assert!(granted(
+        store.acquire(&[draw(&raised, 10)], 0).await.unwrap()
+    ));
+    assert_eq!(levels(&raised).await, 1);
+    assert_eq!(levels(&day).await, -9, "19 spent of 10");
+    // Under the cut one nothing fits; refunds and overruns count from
+    // where the cut put it.
+    assert_eq!(
+        store.acquire(&[draw(&cut, 1)], DAY_MS).await.unwrap(),
+        Decision::Denied {
+            retry_after_ms: NEVER_MS,
+            bucket: 0
+        }
+    );
+    store
+        .adjust(&[adjustment(&cut, 6)], Origin::Store)
+        .await
+        .unwrap();
+    assert_eq!(levels(&cut).await, -8);
+    store
+        .adjust(&[adjustment(&cut, -2)], Origin::Store)
+        .await
+        .unwrap();
+    assert_eq!(levels(&cut).await, -10);
+    assert_eq!(levels(&raised).await, 5, "15 spent of 20");
+    // Refunded to full (a Redis key deleted): full under any amount.
+    store
+        .adjust(&[adjustment(&raised, 100)], Origin::Store)
+        .await
+        .unwrap();
+    for (bucket, full) in [(&day, 10), (&raised, 20), (&cut, 5)] {
+        assert_eq!(levels(bucket).await, full);
+    }
 }
 
 fn redis(urls: Vec<String>) -> Arc<RedisStore> {

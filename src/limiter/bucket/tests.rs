@@ -321,6 +321,43 @@ fn a_never_refilling_bucket_counts_one_unit_a_token_and_refills_nothing() {
     assert_eq!(spec(10).keep_until_ms, None);
 }
 
+/// A budget's amount changed by a reload holds for the current period at
+/// once, and what was spent stays spent: read under another capacity than
+/// it was written under, a budget moves by the change; a refilling bucket
+/// fills up to a raised capacity by itself and is only capped.
+#[test]
+fn a_budget_read_under_another_amount_keeps_what_was_spent() {
+    // (level, written under, capacity now) → level now
+    let cases: &[(i64, Option<i64>, u64, i64)] = &[
+        (1, Some(10), 20, 11),
+        (1, Some(10), 5, -4),
+        (10, Some(10), 20, 20),
+        (-3, Some(10), 10, -3),
+        // Written without one (before the rule): under the one in force.
+        (1, None, 20, 1),
+        (7, None, 5, 5),
+    ];
+    for &(level, written, capacity, expected) in cases {
+        let bucket = budget(capacity);
+        let now = budget_at(level)
+            .rebased(&bucket, written)
+            .refilled(&bucket, 0);
+        assert_eq!(
+            now.level, expected,
+            "{level} of {written:?}, read under {capacity}"
+        );
+    }
+    assert_eq!(budget(20).written_capacity(), Some(20));
+    // A refilling bucket remembers nothing and moves nothing.
+    let refilling = spec(20);
+    assert_eq!(refilling.written_capacity(), None);
+    let state = BucketState {
+        level: 60_000,
+        updated_ms: 0,
+    };
+    assert_eq!(state.rebased(&refilling, Some(600_000)), state);
+}
+
 #[test]
 fn a_never_refilling_bucket_denies_what_it_cannot_cover_whatever_the_wait() {
     let deny = Plan::Deny {
