@@ -258,3 +258,37 @@ fn the_documented_budget_configs_load() {
         }
     }
 }
+
+/// A reload that changes a budget's amount applies to the current period
+/// at once: what was spent and reserved stays so, the rest follows.
+#[tokio::test]
+async fn a_reloaded_amount_applies_to_the_period_under_way() {
+    for redis in [None, Some(RedisServer::start())] {
+        let daemon = Daemon::start(&config(redis.as_ref()));
+        let client = daemon.client().await;
+        for _ in 0..3 {
+            granted(&client.call(acquire(None)).await.unwrap());
+        }
+        let used = 3 * RESERVED;
+        assert_eq!(limit_budget(&client).await.remaining, 10_000 - used);
+        // Twice the amount: $0.02, of which the three calls hold as much as before.
+        let raised =
+            config(redis.as_ref()).replace("day = \"0.01\" }\ntenant", "day = \"0.02\" }\ntenant");
+        assert_ne!(raised, config(redis.as_ref()));
+        daemon
+            .reload_with(&raised)
+            .await
+            .expect("the reload applies");
+        assert_eq!(limit_budget(&client).await.remaining, 20_000 - used);
+        granted(&client.call(acquire(None)).await.unwrap());
+        // A cut below what is out: nothing more is granted.
+        let cut = raised.replace("day = \"0.02\" }\ntenant", "day = \"0.005\" }\ntenant");
+        daemon.reload_with(&cut).await.expect("the reload applies");
+        assert_eq!(limit_budget(&client).await.remaining, 5_000 - 4 * RESERVED);
+        let denied = client.call(acquire(None)).await.unwrap();
+        assert!(
+            matches!(&denied, Response::Denied { bucket, .. } if bucket == "budget_day"),
+            "{denied:?}"
+        );
+    }
+}
