@@ -20,9 +20,10 @@ use ratekeeper::proto::{Acquire, ChatMessage, ChatRequest, Cost, Request, Respon
 #[command(
     name = "ratekeeper-loadgen",
     version,
-    after_help = "Prints one JSON object: acquires, granted, denied, errors, \
-acquires_per_second and latency percentiles in microseconds (with --ping: pings, \
-each Pong counted as granted). Used by bench/ and the tests.\n\n\
+    after_help = "Prints one JSON object: acquires, granted, denied, errors (other \
+answers, and with --report-tokens reports not settled), acquires_per_second and \
+latency percentiles in microseconds (with --ping: pings, each Pong counted as \
+granted). Used by bench/ and the tests.\n\n\
 Exit codes: 0 the run completed, 1 the daemon was unreachable, 2 usage error."
 )]
 struct LoadOptions {
@@ -48,14 +49,23 @@ struct LoadOptions {
     #[arg(long = "max-wait", value_name = "MS", default_value_t = 0)]
     max_wait_ms: u64,
     /// Release each granted lease right away (one more round trip).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "report_tokens")]
     release: bool,
+    /// Settle each granted lease right away with a `Report` of this many
+    /// input tokens and no output (one more round trip, not in the
+    /// latencies): an acquire + report, as a worker does after its call.
+    #[arg(long, value_name = "TOKENS")]
+    report_tokens: Option<u64>,
+    /// Name this tenant in each acquire, to draw also from its share and
+    /// budgets where the limit declares them.
+    #[arg(long)]
+    tenant: Option<String>,
     /// Write one line per grant: arrival time (ms since the Unix epoch) and tokens.
     #[arg(long, value_name = "FILE")]
     grant_log: Option<PathBuf>,
     /// Send `Ping` instead of acquires: answered by the connection itself,
     /// so its latency is the socket loop's alone.
-    #[arg(long, conflicts_with_all = ["prompt_bytes", "release"])]
+    #[arg(long, conflicts_with_all = ["prompt_bytes", "release", "report_tokens", "tenant"])]
     ping: bool,
     /// Acquire by messages: one user message of this many bytes of text for
     /// the limit's tokenizer to count, instead of a token count.
@@ -275,7 +285,7 @@ async fn worker(client: Arc<Client>, options: LoadOptions, deadline: Instant) ->
     } else {
         Request::Acquire(Acquire {
             limit: options.limit.clone(),
-            tenant: None,
+            tenant: options.tenant.clone(),
             priority: None,
             cost,
             max_wait_ms: Some(options.max_wait_ms),
@@ -302,6 +312,16 @@ async fn worker(client: Arc<Client>, options: LoadOptions, deadline: Instant) ->
                 }
                 if options.release {
                     let _ = client.call(Request::Release { lease }).await;
+                }
+                if let Some(input_tokens) = options.report_tokens {
+                    let report = Request::Report {
+                        lease,
+                        input_tokens,
+                        output_tokens: 0,
+                    };
+                    if !matches!(client.call(report).await, Ok(Response::Settled { .. })) {
+                        tally.errors += 1;
+                    }
                 }
             }
             Ok(Response::Denied { .. }) => tally.denied += 1,
