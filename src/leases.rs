@@ -155,9 +155,9 @@ pub struct Settlement {
 /// less its matching figure (negative: the overrun is taken, at most the
 /// bucket's capacity). Token buckets settle to the tokens the provider's
 /// rate limit counts (`cache_reads_count`: whether cache reads are among
-/// them); budgets to what the usage costs. A `Report` does not say how its
-/// input was billed, so a budget prices it as the reservation did: every
-/// input token at the dearest input price.
+/// them); budgets to what the usage costs. A `Report` carries no cache
+/// figures (a client with any sends a `UsageReport`), so its input is
+/// priced as full-price input.
 pub fn settle_usage(reserved: &[Reserved], usage: Reported, cache_reads_count: bool) -> Settlement {
     let (input, output) = usage.rate_tokens(cache_reads_count);
     let as_i64 = |tokens: u64| tokens.min(i64::MAX as u64) as i64;
@@ -177,7 +177,11 @@ pub fn settle_usage(reserved: &[Reserved], usage: Reported, cache_reads_count: b
             Settle::Total => input.saturating_add(output),
             Settle::Price(price) => {
                 let cost = match usage {
-                    Reported::Tokens { input, output } => price.most_for(input, output),
+                    Reported::Tokens { input, output } => price.cost(&Usage {
+                        input,
+                        output,
+                        ..Usage::default()
+                    }),
                     Reported::Billed(billed) => price.cost(&billed),
                 };
                 settlement.spent = settlement.spent.max(cost);

@@ -479,7 +479,7 @@ fn a_budget_settles_to_what_the_usage_costs_by_kind_of_token() {
     // OpenAI: they are.
     let settlement = settle_usage(&buckets, billed, true);
     assert_eq!(settlement.tokens_returned, 1_500 - 1_200);
-    // A Report does not say how its input was billed: priced as reserved.
+    // A Report carries no cache figures: its input at the full input price.
     let settlement = settle_usage(
         &buckets,
         Reported::Tokens {
@@ -493,7 +493,14 @@ fn a_budget_settles_to_what_the_usage_costs_by_kind_of_token() {
         .iter()
         .map(|a| (&*a.bucket.key, a.tokens))
         .collect();
-    assert_eq!(got, [("spent", -(reservation as i64))]);
+    let cost = 3_000 + 7_500;
+    assert_eq!(
+        got,
+        [
+            ("budget_rolling_hour", reservation as i64 - cost),
+            ("spent", -cost)
+        ]
+    );
 }
 
 #[test]

@@ -136,7 +136,7 @@ async fn spend_the_day(first: &Client, second: &Client) {
         .await
         .unwrap();
     assert!(matches!(settled, Response::Settled { .. }), "{settled:?}");
-    // A Report does not say how its input was billed: the dearest price.
+    // A Report carries no cache figures: full-price input.
     let report = Request::Report {
         lease: leases[1],
         input_tokens: 400,
@@ -151,7 +151,7 @@ async fn spend_the_day(first: &Client, second: &Client) {
         matches!(released, Response::Released { .. }),
         "{released:?}"
     );
-    let spent = (500 + 100 + 125 + 500) + (500 + 200);
+    let spent = (500 + 100 + 125 + 500) + (400 + 200);
     let shown = limit_budget(second).await;
     assert_eq!(
         (shown.spent, shown.reserved, shown.remaining),
@@ -170,12 +170,12 @@ async fn a_daily_budget_reserves_settles_and_denies_until_midnight() {
         &exposition,
         "ratekeeper_spent_micros_total{limit=\"chat\",tenant=\"\"}",
     );
-    assert_eq!(spent, Some(1_925.0), "{exposition}");
+    assert_eq!(spent, Some(1_825.0), "{exposition}");
     let remaining = support::metric(
         &exposition,
         "ratekeeper_budget_remaining{owner=\"chat\",scope=\"limit\",tenant=\"\",budget=\"budget_day\"}",
     );
-    assert_eq!(remaining, Some((10_000.0 - 1_925.0) / 1e6), "{exposition}");
+    assert_eq!(remaining, Some((10_000.0 - 1_825.0) / 1e6), "{exposition}");
 }
 
 #[tokio::test]
