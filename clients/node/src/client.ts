@@ -25,6 +25,7 @@ import {
   type RatekeeperError,
   RateLimited,
   SidecarUnavailable,
+  Unsupported,
 } from "./errors.js";
 import { Lease } from "./lease.js";
 
@@ -132,6 +133,31 @@ export interface StatusInfo {
   /** `"embedded"` or `"redis"`. */
   store: string;
   limits: LimitInfo[];
+}
+
+/**
+ * One spend budget, as `budgets` reports it; amounts in micro-units of money
+ * (a dollar is 1,000,000).
+ */
+export interface BudgetInfo {
+  /** The limit whose budget it is, or the group when `group` is true. */
+  owner: string;
+  group: boolean;
+  /** The tenant of a tenant's budget; null for the owner's own. */
+  tenant: string | null;
+  /** The budget's bucket, as a denial names it: `"budget_day"`, `"tenant_budget_month"`, … */
+  name: string;
+  /** The calendar period counted: `"2026-12-07"`, `"2026-W50"`, `"2026-12"`; `""` for a rolling budget. */
+  period: string;
+  amount: number;
+  /** What reported calls cost. */
+  spent: number;
+  /** What calls not yet reported hold. */
+  reserved: number;
+  /** What acquires may still take; negative after overruns. */
+  remaining: number;
+  /** When the period ends, in Unix ms; 0 for a rolling budget. */
+  resetsAtMs: number;
 }
 
 /** The daemon's answer to `feedback`. */
@@ -580,6 +606,33 @@ export class Client {
         })),
       })),
     };
+  }
+
+  /**
+   * The spend budgets `limit` draws from (every limit's without one), read from
+   * the store now. Throws `UnknownLimit` for a limit not configured,
+   * `StoreUnavailable` while the store is down, and `Unsupported` from a daemon
+   * older than protocol revision 6 (it has no budgets).
+   */
+  async budgets(limit?: string): Promise<BudgetInfo[]> {
+    const response = await this.call({ type: "Budgets", limit: limit ?? null });
+    if (response.type === "Error" && unsupported(response)) {
+      throw new Unsupported(
+        `the sidecar predates protocol revision 6 and cannot show spend budgets; upgrade it (${response.message})`,
+      );
+    }
+    return expect(response, "Budgets").budgets.map((budget) => ({
+      owner: budget.owner,
+      group: budget.group,
+      tenant: budget.tenant,
+      name: budget.name,
+      period: budget.period,
+      amount: Number(budget.amount),
+      spent: Number(budget.spent),
+      reserved: Number(budget.reserved),
+      remaining: Number(budget.remaining),
+      resetsAtMs: Number(budget.resets_at_ms),
+    }));
   }
 
   /** Round trip to the daemon in ms (connecting first if needed). */

@@ -121,7 +121,8 @@ export type Request =
   | { type: "Inspect"; limit: string | null }
   | ({ type: "Feedback" } & Feedback)
   | { type: "LeaseFeedback"; lease: bigint; feedback: Feedback }
-  | { type: "UsageReport"; lease: bigint; usage: Usage };
+  | { type: "UsageReport"; lease: bigint; usage: Usage }
+  | { type: "Budgets"; limit: string | null };
 
 /** `BucketStatus`: one bucket of a `Status` answer. */
 export interface BucketStatus {
@@ -164,6 +165,23 @@ export interface LimitInspection {
   buckets: BucketInspection[];
 }
 
+/**
+ * `BudgetStatus`: one spend budget of a `Budgets` answer (revision 6), its
+ * amounts in micro-units of money (a dollar is 1,000,000).
+ */
+export interface BudgetStatus {
+  owner: string;
+  group: boolean;
+  tenant: string | null;
+  name: string;
+  period: string;
+  amount: bigint;
+  spent: bigint;
+  reserved: bigint;
+  remaining: bigint;
+  resets_at_ms: bigint;
+}
+
 /** `Response` (daemon → client), §4.2. */
 export type Response =
   | {
@@ -184,7 +202,8 @@ export type Response =
   | { type: "Error"; code: number; message: string }
   | ({ type: "Health" } & HealthStatus)
   | { type: "Inspection"; health: HealthStatus; levels_from: string; limits: LimitInspection[] }
-  | { type: "Noted"; paused_ms: bigint; lowered: number };
+  | { type: "Noted"; paused_ms: bigint; lowered: number }
+  | { type: "Budgets"; budgets: BudgetStatus[] };
 
 /** `ClientFrame`: every client → daemon payload. */
 export interface ClientFrame {
@@ -351,6 +370,7 @@ const REQUEST: Wire = {
         ["usage", { struct: USAGE }],
       ],
     ],
+    ["Budgets", [["limit", { opt: "str" }]]],
   ],
 };
 const HEALTH_STATUS: Fields = [
@@ -474,6 +494,30 @@ const RESPONSE: Wire = {
       [
         ["paused_ms", "u64"],
         ["lowered", "u32"],
+      ],
+    ],
+    [
+      "Budgets",
+      [
+        [
+          "budgets",
+          {
+            vec: {
+              struct: [
+                ["owner", "str"],
+                ["group", "bool"],
+                ["tenant", { opt: "str" }],
+                ["name", "str"],
+                ["period", "str"],
+                ["amount", "u64"],
+                ["spent", "u64"],
+                ["reserved", "u64"],
+                ["remaining", "i64"],
+                ["resets_at_ms", "u64"],
+              ],
+            },
+          },
+        ],
       ],
     ],
   ],

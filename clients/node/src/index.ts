@@ -2,7 +2,7 @@
  * ratekeeper-client: one shared LLM rate limit for every Node worker, through
  * the ratekeeper sidecar's Unix socket.
  *
- * - `client`: `connect`, `Client` (acquire, estimate, status, ping, feedback);
+ * - `client`: `connect`, `Client` (acquire, estimate, status, budgets, ping, feedback);
  * - `lease`: `Lease` (report, release, `await using`);
  * - `errors`: one class per wire error code, `RateLimited`, `SidecarUnavailable`;
  * - `codec`: the sans-IO protocol codec (PROTOCOL.md), for tools and tests.
@@ -14,6 +14,7 @@
 export {
   type AcquireOptions,
   type BucketInfo,
+  type BudgetInfo,
   buildCost,
   Client,
   type ClientOptions,

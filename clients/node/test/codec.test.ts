@@ -110,6 +110,7 @@ describe("vectors", () => {
       "Feedback",
       "LeaseFeedback",
       "UsageReport",
+      "Budgets",
     ]);
     assert.deepEqual(VARIANTS.Cost, ["Tokens", "Messages", "Conversation"]);
     assert.deepEqual(VARIANTS.Block, ["Text", "Image"]);
@@ -127,6 +128,7 @@ describe("vectors", () => {
       "Health",
       "Inspection",
       "Noted",
+      "Budgets",
     ]);
   });
 

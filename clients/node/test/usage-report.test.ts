@@ -1,8 +1,8 @@
 /**
  * Usage reports (protocol revision 6): cache reads and writes reported apart,
- * against the real daemon through `OlderProxy`, which records every request
- * and, when told to, answers `UsageReport` as an older daemon does
- * (`Unsupported`; 0.1 daemons `MalformedMessage`): the lease then reports a
+ * against the real daemon through `OlderProxy` (`older-proxy.ts`), which
+ * records every request and, when told to, answers `UsageReport` as an older
+ * daemon does (`Unsupported`; 0.1 daemons `MalformedMessage`): the lease then reports a
  * `Report` of every input token, and so does every later report on that
  * connection. The wrappers report the providers' cache figures; a spend
  * budget's denial is `BudgetExhausted`, a `RateLimited`.
@@ -10,25 +10,17 @@
 
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
-import { createServer, type Server, type Socket, connect as socketTo } from "node:net";
-import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
 import { wrap as wrapAnthropic } from "../src/anthropic.js";
 import { denied } from "../src/client.js";
-import {
-  type ClientFrame,
-  encodeClientFrame,
-  encodeServerFrame,
-  FrameDecoder,
-  LENGTH_PREFIX_LEN,
-  type Request,
-} from "../src/codec.js";
+import { encodeClientFrame, type Request } from "../src/codec.js";
 import { BudgetExhausted, type Client, connect, ErrorCode, RateLimited } from "../src/index.js";
 import { wrap as wrapOpenAI } from "../src/openai.js";
 import { Daemon } from "./daemon.js";
 import { parseJson } from "./json.js";
+import { OlderProxy } from "./older-proxy.js";
 import { FakeProvider } from "./provider.js";
 
 const T = { timeout: 20_000 };
@@ -50,96 +42,6 @@ burst_output_tokens = 1000000
 const MESSAGES = [
   { role: "user" as const, content: "Summarise the plot of Hamlet in one sentence." },
 ];
-
-/** A whole frame of `payload`: its length prefix, then it. */
-function framed(payload: Uint8Array): Uint8Array {
-  const frame = new Uint8Array(LENGTH_PREFIX_LEN + payload.length);
-  new DataView(frame.buffer).setUint32(0, payload.length, true);
-  frame.set(payload, LENGTH_PREFIX_LEN);
-  return frame;
-}
-
-/**
- * A socket in front of the daemon that records every request (and the bytes of
- * its frame) and, while `refuseWith` is an error code, answers each
- * `UsageReport` with it instead of passing it on.
- */
-class OlderProxy {
-  readonly path: string;
-  refuseWith: number | undefined;
-  readonly requests: Request[] = [];
-  readonly frames: Uint8Array[] = [];
-  private readonly sockets: Socket[] = [];
-  private readonly server: Server;
-
-  constructor(
-    private readonly upstream: string,
-    dir: string,
-  ) {
-    this.path = join(dir, "proxy.sock");
-    this.server = createServer((client) => this.relay(client));
-  }
-
-  listen(): Promise<void> {
-    return new Promise((done) => this.server.listen(this.path, done));
-  }
-
-  sent<K extends Request["type"]>(type: K): Extract<Request, { type: K }>[] {
-    return this.requests.filter((r) => r.type === type) as Extract<Request, { type: K }>[];
-  }
-
-  private relay(client: Socket): void {
-    const daemon = socketTo({ path: this.upstream });
-    this.sockets.push(client, daemon);
-    const requests = new FrameDecoder<ClientFrame>("ClientFrame");
-    const answers = new FrameDecoder("ServerFrame");
-    client.on("data", (data: Buffer) => {
-      requests.push(new Uint8Array(data));
-      for (let payload = requests.nextPayload(); payload; payload = requests.nextPayload()) {
-        const frame = framed(payload);
-        const decoded = decodeClient(frame);
-        this.requests.push(decoded.request);
-        this.frames.push(frame);
-        if (decoded.request.type === "UsageReport" && this.refuseWith !== undefined) {
-          const refusal = encodeServerFrame({
-            request_id: decoded.request_id,
-            response: {
-              type: "Error",
-              code: this.refuseWith,
-              message: "request tag 12 is not known",
-            },
-          });
-          client.write(refusal);
-          continue;
-        }
-        daemon.write(frame);
-      }
-    });
-    daemon.on("data", (data: Buffer) => {
-      answers.push(new Uint8Array(data));
-      for (let payload = answers.nextPayload(); payload; payload = answers.nextPayload()) {
-        client.write(framed(payload));
-      }
-    });
-    const close = () => {
-      client.destroy();
-      daemon.destroy();
-    };
-    client.on("close", close).on("error", close);
-    daemon.on("close", close).on("error", close);
-  }
-
-  close(): Promise<void> {
-    for (const socket of this.sockets) socket.destroy();
-    return new Promise((done) => this.server.close(() => done()));
-  }
-}
-
-function decodeClient(frame: Uint8Array): ClientFrame {
-  const decoder = new FrameDecoder<ClientFrame>("ClientFrame");
-  decoder.push(frame);
-  return decoder.next() as ClientFrame;
-}
 
 let daemon: Daemon;
 let proxy: OlderProxy;

@@ -22,6 +22,7 @@ EXPORTED = {
         "AsyncLease",
         "BucketStatus",
         "BudgetExhausted",
+        "BudgetStatus",
         "Cancelled",
         "ChatMessage",
         "Client",

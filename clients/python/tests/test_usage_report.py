@@ -5,20 +5,15 @@ spend budgets can price each kind of token; the daemon works out the
 rate-limit figure itself. A daemon that predates revision 6 answers it
 `Unsupported` (0.1 daemons: `MalformedMessage`), and the client then sends a
 `Report` of every input token, remembered for the connection. `OlderProxy`
-stands between the client and a real daemon: it records every request and,
-when told to, answers `UsageReport` as an older daemon does. A spend budget's
-denial raises `BudgetExhausted`, a `RateLimited`.
+(`_older_proxy.py`) stands between the client and a real daemon: it records
+every request and, when told to, answers `UsageReport` as an older daemon
+does. A spend budget's denial raises `BudgetExhausted`, a `RateLimited`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import threading
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Optional
 
 import anthropic
 import openai
@@ -34,6 +29,7 @@ from ratekeeper.retry import is_retryable
 
 from _fake_anthropic import FakeAnthropic
 from _fake_openai import FakeProvider, prompt_tokens
+from _older_proxy import OlderProxy
 
 CONFIG = """
 [[limits]]
@@ -51,90 +47,6 @@ burst_output_tokens = 1000000
 """
 CAPACITY = 1_000_000
 MESSAGES = [{"role": "user", "content": "Summarise the plot of Hamlet in one sentence."}]
-
-
-def _frames(sock: socket.socket) -> Iterator[bytes]:
-    """The whole frames (length prefix and payload) read from `sock`, until it closes."""
-    buffer = b""
-    while True:
-        data = sock.recv(65536)
-        if not data:
-            return
-        buffer += data
-        while len(buffer) >= p.LENGTH_PREFIX_LEN:
-            end = p.LENGTH_PREFIX_LEN + int.from_bytes(buffer[: p.LENGTH_PREFIX_LEN], "little")
-            if len(buffer) < end:
-                break
-            yield buffer[:end]
-            buffer = buffer[end:]
-
-
-class OlderProxy:
-    """A socket in front of the daemon that records every request and, while
-    `refuse_with` is an error code, answers each `UsageReport` with it as a
-    daemon of revision 5 (`Unsupported`) or 0.1 (`MalformedMessage`) does."""
-
-    def __init__(self, upstream: str, directory: Path) -> None:
-        self.upstream = upstream
-        self.path = str(directory / "proxy.sock")
-        self.refuse_with: Optional[int] = None
-        #: Every request the client sent, in order.
-        self.requests: list[p.Request] = []
-        self._sockets: list[socket.socket] = []
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
-        self._listener.listen(8)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def sent(self, kind: type) -> list:
-        """The requests of type `kind` the client sent."""
-        return [request for request in self.requests if type(request) is kind]
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-                daemon = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                daemon.connect(self.upstream)
-            except OSError:
-                return  # closed
-            self._sockets += [client, daemon]
-            to_client = threading.Lock()  # answers and refusals never interleave
-            threading.Thread(
-                target=self._answers, args=(daemon, client, to_client), daemon=True
-            ).start()
-            threading.Thread(
-                target=self._requests, args=(client, daemon, to_client), daemon=True
-            ).start()
-
-    @staticmethod
-    def _answers(daemon: socket.socket, client: socket.socket, to_client: threading.Lock) -> None:
-        with contextlib.suppress(OSError):
-            for frame in _frames(daemon):
-                with to_client:
-                    client.sendall(frame)
-            client.shutdown(socket.SHUT_WR)
-
-    def _requests(
-        self, client: socket.socket, daemon: socket.socket, to_client: threading.Lock
-    ) -> None:
-        with contextlib.suppress(OSError):
-            for frame in _frames(client):
-                message = p.decode_payload(frame[p.LENGTH_PREFIX_LEN :], p.ClientFrame)
-                self.requests.append(message.request)
-                if type(message.request) is p.UsageReport and self.refuse_with is not None:
-                    refusal = p.ErrorReply(self.refuse_with, "request tag 12 is not known")
-                    with to_client:
-                        client.sendall(p.encode_frame(p.ServerFrame(message.request_id, refusal)))
-                    continue
-                daemon.sendall(frame)
-            daemon.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        for sock in [self._listener, *self._sockets]:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
 
 
 @pytest.fixture

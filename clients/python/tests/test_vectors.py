@@ -40,6 +40,7 @@ SPEC_VARIANTS = {
         "Feedback",
         "LeaseFeedback",
         "UsageReport",
+        "Budgets",
     ],
     p.COST: ["Tokens", "Messages", "Conversation"],
     p.BLOCK: ["Text", "Image"],
@@ -57,6 +58,7 @@ SPEC_VARIANTS = {
         "Health",
         "Inspection",
         "Noted",
+        "Budgets",
     ],
 }
 

@@ -24,7 +24,14 @@ from ._core.errors import (
 )
 from ._core.estimate import estimate_prompt_tokens
 from ._core.settings import DEFAULT_SOCKET, ENV_SOCKET
-from ._proto import BucketStatus, ChatMessage, Estimated, LimitStatus, StatusReply
+from ._proto import (
+    BucketStatus,
+    BudgetStatus,
+    ChatMessage,
+    Estimated,
+    LimitStatus,
+    StatusReply,
+)
 from ._proto.errors import (
     ERROR_CLASSES,
     Cancelled,
@@ -62,6 +69,7 @@ __all__ = [
     "AsyncLease",
     "BucketStatus",
     "BudgetExhausted",
+    "BudgetStatus",
     "Cancelled",
     "ChatMessage",
     "Client",

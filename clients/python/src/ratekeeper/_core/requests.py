@@ -148,6 +148,18 @@ def unsupported(response: p.Response) -> bool:
     )
 
 
+def predating(response: p.Response, revision: int, what: str) -> p.Response:
+    """`Unsupported` saying so for a daemon older than protocol `revision` refusing
+    a request of that revision (`unsupported`); any other answer as it is."""
+    if isinstance(response, p.ErrorReply) and unsupported(response):
+        return p.ErrorReply(
+            ErrorCode.UNSUPPORTED,
+            f"the sidecar predates protocol revision {revision} and cannot {what}; "
+            f"upgrade it ({response.message})",
+        )
+    return response
+
+
 def older_daemon(response: p.Response, cost: Any) -> p.Response:
     """`Unsupported` for a daemon of revision 3 or earlier refusing a `Conversation`
     (it answers `MalformedMessage`, PROTOCOL.md §10); any other answer as it is."""

@@ -202,3 +202,39 @@ class InspectReply:
     def limit(self, name: str) -> Optional[LimitInspection]:
         """The inspection of the limit called `name`, if it was listed."""
         return next((lim for lim in self.limits if lim.name == name), None)
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """One spend budget, read from the store: amounts in micro-units of money
+    (a dollar is 1,000,000).
+
+    `owner` is the limit whose budget it is, or the group when `group` is true;
+    `tenant` a tenant's budget's tenant (None for the owner's own); `name` its
+    bucket as a denial names it (`"budget_day"`, `"tenant_budget_month"`, ...);
+    `period` the calendar period counted (`"2026-12-07"`, `"2026-W50"`,
+    `"2026-12"`; `""` for a rolling budget). `remaining` is what acquires may
+    still take, negative after overruns; `resets_at_ms` when the period ends
+    (Unix ms; 0 for a rolling budget).
+    """
+
+    owner: str
+    group: bool
+    tenant: Optional[str]
+    name: str
+    period: str
+    amount: int
+    spent: int
+    reserved: int
+    remaining: int
+    resets_at_ms: int
+    WIRE: ClassVar[tuple] = ()
+
+
+@dataclass(frozen=True)
+class BudgetsReply:
+    """Response 13 (`Budgets`, revision 6): the spend budgets asked for."""
+
+    budgets: tuple[BudgetStatus, ...] = ()
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]

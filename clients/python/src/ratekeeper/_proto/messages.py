@@ -15,6 +15,8 @@ from typing import ClassVar, Optional, Union
 from .answers import (
     BucketInspection,
     BucketStatus,
+    BudgetsReply,
+    BudgetStatus,
     CancelReply,
     Denied,
     ErrorReply,
@@ -268,6 +270,15 @@ class UsageReport:
     TAG: ClassVar[int]
 
 
+@dataclass(frozen=True)
+class Budgets:
+    """Request 13 (revision 6): the spend budgets of one limit (all when None)."""
+
+    limit: Optional[str] = None
+    WIRE: ClassVar[tuple] = ()
+    TAG: ClassVar[int]
+
+
 Request = Union[
     Hello,
     Acquire,
@@ -282,6 +293,7 @@ Request = Union[
     Feedback,
     LeaseFeedback,
     UsageReport,
+    Budgets,
 ]
 
 
@@ -299,6 +311,7 @@ Response = Union[
     HealthReply,
     InspectReply,
     Noted,
+    BudgetsReply,
 ]
 
 
@@ -320,6 +333,7 @@ REQUEST = Enum(
         Feedback,
         LeaseFeedback,
         UsageReport,
+        Budgets,
     ),
 )
 RESPONSE = Enum(
@@ -338,6 +352,7 @@ RESPONSE = Enum(
         HealthReply,
         InspectReply,
         Noted,
+        BudgetsReply,
     ),
 )
 
@@ -439,6 +454,20 @@ InspectReply.WIRE = (
     ("levels_from", STR),
     ("limits", Vec(Struct(LimitInspection))),
 )
+Budgets.WIRE = (("limit", Opt(STR)),)
+BudgetStatus.WIRE = (
+    ("owner", STR),
+    ("group", BOOL),
+    ("tenant", Opt(STR)),
+    ("name", STR),
+    ("period", STR),
+    ("amount", U64),
+    ("spent", U64),
+    ("reserved", U64),
+    ("remaining", I64),
+    ("resets_at_ms", U64),
+)
+BudgetsReply.WIRE = (("budgets", Vec(Struct(BudgetStatus))),)
 
 
 @dataclass(frozen=True)

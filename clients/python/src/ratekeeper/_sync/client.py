@@ -442,6 +442,18 @@ class Client:
         """The store kind and the buckets of one limit, or of every limit."""
         return expect(self._call(p.Status(limit)), p.StatusReply)
 
+    def budgets(self, limit: Optional[str] = None) -> list[p.BudgetStatus]:
+        """The spend budgets `limit` draws from (every limit's for None), read from
+        the store now; amounts in micro-units of money (a dollar is 1,000,000).
+
+        Raises `UnknownLimit` for a limit not configured, `StoreUnavailable`
+        while the store is down, and `Unsupported` from a sidecar older than
+        protocol revision 6 (it has no budgets).
+        """
+        response = self._call(p.Budgets(limit))
+        answer = req.predating(response, 6, "show spend budgets")
+        return list(expect(answer, p.BudgetsReply).budgets)
+
     def ping(self) -> float:
         """Round trip to the daemon, in seconds (connecting first if needed)."""
         self._slot.get(Deadline(self.timeout), self._connect)
