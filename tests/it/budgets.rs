@@ -12,17 +12,22 @@ use ratekeeper::proto::{Acquire, BudgetStatus, Cost, Request, Response, Usage};
 use support::redis::RedisServer;
 use support::{Daemon, granted};
 
-/// $1 a million input tokens (cache reads $0.50, writes $1.25), $2 a
+/// In the zone `offset` hours ahead of UTC (`Etc/GMT-5` is five hours
+/// ahead), $1 a million input tokens (cache reads $0.50, writes $1.25), $2 a
 /// million output: a call of 1,000 input and 1,000 output tokens may cost
 /// 1,250 + 2,000 micro-units. The limit's day holds $0.01; each tenant's
 /// $0.005, but acme's $0.01; the group's $1 a week for each tenant.
-fn config(redis: Option<&RedisServer>) -> String {
+fn config(redis: Option<&RedisServer>, offset: i64) -> String {
     let redis = redis.map_or_else(String::new, |server| {
         format!("[redis]\nurl = \"{}\"\n", server.url())
     });
+    let zone = format!("Etc/GMT{:+}", -offset);
     format!(
         r#"
 {redis}
+[budgets]
+time_zone = "{zone}"
+
 [metrics]
 listen = "127.0.0.1:0"
 tenants = ["acme"]
@@ -45,6 +50,15 @@ price = {{ input = "1", cached_input = "0.50", cache_write = "1.25", output = "2
 
 const RESERVED: i64 = 1_250 + 2_000;
 
+const HOUR_MS: i64 = 3_600_000;
+
+/// Hours ahead of UTC of a fixed-offset zone whose local time is about noon
+/// now, so that no budget's day ends while a test runs (a budget starts
+/// over at midnight, as it should), however late the suite runs.
+fn noon_offset_hours() -> i64 {
+    12 - (now_ms() / HOUR_MS).rem_euclid(24)
+}
+
 fn acquire(tenant: Option<&str>) -> Request {
     Request::Acquire(Acquire {
         limit: "chat".into(),
@@ -65,9 +79,11 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
-/// The next UTC midnight after `at_ms`.
-fn next_midnight(at_ms: i64) -> i64 {
-    (at_ms / 86_400_000 + 1) * 86_400_000
+/// The next midnight after `at_ms` in the zone ahead of UTC by `offset`
+/// hours.
+fn next_midnight(at_ms: i64, offset: i64) -> i64 {
+    let local = at_ms + offset * HOUR_MS;
+    (local.div_euclid(86_400_000) + 1) * 86_400_000 - offset * HOUR_MS
 }
 
 /// The limit's own daily budget as `Budgets` shows it.
@@ -89,7 +105,7 @@ async fn limit_budget(client: &Client) -> BudgetStatus {
 
 /// Runs the budget through its day: three grants fill it, the fourth is
 /// denied until midnight; a usage report, a report and a release settle.
-async fn spend_the_day(first: &Client, second: &Client) {
+async fn spend_the_day(first: &Client, second: &Client, offset: i64) {
     let started = now_ms();
     let mut leases = Vec::new();
     for client in [first, second, first] {
@@ -106,12 +122,11 @@ async fn spend_the_day(first: &Client, second: &Client) {
         panic!("expected a denial, got {denied:?}");
     };
     assert_eq!(bucket, "budget_day");
-    // Not by waiting: the budget is whole again when the UTC day ends.
-    let latest = next_midnight(before) - before;
-    let earliest = next_midnight(after) - after;
+    // Not by waiting: the budget is whole again when the zone's day ends.
+    let latest = next_midnight(before, offset) - before;
+    let earliest = next_midnight(after, offset) - after;
     assert!(
-        (earliest..=latest).contains(&(retry_after_ms as i64))
-            || next_midnight(before) != next_midnight(after),
+        (earliest..=latest).contains(&(retry_after_ms as i64)),
         "retry after {retry_after_ms} ms, expected {earliest}..={latest}"
     );
     let shown = limit_budget(first).await;
@@ -119,7 +134,9 @@ async fn spend_the_day(first: &Client, second: &Client) {
         (shown.amount, shown.spent, shown.reserved, shown.remaining),
         (10_000, 0, 3 * RESERVED as u64, 10_000 - 3 * RESERVED)
     );
-    assert!(shown.period.len() == 10 && shown.resets_at_ms as i64 == next_midnight(started));
+    assert!(
+        shown.period.len() == 10 && shown.resets_at_ms as i64 == next_midnight(started, offset)
+    );
     // 500 full-price input, 200 cache reads, 100 cache writes, 250 output:
     // 500 + 100 + 125 + 500 micro-units.
     let usage = Usage {
@@ -161,9 +178,10 @@ async fn spend_the_day(first: &Client, second: &Client) {
 
 #[tokio::test]
 async fn a_daily_budget_reserves_settles_and_denies_until_midnight() {
-    let daemon = Daemon::start(&config(None));
+    let offset = noon_offset_hours();
+    let daemon = Daemon::start(&config(None, offset));
     let (first, second) = (daemon.client().await, daemon.client().await);
-    spend_the_day(&first, &second).await;
+    spend_the_day(&first, &second, offset).await;
     // What reports cost is counted per limit and tenant.
     let exposition = support::http_get(&daemon.metrics_address(), "/metrics").1;
     let spent = support::metric(
@@ -181,14 +199,15 @@ async fn a_daily_budget_reserves_settles_and_denies_until_midnight() {
 #[tokio::test]
 async fn sidecars_on_one_redis_spend_one_budget() {
     let server = RedisServer::start();
-    let first = Daemon::start(&config(Some(&server)));
-    let second = Daemon::start(&config(Some(&server)));
-    spend_the_day(&first.client().await, &second.client().await).await;
+    let offset = noon_offset_hours();
+    let first = Daemon::start(&config(Some(&server), offset));
+    let second = Daemon::start(&config(Some(&server), offset));
+    spend_the_day(&first.client().await, &second.client().await, offset).await;
 }
 
 #[tokio::test]
 async fn each_tenant_has_its_own_budget_and_a_named_one_its_override() {
-    let daemon = Daemon::start(&config(None));
+    let daemon = Daemon::start(&config(None, noon_offset_hours()));
     let client = daemon.client().await;
     // $0.005 a day: one call of at most $0.00325 fits, a second does not.
     granted(&client.call(acquire(Some("bob"))).await.unwrap());
@@ -264,7 +283,8 @@ fn the_documented_budget_configs_load() {
 #[tokio::test]
 async fn a_reloaded_amount_applies_to_the_period_under_way() {
     for redis in [None, Some(RedisServer::start())] {
-        let daemon = Daemon::start(&config(redis.as_ref()));
+        let offset = noon_offset_hours();
+        let daemon = Daemon::start(&config(redis.as_ref(), offset));
         let client = daemon.client().await;
         for _ in 0..3 {
             granted(&client.call(acquire(None)).await.unwrap());
@@ -272,9 +292,9 @@ async fn a_reloaded_amount_applies_to_the_period_under_way() {
         let used = 3 * RESERVED;
         assert_eq!(limit_budget(&client).await.remaining, 10_000 - used);
         // Twice the amount: $0.02, of which the three calls hold as much as before.
-        let raised =
-            config(redis.as_ref()).replace("day = \"0.01\" }\ntenant", "day = \"0.02\" }\ntenant");
-        assert_ne!(raised, config(redis.as_ref()));
+        let raised = config(redis.as_ref(), offset)
+            .replace("day = \"0.01\" }\ntenant", "day = \"0.02\" }\ntenant");
+        assert_ne!(raised, config(redis.as_ref(), offset));
         daemon
             .reload_with(&raised)
             .await

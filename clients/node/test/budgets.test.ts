@@ -22,9 +22,19 @@ import { OlderProxy } from "./older-proxy.js";
 
 const T = { timeout: 20_000 };
 
+/**
+ * A fixed-offset zone whose local time is about noon now, so that the
+ * budget's day cannot end while the tests run (the budget would start over
+ * at midnight, as it should). `Etc/GMT-5` is five hours ahead of UTC.
+ */
+const OFFSET_HOURS = 12 - new Date().getUTCHours();
+const HOUR_MS = 3_600_000;
+
 /** $1 a day; a dollar per million input tokens, two per million output tokens:
  * one micro-unit per input token, two per output token. */
 const CONFIG = `
+[budgets]
+time_zone = "Etc/GMT${OFFSET_HOURS > 0 ? "-" : "+"}${Math.abs(OFFSET_HOURS)}"
 [[limits]]
 name = "chat"
 tokens_per_minute = 1000000
@@ -37,10 +47,13 @@ tokens_per_minute = 1000000
 `;
 const DOLLAR = 1_000_000;
 
-/** The limit's daily budget as `budgets()` should show it, for today (UTC). */
+/** The limit's daily budget as `budgets()` should show it, for today in the zone. */
 function chatBudget(spent: number, reserved: number): BudgetInfo {
-  const now = new Date();
-  const midnight = Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), now.getUTCDate() + 1);
+  // The zone's wall clock, read as if it were UTC.
+  const now = new Date(Date.now() + OFFSET_HOURS * HOUR_MS);
+  const midnight =
+    Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), now.getUTCDate() + 1) -
+    OFFSET_HOURS * HOUR_MS;
   return {
     owner: "chat",
     group: false,

@@ -21,14 +21,23 @@ from ratekeeper._proto.errors import ErrorCode
 
 from _older_proxy import OlderProxy
 
+#: A fixed-offset zone whose local time is about noon now, so that the
+#: budget's day cannot end while the suite runs (the budget would start
+#: over at midnight, as it should). `Etc/GMT-5` is five hours ahead of UTC.
+OFFSET_HOURS = 12 - datetime.datetime.now(datetime.timezone.utc).hour
+ZONE = datetime.timezone(datetime.timedelta(hours=OFFSET_HOURS))
+
 #: $1 a day; a dollar per million input tokens, two per million output tokens:
 #: one micro-unit per input token, two per output token.
-CONFIG = """
+CONFIG = f"""
+[budgets]
+time_zone = "Etc/GMT{-OFFSET_HOURS:+d}"
+
 [[limits]]
 name = "chat"
 tokens_per_minute = 1000000
-budget = { day = "1" }
-price = { input = "1", output = "2" }
+budget = {{ day = "1" }}
+price = {{ input = "1", output = "2" }}
 
 [[limits]]
 name = "free"
@@ -38,10 +47,10 @@ DOLLAR = 1_000_000
 
 
 def today() -> tuple[str, int]:
-    """The UTC day's label and the Unix ms of the next UTC midnight."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    """The day's label in `ZONE` and the Unix ms of its next midnight."""
+    now = datetime.datetime.now(ZONE)
     midnight = datetime.datetime.combine(
-        now.date() + datetime.timedelta(days=1), datetime.time(), datetime.timezone.utc
+        now.date() + datetime.timedelta(days=1), datetime.time(), ZONE
     )
     return now.date().isoformat(), int(midnight.timestamp() * 1000)
 
