@@ -387,6 +387,10 @@ class ProviderProcess:
             "--latency-ms",
             *(str(bound) for bound in scenario.latency_ms),
         ]
+        self.start(command, log_path)
+
+    def start(self, command: list[str], log_path: Path) -> None:
+        """Runs the fake's `command`, reading its `base_url` from its first line."""
         self.log_path = log_path
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(

@@ -48,6 +48,17 @@ range, slept after the limit decision (the provider charges at arrival), and
 a record of every request, ours and the foreign application's, for computing
 429 counts, utilization and shares afterwards (`records`).
 
+What a chat completion's answer uses: `completion_tokens` (at most its
+`max_tokens`) and, of its prompt, `cached_tokens` read from the prompt cache;
+or, drawn per answer from the seeded generator, `completion_share` (a range:
+that share of its `max_tokens`, at least one) and `cached_share` (that share
+of its prompt tokens, rounded down). With `prices` (micro-units of the
+currency per million tokens: full-price input, cached input, output) it
+bills every chat answer it gives as OpenAI would, the moment it produces
+it: per tenant (the request's `user` field) and in total, with the call's
+`x-e2e-call` header, so that a test can tell what each call cost
+(`billing`). A budget's judge: nobody else's count decides what was spent.
+
 Streams are server-sent events: chat chunks, with a final usage chunk when
 `stream_options.include_usage` is set, or the Responses API's typed events,
 the usage on the final `response.completed`.
@@ -70,6 +81,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
@@ -77,6 +89,7 @@ from _fake_openai_endpoints import (
     CHARS_PER_TOKEN,
     DEFAULT_MAX_TOKENS,
     ENDPOINTS,
+    Chat,
     max_output_tokens,
     prompt_tokens,
     rate_limit_charge,
@@ -84,11 +97,14 @@ from _fake_openai_endpoints import (
 )
 
 __all__ = [
+    "CALL_HEADER",
     "DEFAULT_MAX_TOKENS",
     "RECORDS_PATH",
+    "Billing",
     "Bucket",
     "BucketedProvider",
     "FakeProvider",
+    "Prices",
     "max_output_tokens",
     "prompt_tokens",
     "rate_limit_charge",
@@ -96,6 +112,10 @@ __all__ = [
 ]
 
 RECORDS_PATH = "/fake/records"
+#: The request header a caller names its call by in the fake's bill.
+CALL_HEADER = "x-e2e-call"
+#: Micro-units in one unit of the currency, as spend budgets count money.
+MICROS_PER_UNIT = 1_000_000
 #: The SDKs' default `max_retries`: how often the foreign application retries a 429.
 SDK_MAX_RETRIES = 2
 #: The longest `retry-after` the SDKs honour; beyond it they back off by themselves.
@@ -345,7 +365,12 @@ class BucketedProvider:
             "buckets": buckets,
             "count_rejected": self.count_rejected,
             "rejected_tokens": self.rejected_tokens,
+            **self.extra_document(),
         }
+
+    def extra_document(self) -> dict:
+        """What a subclass adds to `GET /fake/records`."""
+        return {}
 
 
 class ForeignApplication:
@@ -416,6 +441,61 @@ class ForeignApplication:
             heapq.heappush(retries, (time.monotonic() + wait, attempt + 1))
 
 
+def micros(amount: str) -> int:
+    """A decimal amount of the currency (`"0.40"`) in whole micro-units."""
+    exact = Decimal(amount) * MICROS_PER_UNIT
+    if exact != exact.to_integral_value():
+        raise ValueError(f"{amount!r} has more than six decimals")
+    return int(exact)
+
+
+@dataclass(frozen=True)
+class Prices:
+    """A model's prices in micro-units per million tokens, as a limit's `price`
+    gives them in dollars (`input`: full-price input)."""
+
+    input: int
+    cached_input: int
+    output: int
+
+    @classmethod
+    def parse(cls, input: str, cached_input: str, output: str) -> Prices:
+        """From dollars per million tokens, as the config writes them."""
+        return cls(micros(input), micros(cached_input), micros(output))
+
+    def cost(self, full_input: int, cached_input: int, output: int) -> int:
+        """What a call costs in micro-units, rounded up as the daemon settles it."""
+        billed = full_input * self.input + cached_input * self.cached_input + output * self.output
+        return -(-billed // 1_000_000)
+
+
+class Billing:
+    """What the fake billed for the chat completions it answered: each call (its
+    `x-e2e-call` header, tenant, cost and the moment it was produced), and the
+    totals, per tenant and overall, in micro-units. Spend only ever grows, so
+    the totals at the end are the largest the running totals ever were."""
+
+    def __init__(self, prices: Prices) -> None:
+        self.prices = prices
+        self.calls: list[dict] = []
+        self.total = 0
+        self.tenants: dict[str, int] = {}
+
+    def bill(self, usage: dict, tenant: Optional[str], call: Optional[str]) -> int:
+        """Bills one answer's chat `usage`; the caller holds the provider's lock."""
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        full = usage["prompt_tokens"] - cached
+        cost = self.prices.cost(full, cached, usage["completion_tokens"])
+        self.total += cost
+        if tenant is not None:
+            self.tenants[tenant] = self.tenants.get(tenant, 0) + cost
+        self.calls.append({"call": call, "tenant": tenant, "cost": cost, "at": time.monotonic()})
+        return cost
+
+    def document(self) -> dict:
+        return {"calls": list(self.calls), "total": self.total, "tenants": dict(self.tenants)}
+
+
 class FakeProvider(BucketedProvider):
     """The OpenAI-shaped server, its buckets and records; `forced` answers go out
     before any limiting."""
@@ -427,6 +507,9 @@ class FakeProvider(BucketedProvider):
         completion_tokens: int = 20,
         *,
         cached_tokens: int = 0,
+        completion_share: Optional[tuple[float, float]] = None,
+        cached_share: Optional[tuple[float, float]] = None,
+        prices: Optional[Prices] = None,
         chars_per_token: float = CHARS_PER_TOKEN,
         latency: Optional[tuple[float, float]] = None,
         foreign_fraction: float = 0.0,
@@ -453,6 +536,14 @@ class FakeProvider(BucketedProvider):
         #: Of each prompt's tokens, how many the usage says were read from
         #: the prompt cache (at most the prompt; 0: no details in the usage).
         self.cached_tokens = cached_tokens
+        #: Chat answers only: ranges each answer's completion (as a share of its
+        #: `max_tokens`) and cached prompt (as a share of its prompt) are
+        #: drawn from, in place of the two fixed figures above.
+        self.completion_share = completion_share
+        self.cached_share = cached_share
+        self.sizes = random.Random(None if seed is None else seed + 1)
+        #: With prices, what the chat answers cost (see the module's docs).
+        self.billing = Billing(prices) if prices is not None else None
         self.chars_per_token = chars_per_token
         self.foreign_fraction = foreign_fraction
         self.bodies: list[dict] = []
@@ -480,6 +571,13 @@ class FakeProvider(BucketedProvider):
         # is tokens_per_minute / requests_per_minute tokens a request.
         return {"tokens": self.foreign_fraction * self.tokens.rate * interval, "requests": 1}
 
+    def extra_document(self) -> dict:
+        """The bill, when the fake has prices."""
+        if self.billing is None:
+            return {}
+        with self.lock:
+            return {"billing": self.billing.document()}
+
     def force(self, status: int, count: int = 1, **headers: str) -> None:
         """The next `count` requests get `status` with exactly these headers (no
         `x-ratelimit-*` of the buckets'), whatever the buckets hold; they are
@@ -496,10 +594,29 @@ class FakeProvider(BucketedProvider):
             headers[f"x-ratelimit-reset-{kind}"] = duration(bucket.time_to_full())
         return headers
 
-    def _decide(self, endpoint: Any, body: dict) -> tuple[int, dict, dict, Optional[dict]]:
-        """(status, headers, usage, error) for one request, charging the buckets."""
+    def _answer_sizes(self, endpoint: Any, body: dict) -> tuple[int, int]:
+        """(completion tokens, cached prompt tokens) of one answer: the fixed
+        figures, or for a chat answer with shares, drawn."""
+        completion, cached = self.completion_tokens, self.cached_tokens
+        if endpoint.path != Chat.path or not (self.completion_share or self.cached_share):
+            return completion, cached
+        with self.lock:
+            completion_draw = self.sizes.uniform(*self.completion_share or (0.0, 0.0))
+            cached_draw = self.sizes.uniform(*self.cached_share or (0.0, 0.0))
+        if self.completion_share:
+            completion = max(1, math.ceil(max_output_tokens(body) * completion_draw))
+        if self.cached_share:
+            prompt = prompt_tokens(body.get("messages") or [], body.get("tools"))
+            cached = math.floor(prompt * cached_draw)
+        return completion, cached
+
+    def _decide(
+        self, endpoint: Any, body: dict, headers_in: Optional[Mapping[str, str]] = None
+    ) -> tuple[int, dict, dict, Optional[dict]]:
+        """(status, headers, usage, error) for one request, charging the buckets
+        (and, with prices, billing a chat answer once its latency has passed)."""
         charge = endpoint.charge(body, self.chars_per_token)
-        usage = endpoint.usage(body, self.completion_tokens, self.cached_tokens)
+        usage = endpoint.usage(body, *self._answer_sizes(endpoint, body))
         with self.lock:
             self.bodies.append(body)
             error = None
@@ -532,6 +649,10 @@ class FakeProvider(BucketedProvider):
             delay = self.draw_latency()
         if delay:
             time.sleep(delay)
+        if self.billing is not None and status == 200 and endpoint.path == Chat.path:
+            call = (headers_in or {}).get(CALL_HEADER)
+            with self.lock:
+                self.billing.bill(usage, body.get("user"), call)
         return status, headers, usage, error
 
     def _rate_limit_error(self, kind: str, charge: int, wait: float) -> dict:
@@ -619,7 +740,7 @@ class _OpenaiHandler(JsonHandler):
         endpoint = ENDPOINTS.get(self.path.rstrip("/"))
         if endpoint is None:
             return self.send_json(404, {}, _error(404, "not found", "invalid_request_error"))
-        status, headers, usage, error = provider._decide(endpoint, body)
+        status, headers, usage, error = provider._decide(endpoint, body, self.headers)
         if error is not None:
             return self.send_json(status, headers, error)
         if body.get("stream"):
@@ -703,6 +824,26 @@ def main(argv: Optional[list[str]] = None) -> None:
         default=0,
         help="of each prompt, the tokens the usage says were read from the cache",
     )
+    parser.add_argument(
+        "--completion-share",
+        type=float,
+        nargs=2,
+        metavar=("LOW", "HIGH"),
+        help="each chat answer's completion: a share of its max_tokens drawn in [LOW, HIGH]",
+    )
+    parser.add_argument(
+        "--cached-share",
+        type=float,
+        nargs=2,
+        metavar=("LOW", "HIGH"),
+        help="each chat answer's cached prompt tokens: a share of its prompt drawn in [LOW, HIGH]",
+    )
+    parser.add_argument(
+        "--prices",
+        nargs=3,
+        metavar=("INPUT", "CACHED_INPUT", "OUTPUT"),
+        help="bill chat answers at these dollars per million tokens (GET /fake/records: billing)",
+    )
     add_limit_options(parser)
     args = parser.parse_args(argv)
     provider = FakeProvider(
@@ -710,6 +851,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         args.rpm,
         args.completion_tokens,
         cached_tokens=args.cached_tokens,
+        completion_share=tuple(args.completion_share) if args.completion_share else None,
+        cached_share=tuple(args.cached_share) if args.cached_share else None,
+        prices=Prices.parse(*args.prices) if args.prices else None,
         chars_per_token=args.chars_per_token,
         latency=latency_option(args),
         foreign_fraction=args.foreign,
