@@ -34,6 +34,27 @@ def test_a_call_reserves_then_reports_its_usage(limiter):
     assert level(limiter) == CAPACITY - 400  # settled to 380 + 20
 
 
+def test_a_usage_with_cache_figures_settles_their_sum_as_input(limiter):
+    @limiter.limit("exact", tokens=400, max_tokens=600, usage=lambda reply: reply)
+    def call() -> tuple:
+        # 100 full-price, 200 read from the cache, 50 written to it; 20 out.
+        return (100, 20, 200, 50)
+
+    call()
+    # The "exact" limit has no provider: cache reads count towards it.
+    assert level(limiter) == CAPACITY - (100 + 200 + 50 + 20)
+
+
+def test_a_usage_of_three_figures_is_refused_and_keeps_the_reservation(limiter):
+    @limiter.limit("exact", tokens=400, usage=lambda reply: (1, 2, 3))
+    def call() -> None:
+        return None
+
+    with pytest.raises(ValueError, match="cached_input, cache_write"):
+        call()
+    assert level(limiter) == CAPACITY - 400
+
+
 def test_a_total_usage_is_reported_as_one_count(limiter):
     @limiter.limit("exact", tokens=100, max_tokens=100, usage=lambda reply: reply["total"])
     def call() -> dict:

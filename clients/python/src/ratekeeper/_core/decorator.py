@@ -9,22 +9,31 @@ from typing import Any, Callable, Optional, Union
 
 from .requests import token_count
 
-#: What a decorated function's `usage` returns: a total, `(input, output)`, or None (unknown).
-Usage = Union[int, tuple[int, int], None]
+#: What a decorated function's `usage` returns: a total, `(input, output)`,
+#: `(input, output, cached_input, cache_write)`, or None (unknown).
+Usage = Union[int, tuple[int, int], tuple[int, int, int, int], None]
 
 
-def usage_counts(used: Usage) -> Optional[tuple[int, int]]:
-    """`usage(result)` of a decorated function as (input, output) tokens; None if unknown.
+def usage_counts(used: Usage) -> Optional[tuple[int, int, int, int]]:
+    """`usage(result)` of a decorated function as (input, output, cached
+    input, cache write) tokens; None if unknown.
 
-    A single total is counted as input tokens, as `report(used)` does.
+    A single total is counted as input tokens, as `report(used)` does. With
+    cache figures, input is the full-price input only, as in `report`.
     """
     if used is None:
         return None
     if isinstance(used, tuple):
-        if len(used) != 2:
-            raise ValueError(f"usage must return a total or (input, output), got {used!r}")
-        return token_count("input_tokens", used[0]), token_count("output_tokens", used[1])
-    return token_count("used", used), 0
+        names = ("input_tokens", "output_tokens", "cached_input_tokens", "cache_write_tokens")
+        if len(used) not in (2, 4):
+            raise ValueError(
+                "usage must return a total, (input, output) or "
+                f"(input, output, cached_input, cache_write), got {used!r}"
+            )
+        # (input, output) has no cache figures: both 0.
+        counts = [token_count(name, count) for name, count in zip(names, used)] + [0, 0]
+        return counts[0], counts[1], counts[2], counts[3]
+    return token_count("used", used), 0, 0, 0
 
 
 def check_decorated(function: Callable[..., Any], coroutines: bool, client: str) -> None:

@@ -352,7 +352,9 @@ class Client:
         messages for the daemon to count. If the function raises, the lease
         is settled as `reserve` settles it (a provider's 429 as rejected, a
         5xx kept, anything else released); if it returns, the lease is reported with
-        `usage(result)` (a total, or `(input_tokens, output_tokens)`), or
+        `usage(result)` (a total, `(input_tokens, output_tokens)`, or
+        `(input_tokens, output_tokens, cached_input_tokens, cache_write_tokens)`
+        with the input at full price apart, as `Lease.report` takes them), or
         settled as fully used without `usage` or when it returns None. A
         denial raises `RateLimited` before the function is called. The
         blocking `Client` decorates plain functions, `Client` coroutine
@@ -388,7 +390,12 @@ class Client:
                         lease.settle_as_reserved()  # the call was made: keep its tokens
                         raise
                     if counts is not None:
-                        lease.report(input_tokens=counts[0], output_tokens=counts[1])
+                        lease.report(
+                            input_tokens=counts[0],
+                            output_tokens=counts[1],
+                            cached_input_tokens=counts[2],
+                            cache_write_tokens=counts[3],
+                        )
                 return result
 
             return cast(F, limited)
