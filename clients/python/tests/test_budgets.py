@@ -19,7 +19,7 @@ from ratekeeper import AsyncClient, BudgetStatus, Client, UnknownLimit, Unsuppor
 from ratekeeper import _proto as p
 from ratekeeper._proto.errors import ErrorCode
 
-from _older_proxy import OlderProxy
+from _proxy import OlderProxy
 
 #: A fixed-offset zone whose local time is about noon now, so that the
 #: budget's day cannot end while the suite runs (the budget would start

@@ -14,13 +14,10 @@ levels, read from the daemon, show each refund applied exactly once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -30,6 +27,7 @@ from ratekeeper._core.deadlines import SETTLE_RETRY_DELAYS
 from ratekeeper._proto.errors import ErrorCode
 
 from _daemon import RedisServer, wait_for
+from _proxy import Proxy
 
 CONFIG = """
 [[limits]]
@@ -40,24 +38,8 @@ burst_tokens = 1000000
 CAPACITY = 1_000_000
 
 
-def _frames(sock: socket.socket) -> Iterator[bytes]:
-    """The whole frames (length prefix and payload) read from `sock`, until it closes."""
-    buffer = b""
-    while True:
-        data = sock.recv(65536)
-        if not data:
-            return
-        buffer += data
-        while len(buffer) >= p.LENGTH_PREFIX_LEN:
-            end = p.LENGTH_PREFIX_LEN + int.from_bytes(buffer[: p.LENGTH_PREFIX_LEN], "little")
-            if len(buffer) < end:
-                break
-            yield buffer[:end]
-            buffer = buffer[end:]
-
-
-class SettleRefusingProxy:
-    """A socket in front of the daemon that refuses the next `refuse` settlements.
+class SettleRefusingProxy(Proxy):
+    """A proxy that refuses the next `refuse` settlements.
 
     A refused `Report` or `Release` is answered as the daemon answers one it
     could not apply (`StoreUnavailable`, the lease kept) and never reaches the
@@ -65,67 +47,22 @@ class SettleRefusingProxy:
     """
 
     def __init__(self, upstream: str, directory: Path) -> None:
-        self.upstream = upstream
-        self.path = str(directory / "proxy.sock")
         #: How many more settlements to refuse.
         self.refuse = 0
         #: Settlements refused, and passed on to the daemon.
         self.refused = 0
         self.forwarded = 0
-        self._sockets: list[socket.socket] = []
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
-        self._listener.listen(8)
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(upstream, directory)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-                daemon = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                daemon.connect(self.upstream)
-            except OSError:
-                return  # closed
-            self._sockets += [client, daemon]
-            to_client = threading.Lock()  # answers and refusals never interleave
-            threading.Thread(
-                target=self._answers, args=(daemon, client, to_client), daemon=True
-            ).start()
-            threading.Thread(
-                target=self._requests, args=(client, daemon, to_client), daemon=True
-            ).start()
-
-    @staticmethod
-    def _answers(daemon: socket.socket, client: socket.socket, to_client: threading.Lock) -> None:
-        with contextlib.suppress(OSError):
-            for frame in _frames(daemon):
-                with to_client:
-                    client.sendall(frame)
-            client.shutdown(socket.SHUT_WR)
-
-    def _requests(
-        self, client: socket.socket, daemon: socket.socket, to_client: threading.Lock
-    ) -> None:
-        with contextlib.suppress(OSError):
-            for frame in _frames(client):
-                message = p.decode_payload(frame[p.LENGTH_PREFIX_LEN :], p.ClientFrame)
-                request = message.request
-                if isinstance(request, (p.Report, p.Release)) and self.refuse > 0:
-                    self.refuse -= 1
-                    self.refused += 1
-                    with to_client:
-                        client.sendall(p.encode_frame(_refusal(message.request_id, request)))
-                    continue
-                if isinstance(request, (p.Report, p.Release)):
-                    self.forwarded += 1
-                daemon.sendall(frame)
-            daemon.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        for sock in [self._listener, *self._sockets]:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+    def answer_instead(self, request_id: int, request: Any) -> Optional[p.ServerFrame]:
+        if not isinstance(request, (p.Report, p.Release)):
+            return None
+        if self.refuse > 0:
+            self.refuse -= 1
+            self.refused += 1
+            return _refusal(request_id, request)
+        self.forwarded += 1
+        return None
 
 
 def _refusal(request_id: int, request: Any) -> p.ServerFrame:

@@ -5,7 +5,7 @@ spend budgets can price each kind of token; the daemon works out the
 rate-limit figure itself. A daemon that predates revision 6 answers it
 `Unsupported` (0.1 daemons: `MalformedMessage`), and the client then sends a
 `Report` of every input token, remembered for the connection. `OlderProxy`
-(`_older_proxy.py`) stands between the client and a real daemon: it records
+(`_proxy.py`) stands between the client and a real daemon: it records
 every request and, when told to, answers `UsageReport` as an older daemon
 does. A spend budget's denial raises `BudgetExhausted`, a `RateLimited`.
 """
@@ -29,7 +29,7 @@ from ratekeeper.retry import is_retryable
 
 from _fake_anthropic import FakeAnthropic
 from _fake_openai import FakeProvider, prompt_tokens
-from _older_proxy import OlderProxy
+from _proxy import OlderProxy
 
 CONFIG = """
 [[limits]]
