@@ -407,6 +407,7 @@ impl Planner {
                 bucket,
                 resets_at_ms,
                 spent_counter,
+                ..
             } = budget;
             // A budget always has a price: config validation sees to it.
             let price = limit.price.unwrap_or_default();
@@ -531,6 +532,7 @@ impl Planner {
                         buckets.push(BudgetBucket {
                             role,
                             bucket: BucketSpec::never_refilled(key, amount, keep_until),
+                            period: Some(period.label),
                             resets_at_ms: Some(period.end_ms),
                             spent_counter: Some(BucketSpec::never_refilled(
                                 counter, amount, keep_until,
@@ -547,6 +549,7 @@ impl Planner {
                         buckets.push(BudgetBucket {
                             role,
                             bucket: BucketSpec::new(key, amount, refill),
+                            period: None,
                             resets_at_ms: None,
                             spent_counter: None,
                         });
@@ -563,6 +566,8 @@ impl Planner {
 pub struct BudgetBucket {
     pub role: BucketRole,
     pub bucket: BucketSpec,
+    /// Its calendar period's label (`2026-12-07`); `None` for a rolling budget.
+    pub period: Option<String>,
     /// When its calendar period ends (Unix ms); `None` for a rolling budget.
     pub resets_at_ms: Option<i64>,
     /// A calendar budget's count of settled spend (see [`Reserved`]).

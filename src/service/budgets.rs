@@ -94,7 +94,7 @@ impl Service {
                     group: is_group,
                     tenant: tenant.map(str::to_string),
                     name: bucket.role.name().to_string(),
-                    period: period_of(&bucket.bucket.key, bucket.resets_at_ms.is_some()),
+                    period: bucket.period.clone().unwrap_or_default(),
                     amount,
                     spent,
                     // Overruns can take more than was reserved: never below 0.
@@ -105,13 +105,5 @@ impl Service {
             }
         }
         Ok(rows)
-    }
-}
-
-/// A calendar budget's period: the last segment of its key.
-fn period_of(key: &str, calendar: bool) -> String {
-    match key.rsplit_once(':') {
-        Some((_, label)) if calendar => label.to_string(),
-        _ => String::new(),
     }
 }
