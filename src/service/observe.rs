@@ -9,7 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use super::acquire::CONCURRENT;
-use super::{Call, Service, ServiceError, Snapshot};
+use super::{Call, Reported, Service, ServiceError, Snapshot};
 use crate::config::LimitConfig;
 use crate::leases::LeaseTag;
 use crate::limiter::BucketRole;
@@ -33,8 +33,8 @@ pub(super) enum Observed<'a> {
     Settle {
         release: bool,
         lease: u64,
-        input_tokens: u64,
-        output_tokens: u64,
+        /// What a report says was used; nothing for a release.
+        usage: Reported,
     },
     Other,
 }
@@ -150,20 +150,18 @@ impl Service {
             {
                 Observed::Other
             }
-            Call::Report { lease, usage } => {
-                let (input_tokens, output_tokens) = usage.rate_tokens(true);
-                Observed::Settle {
-                    release: false,
-                    lease: *lease,
-                    input_tokens,
-                    output_tokens,
-                }
-            }
+            Call::Report { lease, usage } => Observed::Settle {
+                release: false,
+                lease: *lease,
+                usage: *usage,
+            },
             Call::Release { lease } => Observed::Settle {
                 release: true,
                 lease: *lease,
-                input_tokens: 0,
-                output_tokens: 0,
+                usage: Reported::Tokens {
+                    input: 0,
+                    output: 0,
+                },
             },
             _ => Observed::Other,
         }
@@ -186,8 +184,7 @@ impl Service {
             Observed::Settle {
                 release,
                 lease,
-                input_tokens,
-                output_tokens,
+                usage,
             } => {
                 // A settled lease's tag goes; a failed settlement keeps it
                 // for the retry.
@@ -196,6 +193,13 @@ impl Service {
                     Err(_) => self.leases.tag_of(lease),
                 };
                 let name = tag.as_ref().map_or("", |tag| &*tag.limit);
+                // The tokens the limit's provider counts, as settlement counted them.
+                let cache_reads_count = snapshot
+                    .planner
+                    .config()
+                    .limit(name)
+                    .is_none_or(|limit| limit.provider.counts_cache_reads());
+                let (input_tokens, output_tokens) = usage.rate_tokens(cache_reads_count);
                 let (limit, meters) = snapshot.labels.limit(name);
                 let returned = match answer {
                     Ok(Response::Settled { tokens_returned }) => *tokens_returned,
