@@ -163,17 +163,9 @@ def predating(response: p.Response, revision: int, what: str) -> p.Response:
 def older_daemon(response: p.Response, cost: Any) -> p.Response:
     """`Unsupported` for a daemon of revision 3 or earlier refusing a `Conversation`
     (it answers `MalformedMessage`, PROTOCOL.md §10); any other answer as it is."""
-    if (
-        type(cost) is p.Conversation
-        and isinstance(response, p.ErrorReply)
-        and response.code in (ErrorCode.MALFORMED_MESSAGE, ErrorCode.UNSUPPORTED)
-    ):
-        return p.ErrorReply(
-            ErrorCode.UNSUPPORTED,
-            "the sidecar predates protocol revision 4 and cannot count content blocks "
-            f"(Anthropic's shape, images); upgrade it ({response.message})",
-        )
-    return response
+    if type(cost) is not p.Conversation:
+        return response
+    return predating(response, 4, "count content blocks (Anthropic's shape, images)")
 
 
 def _token_counts(
