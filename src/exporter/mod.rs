@@ -12,6 +12,7 @@ mod summary;
 pub use summary::{Counters, log_shutdown_summary};
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -91,12 +92,40 @@ pub struct Exporter {
     stores: Stores,
     /// Set once the Unix socket listens.
     socket_bound: Arc<AtomicBool>,
-    /// The latest reading from the store and when it was taken; held
-    /// while a scrape reads, so scrapes that arrive meanwhile wait for
-    /// that reading instead of making their own.
-    inspected: tokio::sync::Mutex<Option<(Instant, Inspection)>>,
+    /// The latest reading of the buckets from the store.
+    inspected: SharedReading<Inspection>,
     /// The same for the spend budgets.
-    budgets: tokio::sync::Mutex<Option<(Instant, Vec<BudgetStatus>)>>,
+    budgets: SharedReading<Vec<BudgetStatus>>,
+}
+
+/// The latest reading from the store and when it was taken, which scrapes
+/// within [`LEVELS_FRESH`] share; held while a scrape reads, so scrapes
+/// that arrive meanwhile wait for that reading instead of making their own.
+struct SharedReading<T>(tokio::sync::Mutex<Option<(Instant, T)>>);
+
+impl<T: Clone> SharedReading<T> {
+    fn new() -> Self {
+        SharedReading(tokio::sync::Mutex::new(None))
+    }
+
+    /// The reading within [`LEVELS_FRESH`] if `fresh_serves`, else a new
+    /// one from `read` (none if it fails), kept for the next scrapes only
+    /// when `keep` says so.
+    async fn get<F>(&self, fresh_serves: bool, read: F, keep: impl Fn(&T) -> bool) -> Option<T>
+    where
+        F: Future<Output = Option<T>>,
+    {
+        let mut latest = self.0.lock().await;
+        if let Some((at, reading)) = latest.as_ref()
+            && fresh_serves
+            && at.elapsed() < LEVELS_FRESH
+        {
+            return Some(reading.clone());
+        }
+        let reading = read.await?;
+        *latest = keep(&reading).then(|| (Instant::now(), reading.clone()));
+        Some(reading)
+    }
 }
 
 impl Exporter {
@@ -105,8 +134,8 @@ impl Exporter {
             service,
             stores,
             socket_bound,
-            inspected: tokio::sync::Mutex::new(None),
-            budgets: tokio::sync::Mutex::new(None),
+            inspected: SharedReading::new(),
+            budgets: SharedReading::new(),
         }
     }
 
@@ -114,17 +143,12 @@ impl Exporter {
     /// if no scrape did. Only an answer while the store is up is kept: the
     /// levels vanish from the scrape as soon as the store fails.
     async fn inspection(&self, store_up: bool) -> Option<Inspection> {
-        let mut inspected = self.inspected.lock().await;
-        if let Some((at, inspection)) = inspected.as_ref()
-            && store_up
-            && at.elapsed() < LEVELS_FRESH
-        {
-            return Some(inspection.clone());
-        }
-        let inspection = self.service.inspection(None).await.ok()?;
-        *inspected = (store_up && inspection.levels_from == "store")
-            .then(|| (Instant::now(), inspection.clone()));
-        Some(inspection)
+        let read = async { self.service.inspection(None).await.ok() };
+        self.inspected
+            .get(store_up, read, |inspection| {
+                store_up && inspection.levels_from == "store"
+            })
+            .await
     }
 
     /// Every metric, in the Prometheus text format (version 0.0.4).
@@ -234,18 +258,9 @@ impl Exporter {
     /// units of the currency, from the store's answer within the last
     /// [`LEVELS_FRESH`]; nothing while the store fails.
     async fn scrape_budgets(&self, r: &mut Registry) {
-        let budgets = {
-            let mut read = self.budgets.lock().await;
-            match read.as_ref() {
-                Some((at, budgets)) if at.elapsed() < LEVELS_FRESH => budgets.clone(),
-                _ => {
-                    let Ok(budgets) = self.service.budget_statuses(None).await else {
-                        return;
-                    };
-                    *read = Some((Instant::now(), budgets.clone()));
-                    budgets
-                }
-            }
+        let read = async { self.service.budget_statuses(None).await.ok() };
+        let Some(budgets) = self.budgets.get(true, read, |_| true).await else {
+            return;
         };
         if budgets.is_empty() {
             return;
