@@ -67,7 +67,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
@@ -76,7 +76,7 @@ import redis
 
 import ratekeeper
 
-from _daemon import Daemon, RedisServer, daemon_binary
+from _daemon import Daemon, RedisServer, daemon_binary, noon_offset_hours, zone_name
 from _e2e import FAKE_PROVIDERS, GRACE, ProviderProcess
 from _e2e_workers import prose
 from _fake_openai import CALL_HEADER, Prices, micros
@@ -139,11 +139,7 @@ def most_reserved() -> int:
 
 def noon_zone(now: Optional[datetime] = None) -> str:
     """The whole-hour zone (`Etc/GMT-N` is UTC+N) where it is 11:30-12:30 now."""
-    now = now or datetime.now(timezone.utc)
-    hours = now.hour + now.minute / 60.0
-    offset = round(12.0 - hours)  # in -11..12: local time within half an hour of noon
-    offset = 12 if offset == -12 else offset
-    return "UTC" if offset == 0 else f"Etc/GMT{-offset:+d}"
+    return zone_name(noon_offset_hours(now))
 
 
 def config(zone: str) -> str:

@@ -9,6 +9,7 @@ their log when asked, for failing tests.
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import signal
@@ -22,6 +23,20 @@ from typing import Optional
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BIN = PACKAGE_ROOT.parent.parent / "target" / "debug" / "ratekeeper"
 START_TIMEOUT = 10.0
+
+
+def noon_offset_hours(now: Optional[datetime.datetime] = None) -> int:
+    """Hours ahead of UTC of the whole-hour zone where it is within half an
+    hour of noon now (-11 to 12): a budget test run there cannot see its
+    day end, however late the suite runs."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    offset = round(12.0 - (now.hour + now.minute / 60.0))
+    return 12 if offset == -12 else offset
+
+
+def zone_name(offset_hours: int) -> str:
+    """The IANA name of the zone `offset_hours` ahead of UTC (`Etc/GMT-5` is UTC+5)."""
+    return "UTC" if offset_hours == 0 else f"Etc/GMT{-offset_hours:+d}"
 
 
 def daemon_binary() -> Path:

@@ -19,19 +19,20 @@ from ratekeeper import AsyncClient, BudgetStatus, Client, UnknownLimit, Unsuppor
 from ratekeeper import _proto as p
 from ratekeeper._proto.errors import ErrorCode
 
+from _daemon import noon_offset_hours, zone_name
 from _proxy import OlderProxy
 
 #: A fixed-offset zone whose local time is about noon now, so that the
 #: budget's day cannot end while the suite runs (the budget would start
-#: over at midnight, as it should). `Etc/GMT-5` is five hours ahead of UTC.
-OFFSET_HOURS = 12 - datetime.datetime.now(datetime.timezone.utc).hour
+#: over at midnight, as it should).
+OFFSET_HOURS = noon_offset_hours()
 ZONE = datetime.timezone(datetime.timedelta(hours=OFFSET_HOURS))
 
 #: $1 a day; a dollar per million input tokens, two per million output tokens:
 #: one micro-unit per input token, two per output token.
 CONFIG = f"""
 [budgets]
-time_zone = "Etc/GMT{-OFFSET_HOURS:+d}"
+time_zone = "{zone_name(OFFSET_HOURS)}"
 
 [[limits]]
 name = "chat"
