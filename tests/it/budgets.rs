@@ -312,3 +312,25 @@ async fn a_reloaded_amount_applies_to_the_period_under_way() {
         );
     }
 }
+
+/// While Redis is down, `Budgets` says the store is unavailable rather than
+/// show figures it cannot read (`status` then prints them as unknown).
+#[tokio::test]
+async fn budgets_say_so_while_the_store_is_down() {
+    let mut server = RedisServer::start();
+    let daemon = Daemon::start(&config(Some(&server), noon_offset_hours()));
+    let client = daemon.client().await;
+    granted(&client.call(acquire(None)).await.unwrap());
+    server.kill();
+    let answer = client
+        .call(Request::Budgets {
+            limit: Some("chat".into()),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        support::error_code(&answer),
+        ratekeeper::proto::ErrorCode::StoreUnavailable,
+        "{answer:?}"
+    );
+}
